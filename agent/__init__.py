@@ -1,0 +1,1 @@
+"""The workflow (LangGraph), its state, its outputs and the `graphmode` command line."""

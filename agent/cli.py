@@ -1,0 +1,255 @@
+"""`graphmode`: the command line.
+
+    graphmode adapt PATH [--yes] [--backend NAME] [--out DIR]   design, confirm, implement, verify, report
+    graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
+    graphmode sessions                                          list sessions
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from langgraph.types import Command
+from rich.console import Console
+from rich.table import Table
+
+from agent.errors import UserError
+from agent.state import RunState
+from agent.workflow import STEPS, build_graph, open_checkpointer, sessions_db
+
+console = Console(stderr=False, highlight=False)
+
+BACKEND_HELP = (
+    "where Decode is compiled: auto (CUDA graphs on a CUDA host, else inductor), inductor, aot_eager, eager, "
+    "cudagraphs; npugraph_ex and ge are not available in this release"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphmode",
+        description="Adapt PyTorch LLM inference code so its Decode step runs in graph mode, and prove it with a "
+                    "measured report. A target is a folder holding the model sources and a harness.py "
+                    "(see examples/legacy_llm/harness.py for the contract).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    adapt = commands.add_parser("adapt", help="scan, design, confirm, rewrite, verify and report on one target",
+                                description="Runs the whole workflow on one target. Without --yes it stops at the "
+                                            "confirmation step (or asks, at a terminal) and prints a session id.")
+    adapt.add_argument("path", type=Path, help="the target folder (or its harness.py)")
+    adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
+    adapt.add_argument("--backend", default="auto", help=BACKEND_HELP)
+    adapt.add_argument("--out", type=Path, default=Path("graphmode-out"),
+                       help="output folder; the run writes to OUT/<target name>/ (default: ./graphmode-out)")
+    adapt.add_argument("--steps", type=int, default=32, help="Decode steps to compare and time (at least 32)")
+
+    resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
+                                 description="Continues a session. Without --approve or --reject-all it asks at a "
+                                             "terminal, and otherwise approves every change in the design.")
+    resume.add_argument("session", help="the session id printed by `graphmode adapt`")
+    choice = resume.add_mutually_exclusive_group()
+    choice.add_argument("--approve", help="comma-separated change ids to apply, e.g. C1,C3")
+    choice.add_argument("--reject-all", action="store_true", help="apply nothing (verification then shows why)")
+
+    commands.add_parser("sessions", help="list sessions and where they stand")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "adapt":
+            return _adapt(args)
+        if args.command == "resume":
+            return _resume(args)
+        return _sessions()
+    except UserError as error:
+        console.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]graphmode: interrupted[/]")
+        return 130
+    except Exception as error:  # anything else is our bug: one line, the traceback on request
+        if os.environ.get("GRAPHMODE_DEBUG"):
+            traceback.print_exc()
+        console.print(f"[red]graphmode: internal error:[/] {type(error).__name__}: {error} "
+                      "(set GRAPHMODE_DEBUG=1 for the traceback)", soft_wrap=True)
+        return 3
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from runners.backends import BackendUnavailable, resolve
+
+    target = args.path.resolve()
+    if target.name == "harness.py":
+        target = target.parent
+    if not target.exists():
+        raise UserError(f"{args.path}: no such file or folder")
+    if not (target / "harness.py").is_file():
+        raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
+                        "harness.py; see examples/legacy_llm/harness.py)")
+    if args.steps < 32:
+        raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
+    try:
+        backend, why = resolve(args.backend)
+    except BackendUnavailable as error:
+        raise UserError(str(error)) from None
+    run_dir = (args.out / target.name).resolve()
+    if run_dir == target or target in run_dir.parents:
+        raise UserError(f"--out {args.out}: the output must be outside the target folder")
+
+    state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
+                     backend=backend.name, steps=args.steps, auto_approve=args.yes)
+    console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
+    console.print(f"backend {backend.name}: {why}")
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _resume(args: argparse.Namespace) -> int:
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        config = _config(args.session)
+        snapshot = graph.get_state(config)
+        if not snapshot.values:
+            raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
+        state = RunState(**snapshot.values)
+        if not snapshot.next:
+            console.print(f"session {args.session} has finished; its report: {state.report_path}")
+            return 0
+        if args.approve is not None:
+            answer = [c.strip() for c in args.approve.split(",") if c.strip()]
+        elif args.reject_all:
+            answer = []
+        elif sys.stdin.isatty():
+            answer = _ask(state)
+        else:
+            console.print(f"approving all {len(state.plan)} changes of {state.design_path}")
+            answer = "all"
+        if answer is None:
+            return 0
+        return _drive(graph, Command(resume=answer), args.session, interactive=False)
+
+
+def _config(session: str) -> dict:
+    return {"configurable": {"thread_id": session}}
+
+
+def _drive(graph, payload, session: str, interactive: bool) -> int:
+    """Streams the workflow with one progress line per step; stops (or asks) at confirmation."""
+    config = _config(session)
+    while True:
+        started = time.perf_counter()
+        with console.status("working…") as status:
+            for update in graph.stream(payload, config, stream_mode="updates"):
+                for step, change in update.items():
+                    if step == "__interrupt__":
+                        continue
+                    elapsed = time.perf_counter() - started
+                    console.print(f"[green]✓[/] {step} ({elapsed:.1f} s): {_describe(step, change or {})}",
+                                  soft_wrap=True)
+                    started = time.perf_counter()
+                    following = STEPS.index(step) + 1
+                    if following < len(STEPS):
+                        status.update(f"{STEPS[following]}…")
+        snapshot = graph.get_state(config)
+        state = RunState(**snapshot.values)
+        if not snapshot.next:
+            return _finish(state)
+        # Stopped at confirmation.
+        answer = _ask(state) if interactive else None
+        if answer is None:
+            console.print(f"\nDesign document: {state.design_path}")
+            console.print(f"Stopped for confirmation. Session: [bold]{session}[/]")
+            console.print(f"  apply every change:  graphmode resume {session}")
+            console.print(f"  choose changes:      graphmode resume {session} --approve "
+                          f"{','.join(c.id for c in state.plan[:2]) or 'C1'}")
+            console.print(f"  apply nothing:       graphmode resume {session} --reject-all")
+            return 0
+        payload = Command(resume=answer)
+
+
+def _ask(state: RunState):
+    """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
+    table = Table(title=f"Planned changes (details: {state.design_path})")
+    for column in ("id", "change", "files", "fixes"):
+        table.add_column(column)
+    for change in state.plan:
+        table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)))
+    console.print(table)
+    while True:
+        reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), or later: ").strip().lower()
+        if reply in ("all", "a", "y", "yes", ""):
+            return "all"
+        if reply in ("none", "n", "no"):
+            return []
+        if reply in ("later", "l", "q", "quit"):
+            return None
+        chosen = [part.strip().upper() for part in reply.split(",") if part.strip()]
+        if all(c in {change.id for change in state.plan} for c in chosen):
+            return chosen
+        console.print(f"[yellow]unknown id in {reply!r}[/]")
+
+
+def _finish(state: RunState) -> int:
+    v = state.verification
+    console.print(f"\nReport: [bold]{state.report_path}[/]")
+    if v.get("passed"):
+        console.print("[green]Verified:[/] identical tokens, 0 graph breaks, 0 recompiles in Decode.")
+        return 0
+    console.print("[red]Not verified:[/] " + "; ".join(v.get("problems", [])))
+    return 1
+
+
+def _describe(step: str, change: dict) -> str:
+    if step == "analyze":
+        base = change.get("baseline", {})
+        return (f"{len(change.get('findings', []))} findings in {len(change.get('sources', []))} file(s); the "
+                f"unmodified Decode under Dynamo: {base.get('graph_breaks', '?')} graph breaks, "
+                f"{base.get('recompiles', '?')} recompiles")
+    if step == "design":
+        return f"{len(change.get('plan', []))} changes planned, {len(change.get('manual', []))} items for a person " \
+               f"-> {change.get('design_path')}"
+    if step == "confirm":
+        return "approved " + (", ".join(change.get("approved") or []) or "nothing")
+    if step == "implement":
+        return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
+    if step == "verify":
+        v = change.get("verification", {})
+        return (f"tokens equal: {v['tokens_equal']}, graph breaks {v['graph_breaks']}, recompiles "
+                f"{v['recompiles']}, Decode {v['eager']['decode_ms_per_token']:.3f} -> "
+                f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s)")
+    if step == "report":
+        return str(change.get("report_path"))
+    return ""
+
+
+def _sessions() -> int:
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        table = Table(title=f"Sessions in {sessions_db()}")
+        for column in ("session", "target", "stands at", "report"):
+            table.add_column(column)
+        seen = set()
+        for checkpoint in checkpointer.list(None):
+            session = checkpoint.config["configurable"]["thread_id"]
+            if session in seen:
+                continue
+            seen.add(session)
+            snapshot = graph.get_state(_config(session))
+            values = snapshot.values
+            table.add_row(session, values.get("target", ""), ", ".join(snapshot.next) or "finished",
+                          values.get("report_path", ""))
+        console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

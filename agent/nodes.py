@@ -1,0 +1,237 @@
+"""One small function per workflow step. Each reads the state and returns the fields it changes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import libcst as cst
+from langgraph.types import interrupt
+
+from agent.errors import UserError
+from agent.knowledge import skill
+from agent.output import render, write_adapted_tree, write_atomic
+from agent.state import Change, RunState
+from transforms.codemods import CODEMODS, Options
+from transforms.findings import Finding
+from transforms.pipeline import FileAdaptation, adapt_source, fixed_by, with_requirements
+from transforms.rules import scan_source
+
+
+# -- analyze ---------------------------------------------------------------------------------------
+def analyze(state: RunState) -> dict:
+    """Static rules over the sources, then one real run of the unmodified Decode under Dynamo."""
+    from runners.probe import probe  # torch is imported only by the steps that run models
+
+    target = Path(state.target)
+    sources = _declared_sources(target)
+    findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
+    baseline = _probe(lambda: probe(target, steps=8))
+    findings += _runtime_findings(baseline, sources, findings)
+    return {
+        "sources": sources,
+        "entry_class": baseline["entry_class"],
+        "max_seq_len": baseline["max_seq_len"],
+        "findings": [f.to_dict() for f in findings],
+        "baseline": baseline,
+    }
+
+
+def _declared_sources(target: Path) -> list[str]:
+    """The harness's SOURCES, read without running it; every .py but the harness when absent."""
+    harness = target / "harness.py"
+    module = cst.parse_module(_read(target, "harness.py"))
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+            assign = stmt.body[0]
+            if getattr(assign.targets[0].target, "value", None) == "SOURCES" and isinstance(assign.value, cst.List):
+                names = [e.value.evaluated_value for e in assign.value.elements if isinstance(e.value, cst.SimpleString)]
+                missing = [n for n in names if not (target / n).is_file()]
+                if missing:
+                    raise UserError(f"{harness}: SOURCES names {', '.join(missing)}, which does not exist")
+                return names
+    return sorted(p.name for p in target.glob("*.py") if p.name != "harness.py")
+
+
+def _read(target: Path, relative: str) -> str:
+    path = target / relative
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    try:
+        cst.parse_module(text)
+    except cst.ParserSyntaxError as error:
+        raise UserError(f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message}") from None
+    return text
+
+
+def _probe(run):
+    """Runs a step that executes the user's code in a worker; its one-line failure becomes a UserError."""
+    from runners.subprocess_run import WorkerError
+
+    try:
+        return run()
+    except WorkerError as error:
+        raise UserError(str(error)) from None
+
+
+def _runtime_findings(baseline: dict, sources: list[str], static: list[Finding]) -> list[Finding]:
+    """Graph breaks the probe saw in the sources, unless a static finding already names that line."""
+    seen = {(f.path, f.line) for f in static}
+    found = []
+    for item in baseline.get("break_reasons", []):
+        path, line = item.get("file") or "", item.get("line") or 0
+        relative = next((s for s in sources if path.endswith(s)), None)
+        if relative and (relative, line) not in seen:
+            seen.add((relative, line))
+            found.append(Finding("GM901", relative, line, 1, f"graph break: {item['reason']}", "triage",
+                                 source="runtime", autofix=False))
+    return found
+
+
+# -- design ----------------------------------------------------------------------------------------
+def design(state: RunState) -> dict:
+    """Plans every change the codemods can make and writes the design document for approval."""
+    adaptations = _adapt(state, None)
+    findings = [Finding.from_dict(f) for f in state.findings]
+    plan = _plan(adaptations, findings)
+    covered = {i for change in plan for i in change.fixes}
+    manual = [
+        {"kind": "finding", **f.to_dict(), "why": skill(f.skill).summary}
+        for i, f in enumerate(findings) if i not in covered
+    ] + [
+        {"kind": "codemod", "path": a.path, **m.to_dict(), "why": skill(m.skill).summary}
+        for a in adaptations.values() for m in a.manual
+    ]
+    path = Path(state.run_dir) / "design.md"
+    write_atomic(path, render(
+        "design.md.j2", state=state, plan=plan, findings=findings, manual=manual, skill=skill,
+        fixed={i: change.id for change in plan for i in change.fixes},
+    ))
+    return {"plan": plan, "manual": manual, "design_path": str(path)}
+
+
+def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
+    options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class)
+    target = Path(state.target)
+    return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def _plan(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> list[Change]:
+    edits = {name: [] for name in CODEMODS}
+    files = {name: [] for name in CODEMODS}
+    for adaptation in adaptations.values():
+        for name in adaptation.applied:
+            files[name].append(adaptation.path)
+        for edit in adaptation.edits:
+            edits[edit.codemod].append({"path": adaptation.path, **edit.to_dict()})
+    ids = {name: f"C{n}" for n, name in enumerate([n for n in CODEMODS if files[n]], start=1)}
+    plan = []
+    for name, change_id in ids.items():
+        codemod = CODEMODS[name]
+        fixes = [i for i, f in enumerate(findings) if _first_fixer(f, adaptations) == name]
+        plan.append(Change(
+            id=change_id, codemod=name, title=codemod.TITLE, description=codemod.DESCRIPTION, skill=codemod.SKILL,
+            requires=[ids[r] for r in codemod.REQUIRES if r in ids], files=files[name], edits=edits[name], fixes=fixes,
+        ))
+    return plan
+
+
+def _first_fixer(finding: Finding, adaptations: dict[str, FileAdaptation]) -> str | None:
+    adaptation = adaptations.get(finding.path)
+    return fixed_by(finding, adaptation.edits) if adaptation else None
+
+
+# -- confirm ---------------------------------------------------------------------------------------
+def confirm(state: RunState) -> dict:
+    """Waits for a person's choice (or takes every change with --yes); keeps only consistent choices."""
+    if state.auto_approve:
+        chosen = [c.id for c in state.plan]
+    else:
+        answer = interrupt({"design": state.design_path, "changes": [[c.id, c.title] for c in state.plan]})
+        chosen = [c.id for c in state.plan] if answer == "all" else list(answer or [])
+    unknown = sorted(set(chosen) - {c.id for c in state.plan})
+    if unknown:
+        raise UserError(f"no such change: {', '.join(unknown)} (the design has {', '.join(c.id for c in state.plan)})")
+    return {"approved": consistent_selection(state.plan, chosen)}
+
+
+def consistent_selection(plan: list[Change], chosen: list[str]) -> list[str]:
+    """Drops approved changes that rely on a declined one, so the result is never a half rewrite."""
+    kept = set(chosen)
+    changed = True
+    while changed:
+        changed = False
+        for change in plan:
+            if change.id in kept and not set(change.requires) <= kept:
+                kept.discard(change.id)
+                changed = True
+    return [c.id for c in plan if c.id in kept]
+
+
+# -- implement -------------------------------------------------------------------------------------
+def implement(state: RunState) -> dict:
+    """Applies the approved codemods to copies of the sources; the originals are never touched."""
+    selected = with_requirements(c.codemod for c in state.plan if c.id in (state.approved or []))
+    adaptations = _adapt(state, selected)
+    run_dir = Path(state.run_dir)
+    adapted_dir = run_dir / "adapted"
+    write_adapted_tree(Path(state.target), adapted_dir, {a.path: a.adapted for a in adaptations.values() if a.changed})
+    diff_path = run_dir / "changes.diff"
+    write_atomic(diff_path, "".join(a.diff() for a in adaptations.values()))
+    applied = [name for name in CODEMODS if any(name in a.applied for a in adaptations.values())]
+    return {"applied": applied, "adapted_dir": str(adapted_dir), "diff_path": str(diff_path)}
+
+
+# -- verify ----------------------------------------------------------------------------------------
+def verify(state: RunState) -> dict:
+    """Original eager against adapted with Decode compiled, each in a fresh process."""
+    from runners.verify import verify as run_verification
+
+    log_dir = Path(state.run_dir) / "logs"
+    result = _probe(lambda: run_verification(
+        Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
+    ))
+    return {"verification": result.to_dict()}
+
+
+# -- report ----------------------------------------------------------------------------------------
+def report(state: RunState) -> dict:
+    run_dir = Path(state.run_dir)
+    summary = report_json(state)
+    write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
+    path = run_dir / "report.md"
+    write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill))
+    return {"report_path": str(path)}
+
+
+def report_json(state: RunState) -> dict:
+    """The machine-readable report. Its top-level fields are stable; add, never rename."""
+    v = state.verification
+    eager, graph = v["eager"], v["graph"]
+    return {
+        "graph_breaks": v["graph_breaks"],
+        "recompiles": v["recompiles"],
+        "tokens_equal": v["tokens_equal"],
+        "logits_max_abs_diff": v["logits_max_abs_diff"],
+        "prefill_ms": {"eager": eager["prefill_ms"], "graph": graph["prefill_ms"]},
+        "decode_ms_per_token": {"eager": eager["decode_ms_per_token"], "graph": graph["decode_ms_per_token"]},
+        "warmup_s": graph["warmup_s"],
+        "decode_speedup": v["decode_speedup"],
+        "backend": v["backend"],
+        "passed": v["passed"],
+        "problems": v["problems"],
+        "recompile_limit_hit": v["recompile_limit_hit"],
+        "first_divergent_step": v["first_divergent_step"],
+        "steps": v["steps"],
+        "target": state.target,
+        "session_id": state.session_id,
+        "changes_applied": state.applied,
+        "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
+        "manual_items": len(state.manual),
+        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
+        "env": v["adapted"]["env"],
+        "timings": {"eager": eager, "graph": graph},
+        "logits_max_abs_diff_per_step": v["logits_max_abs_diff_per_step"],
+        "tokens": {"eager": v["original"]["tokens"], "graph": v["adapted"]["tokens"]},
+    }

@@ -1,0 +1,50 @@
+"""The workflow graph: analyze -> design -> confirm -> implement -> verify -> report.
+
+`confirm` interrupts until a person answers (unless --yes); the SQLite checkpointer keeps the
+session, so `graphmode resume <id>` can finish it in a later process.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+from agent import nodes
+from agent.state import RunState
+
+STEPS = ("analyze", "design", "confirm", "implement", "verify", "report")
+
+
+def build_graph(checkpointer):
+    graph = StateGraph(RunState)
+    for name in STEPS:
+        graph.add_node(name, getattr(nodes, name))
+    graph.add_edge(START, STEPS[0])
+    for before, after in zip(STEPS, STEPS[1:]):
+        graph.add_edge(before, after)
+    graph.add_edge(STEPS[-1], END)
+    return graph.compile(checkpointer=checkpointer)
+
+
+def sessions_db() -> Path:
+    """One database for every session of this user; GRAPHMODE_HOME moves it (tests, CI)."""
+    home = Path(os.environ.get("GRAPHMODE_HOME", Path.home() / ".graphmode"))
+    home.mkdir(parents=True, exist_ok=True)
+    return home / "sessions.sqlite"
+
+
+@contextmanager
+def open_checkpointer() -> Iterator[SqliteSaver]:
+    connection = sqlite3.connect(sessions_db(), check_same_thread=False)
+    try:
+        # The state holds one class of ours; name it so checkpoints load without an "unregistered type" warning.
+        serde = JsonPlusSerializer(allowed_msgpack_modules=[("agent.state", "Change")])
+        yield SqliteSaver(connection, serde=serde)
+    finally:
+        connection.close()

@@ -1,0 +1,10 @@
+"""graphmode's runners: everything that imports torch and touches a device.
+
+They build models through harnesses, compile Decode with a backend, probe the unmodified
+code and verify an adapted copy against it. Anything that runs user code runs in a fresh
+subprocess (`runners.worker`, `runners.probe_worker`) with a timeout, so a crash, a hang
+or leftover Dynamo state cannot leak into the caller or into the other side.
+
+Nothing here imports libcst, and nothing here ever imports torch_npu: on a host without
+CANN that import breaks `import torch` itself.
+"""

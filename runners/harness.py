@@ -1,0 +1,124 @@
+"""Loading a harness folder (harness.py beside the model sources) and reading model outputs.
+
+The harness contract: build_model(), make_prompt(), prefill(model, tokens) and
+decode(model, token, state) in the original model's calling convention, plus the optional
+MAX_SEQ_LEN (default 64) and SOURCES. An adapted folder holds an unchanged copy of the
+same harness.py next to the rewritten sources, so the same build_model() (same seed)
+gives the same weights on both sides.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+HARNESS_FILE = "harness.py"
+REQUIRED_FUNCTIONS = ("build_model", "make_prompt", "prefill", "decode")
+DEFAULT_MAX_SEQ_LEN = 64
+
+
+class HarnessError(RuntimeError):
+    """The harness is missing, raised on import, or breaks the contract; one-line message."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def where_raised(exc: BaseException, folder: Path) -> str:
+    """'file:line' of the innermost traceback frame inside `folder`, or '' if none is.
+
+    The innermost frame in the user's folder is the line they can act on; frames in torch or
+    in graphmode are noise for them.
+    """
+    folder = folder.resolve()
+    found = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if path.is_absolute() and path.resolve().is_relative_to(folder):
+            found = f"{path}:{frame.lineno}"
+    return found
+
+
+def describe_exception(exc: BaseException, folder: Path) -> str:
+    """'Type: message (at file:line)', on one line, for errors raised by user code."""
+    where = where_raised(exc, folder)
+    text = f"{type(exc).__name__}: {_one_line(exc)}"
+    return f"{text} (at {where})" if where else text
+
+
+def _evict_shadowed_modules(folder: Path) -> None:
+    # The harness does `from model import ...`. If another folder's `model` is already in
+    # sys.modules (a second load in one process), Python would silently reuse it.
+    for source in folder.glob("*.py"):
+        cached = sys.modules.get(source.stem)
+        cached_file = getattr(cached, "__file__", None)
+        if cached is not None and (cached_file is None or Path(cached_file).resolve().parent != folder):
+            del sys.modules[source.stem]
+
+
+def load_harness(folder: Path) -> ModuleType:
+    """Imports folder/harness.py with `folder` first on sys.path and checks the contract."""
+    folder = Path(folder).resolve()
+    path = folder / HARNESS_FILE
+    if not path.is_file():
+        raise HarnessError(f"no {HARNESS_FILE} in {folder}: a harness folder needs one beside the model sources")
+
+    _evict_shadowed_modules(folder)
+    sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location("harness", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered before exec: dataclasses and pickling look the module up by name.
+    sys.modules["harness"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # SystemExit from a harness must not end the caller either
+        del sys.modules["harness"]
+        where = where_raised(exc, folder) or str(path)
+        raise HarnessError(
+            f"{where}: importing {path.name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
+
+    missing = [name for name in REQUIRED_FUNCTIONS if not callable(getattr(module, name, None))]
+    if missing:
+        raise HarnessError(
+            f"{path}: the harness does not define {', '.join(missing)} "
+            f"(required: {', '.join(REQUIRED_FUNCTIONS)})")
+    max_seq_len = getattr(module, "MAX_SEQ_LEN", DEFAULT_MAX_SEQ_LEN)
+    if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len <= 0:
+        raise HarnessError(f"{path}: MAX_SEQ_LEN must be a positive int, got {max_seq_len!r}")
+    sources = getattr(module, "SOURCES", None)
+    if sources is not None and (not isinstance(sources, (list, tuple))
+                                or not all(isinstance(s, str) for s in sources)):
+        raise HarnessError(f"{path}: SOURCES must be a list of file names, got {sources!r}")
+    return module
+
+
+def max_seq_len(harness: ModuleType) -> int:
+    return getattr(harness, "MAX_SEQ_LEN", DEFAULT_MAX_SEQ_LEN)
+
+
+def sources(harness: ModuleType, folder: Path) -> list[str]:
+    """The files graphmode may rewrite: SOURCES, else every .py in the folder but the harness."""
+    declared = getattr(harness, "SOURCES", None)
+    if declared is not None:
+        return list(declared)
+    return sorted(p.name for p in Path(folder).glob("*.py") if p.name != HARNESS_FILE)
+
+
+def next_token_logits(out: object) -> torch.Tensor:
+    """The (B, V) next-token logits from what an adapted model's prefill/decode returns.
+
+    The logits are out[0] when forward returns a tuple or list (logits plus extras), else
+    out itself; they are (B, T, V) and the next token comes from the last position.
+    """
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise HarnessError(f"the adapted model must return logits of shape (B, T, V) "
+                           f"(or a tuple starting with them); got {shape}")
+    return logits[:, -1, :]

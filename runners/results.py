@@ -1,0 +1,41 @@
+"""The record one worker writes for one side (original or adapted) of a verification."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class WorkerResult:
+    side: str                      # "original" (eager) or "adapted" (compiled Decode)
+    backend: str                   # the concrete backend name ("eager" run for the original)
+    tokens: list[list[int]]        # B lists of N greedy tokens, the ones fed to the N Decode steps
+    prefill_ms: float              # one Prefill call, eager on both sides
+    decode_ms: list[float]         # every Decode step; step 0 is the warm-up (compile) step
+    warmup_s: float                # step 0 alone, in seconds
+    load_s: float                  # harness import + build_model (+ move to the device)
+    graph_breaks: int = 0
+    break_reasons: list[dict[str, Any]] = field(default_factory=list)  # {"reason","file","line"}
+    recompiles: int = 0            # guard failures after warm-up that made Dynamo recompile
+    recompile_reasons: list[str] = field(default_factory=list)
+    recompile_limit_hit: bool = False
+    env: dict[str, Any] = field(default_factory=dict)
+    # Detail beyond the contract, kept for reports and diagnosis.
+    steps: int = 0
+    prompt_len: int = 0
+    max_seq_len: int = 0
+    fullgraph: bool = False
+    explain_s: float = 0.0
+    graphs_at_warmup: int = 0      # FX graphs compiled by the warm-up step
+    graphs_after_warmup: int = 0   # FX graphs compiled by every later step (should be 0)
+    recompile_details: list[dict[str, Any]] = field(default_factory=list)
+    stance_failures: list[str] = field(default_factory=list)
+    recompile_limit: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WorkerResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

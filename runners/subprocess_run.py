@@ -1,0 +1,61 @@
+"""Running a worker module in a fresh Python process, with a timeout and kept logs.
+
+User code runs only in these children: a crash, a hang or a leaked Dynamo cache there
+cannot take down the caller, and each child starts from an identical, clean state.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from runners.cli import ERROR_PREFIX
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerError(RuntimeError):
+    """A worker failed or timed out; the message is one line, the worker's own if it gave one."""
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # `python -m runners.worker` must import this checkout even when cwd is elsewhere.
+    parts = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _error_line(stderr: str) -> str | None:
+    lines = [line for line in stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    return lines[-1][len(ERROR_PREFIX):].strip() if lines else None
+
+
+def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
+               log_dir: Path | None = None, error: type[WorkerError] = WorkerError) -> None:
+    """Runs `python -m module args...`; raises `error` with a one-line message on failure."""
+    command = [sys.executable, "-m", module, *args]
+    # A new session so a timeout can kill the whole group (Inductor may fork compile workers).
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_child_env(), start_new_session=True)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this child, by its id
+        stdout, stderr = proc.communicate()
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{name}.stdout.log").write_text(stdout)
+        (log_dir / f"{name}.stderr.log").write_text(stderr)
+    if timed_out:
+        raise error(f"the {name} worker timed out after {timeout_s:g} s ({' '.join(command[2:4])})")
+    if proc.returncode != 0:
+        message = _error_line(stderr)
+        if message is None:
+            tail = [line for line in stderr.splitlines() if line.strip()]
+            message = f"exit status {proc.returncode}" + (f": {tail[-1].strip()}" if tail else "")
+        raise error(f"the {name} worker failed: {message}")

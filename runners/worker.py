@@ -1,0 +1,255 @@
+"""One side of a verification, in a fresh process.
+
+    python -m runners.worker --side {original,adapted} --folder DIR --steps N \
+        --backend NAME --out RESULT.json [--logits LOGITS.pt]
+
+A fresh process per side gives each side a freshly, identically seeded model (forward may
+have first-call side effects, lesson 6) and empty Dynamo caches and counters.
+
+- original: the harness's own prefill/decode, eagerly; the baseline.
+- adapted:  model.prefill eagerly, then Decode through backend.compile(model.decode).
+  Step 0 is the warm-up (compile); every later step runs under the "fail_on_recompile"
+  stance so a recompile is an event we see, not a silent slowdown (lesson 2).
+
+Greedy choice and logits copies happen outside the timed regions. Every Decode step gets
+a fresh (B, 1) token tensor from argmax: a (1, 1) slice of a growing tensor changes stride
+every step and makes Dynamo recompile (lesson 3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from runners.backends import Backend, resolve
+from runners.cli import WorkerFailure, call_user, run_main
+from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
+from runners.env_info import environment
+from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits
+from runners.results import WorkerResult
+from runners.timing import timed
+
+SIDES = ("original", "adapted")
+
+
+@dataclass
+class Trace:
+    """What one side produced, before it is written out."""
+    logits: list[torch.Tensor] = field(default_factory=list)  # (B, V) per call: Prefill, then each step
+    tokens: list[torch.Tensor] = field(default_factory=list)  # (B, 1) fed to each Decode step
+    decode_ms: list[float] = field(default_factory=list)
+    prefill_ms: float = 0.0
+
+    def keep_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        # A copy: a CUDA-graph replay overwrites its output buffers on the next call.
+        kept = logits.detach().float().cpu().clone()
+        self.logits.append(kept)
+        return kept
+
+    def next_token(self, device: torch.device | str) -> torch.Tensor:
+        # argmax allocates a new contiguous (B, 1) tensor: a stride Dynamo sees every step.
+        token = self.logits[-1].argmax(-1, keepdim=True).to(device)
+        self.tokens.append(token.cpu())
+        return token
+
+
+def run_original(harness: ModuleType, model: torch.nn.Module, prompt: torch.Tensor,
+                 steps: int, backend: Backend, folder: Path) -> Trace:
+    trace = Trace()
+    (logits, state), seconds = call_user("harness.prefill", folder, lambda: timed(
+        lambda: harness.prefill(model, prompt), backend.synchronize))
+    trace.prefill_ms = seconds * 1e3
+    trace.keep_logits(logits)
+    for _ in range(steps):
+        token = trace.next_token(prompt.device)
+        (logits, state), seconds = call_user("harness.decode", folder, lambda: timed(
+            lambda: harness.decode(model, token, state), backend.synchronize))
+        trace.decode_ms.append(seconds * 1e3)
+        trace.keep_logits(logits)
+    return trace
+
+
+def _is_stance_recompile(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "fail_on_recompile" in str(exc)
+
+
+@dataclass
+class AdaptedRun:
+    trace: Trace
+    graph_breaks: int
+    break_reasons: list[SourceReason]
+    fullgraph: bool
+    explain_s: float
+    warmup_s: float
+    graphs_at_warmup: int
+    graphs_after_warmup: int
+    recompiles: list[SourceReason]
+    recompile_limit_hit: bool
+    stance_failures: list[str]
+
+
+def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
+                backend: Backend, folder: Path) -> AdaptedRun:
+    missing = [name for name in ("prefill", "decode") if not callable(getattr(model, name, None))]
+    if missing:
+        raise WorkerFailure(f"the adapted model ({type(model).__name__}) has no {' or '.join(missing)} "
+                            f"method (prefill/decode(tokens, input_pos)); is {folder} an adapted folder?")
+    device = prompt.device
+    prompt_len = prompt.shape[1]
+    prefill_pos = torch.arange(prompt_len, device=device)
+    trace = Trace()
+    out, seconds = call_user("model.prefill", folder, lambda: timed(
+        lambda: model.prefill(prompt, prefill_pos), backend.synchronize))
+    trace.prefill_ms = seconds * 1e3
+    trace.keep_logits(next_token_logits(out))
+    first_token = trace.logits[-1].argmax(-1, keepdim=True).to(device)
+
+    # explain() really runs Decode once at position T, writing the cache at T. That is
+    # harmless: Decode at T reads positions 0..T only, 0..T-1 hold Prefill's values, and T
+    # is rewritten (before it is read) by the real step 0, which has the same token and
+    # position. Prefill is re-run anyway so models with extra Prefill-written state start
+    # step 0 from exactly what Prefill left; it rewrites the same values, so the logits
+    # recorded above stay valid.
+    started = time.perf_counter()
+    graph_breaks, break_reasons = call_user("torch._dynamo.explain(model.decode)", folder, lambda: explain_breaks(
+        model.decode, first_token.clone(), torch.tensor([prompt_len], device=device), root=folder))
+    explain_s = time.perf_counter() - started
+    call_user("model.prefill", folder, lambda: model.prefill(prompt, prefill_pos))
+
+    fullgraph = graph_breaks == 0
+    compiled = backend.compile(model.decode, fullgraph=fullgraph)
+    step_fn: Callable[..., Any] = compiled
+    stance = "fail_on_recompile"
+    stance_failures: list[str] = []
+    limit_hit_raised = False
+    warmup_s = 0.0
+    graphs_at_warmup = 0
+    with CompileWatch(root=folder) as watch:
+        for step in range(steps):
+            token = trace.next_token(device)
+            input_pos = torch.tensor([prompt_len + step], device=device)
+
+            def call() -> tuple[Any, float]:
+                return timed(lambda: step_fn(token, input_pos), backend.synchronize)
+
+            if step == 0:
+                out, seconds = call_user("compiled model.decode (warm-up)", folder, call)
+                warmup_s = seconds
+                graphs_at_warmup = watch.graphs
+                watch.mark()  # from here on, every compiled graph is a recompile
+            else:
+                try:
+                    with torch.compiler.set_stance(stance):
+                        out, seconds = call()
+                except torch._dynamo.exc.FailOnRecompileLimitHit:
+                    # fullgraph=True turns the limit into an error on every later call:
+                    # finish eagerly so the tokens can still be compared.
+                    limit_hit_raised = True
+                    step_fn = model.decode
+                    out, seconds = call_user("model.decode", folder, call)
+                except RuntimeError as exc:
+                    if not _is_stance_recompile(exc):
+                        raise WorkerFailure(
+                            f"compiled model.decode raised {describe_exception(exc, folder)}") from exc
+                    # The stance refuses before the frame runs, so the step can be retried;
+                    # the retry compiles, and the watch logs the guard that failed. (With
+                    # graph breaks, earlier frames of this step did run; re-running them
+                    # rewrites the same cache positions with the same values.)
+                    stance_failures.append(" ".join(str(exc).split()))
+                    stance = "default"
+                    out, seconds = call_user("compiled model.decode", folder, call)
+            trace.decode_ms.append(seconds * 1e3)
+            trace.keep_logits(next_token_logits(out))
+        return AdaptedRun(
+            trace=trace, graph_breaks=graph_breaks, break_reasons=break_reasons,
+            fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
+            graphs_at_warmup=graphs_at_warmup, graphs_after_warmup=watch.graphs,
+            recompiles=watch.recompiles, recompile_limit_hit=watch.limit_hit or limit_hit_raised,
+            stance_failures=stance_failures)
+
+
+def _reason_text(reason: SourceReason) -> str:
+    where = f"{reason.file}:{reason.line}" if reason.line is not None else reason.file
+    return f"{reason.reason} ({where})" if where else reason.reason
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=SIDES, required=True)
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--backend", default="auto",
+                        help="the adapted side compiles with it; the original side only takes its device")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--logits", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.steps < 1:
+        raise WorkerFailure(f"--steps must be at least 1, got {args.steps}")
+    backend, _ = resolve(args.backend)
+    folder = args.folder.resolve()
+
+    started = time.perf_counter()
+    harness = load_harness(folder)
+    model = call_user("harness.build_model", folder, harness.build_model).to(backend.device)
+    load_s = time.perf_counter() - started
+    prompt = call_user("harness.make_prompt", folder, harness.make_prompt).to(backend.device)
+    limit = max_seq_len(harness)
+    if prompt.shape[1] + args.steps > limit:
+        raise WorkerFailure(f"prompt ({prompt.shape[1]}) + steps ({args.steps}) exceeds the harness "
+                            f"MAX_SEQ_LEN ({limit}); lower --steps or raise MAX_SEQ_LEN")
+
+    # inference_mode works with torch.compile on torch 2.13 (the tests compile under it).
+    with torch.inference_mode():
+        if args.side == "original":
+            trace = run_original(harness, model, prompt, args.steps, backend, folder)
+            adapted = None
+        else:
+            adapted = run_adapted(model, prompt, args.steps, backend, folder)
+            trace = adapted.trace
+
+    result = WorkerResult(
+        side=args.side,
+        backend=backend.name if adapted else "eager",
+        tokens=torch.cat(trace.tokens, dim=1).tolist(),
+        prefill_ms=trace.prefill_ms,
+        decode_ms=trace.decode_ms,
+        warmup_s=adapted.warmup_s if adapted else trace.decode_ms[0] / 1e3,
+        load_s=load_s,
+        env=environment(backend.device),
+        steps=args.steps,
+        prompt_len=prompt.shape[1],
+        max_seq_len=limit,
+        recompile_limit=torch._dynamo.config.recompile_limit,
+    )
+    if adapted:
+        result.graph_breaks = adapted.graph_breaks
+        result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line} for r in adapted.break_reasons]
+        result.recompiles = len(adapted.recompiles)
+        result.recompile_reasons = [_reason_text(r) for r in adapted.recompiles]
+        result.recompile_details = [r.to_dict() for r in adapted.recompiles]
+        result.recompile_limit_hit = adapted.recompile_limit_hit
+        result.fullgraph = adapted.fullgraph
+        result.explain_s = adapted.explain_s
+        result.graphs_at_warmup = adapted.graphs_at_warmup
+        result.graphs_after_warmup = adapted.graphs_after_warmup
+        result.stance_failures = adapted.stance_failures
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result.to_dict(), indent=2))
+    if args.logits:
+        args.logits.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(torch.stack(trace.logits), args.logits)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

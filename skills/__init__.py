@@ -1,0 +1,1 @@
+"""Graph-mode knowledge the agent cites; Markdown files with front matter."""

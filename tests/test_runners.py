@@ -1,0 +1,294 @@
+"""Tests for runners/: real torch, the real tiny example model, real subprocess workers.
+
+Expected values are never hard-coded numbers: each check is a property (equal tokens,
+finite logits, counts above or at zero, lines that exist in the files named).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners import backends
+from runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
+from runners.cli import ERROR_PREFIX
+from runners.dynamo_watch import parse_recompile_message
+from runners.harness import HarnessError, load_harness, next_token_logits
+from runners.probe import probe
+from runners.subprocess_run import PROJECT_ROOT, WorkerError, run_worker
+from runners.verify import VerificationError, verify
+
+EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
+ADAPTED = Path(__file__).parent / "fixtures" / "adapted_tiny"
+
+
+def _line_of(path: Path, text: str) -> int:
+    """1-based line of the first line containing `text` (so tests never hard-code lines)."""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+# --- backends ---------------------------------------------------------------------------
+
+def test_auto_picks_cudagraphs_with_cuda_else_inductor():
+    backend, reason = resolve("auto")
+    expected = "cudagraphs" if torch.cuda.is_available() else "inductor"
+    assert backend.name == expected
+    assert expected in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize("name", ["npugraph_ex", "ge"])
+def test_npu_backends_refuse_with_a_reason(name):
+    reason = backends.get(name).available()
+    assert reason is not None and name in reason and "not implemented" in reason
+    with pytest.raises(BackendUnavailable) as info:
+        resolve(name)
+    message = str(info.value)
+    assert "\n" not in message and all(valid in message for valid in BACKEND_NAMES)
+
+
+def test_unknown_backend_is_a_value_error_listing_valid_names():
+    with pytest.raises(ValueError) as info:
+        resolve("tensorrt")
+    assert isinstance(info.value, BackendUnavailable)
+    assert "tensorrt" in str(info.value) and "aot_eager" in str(info.value)
+
+
+def test_cudagraphs_availability_follows_torch_cuda():
+    reason = backends.get("cudagraphs").available()
+    assert (reason is None) == torch.cuda.is_available()
+    if reason is not None:
+        assert "CUDA" in reason
+
+
+def test_cpu_backend_compiles_static_and_matches_eager():
+    torch._dynamo.reset()
+    backend, _ = resolve("aot_eager")
+    x = torch.randn(4, 8)
+    compiled = backend.compile(lambda t: torch.softmax(t * 2, dim=-1), fullgraph=True)
+    torch.testing.assert_close(compiled(x), torch.softmax(x * 2, dim=-1))
+    backend.synchronize()  # a no-op on CPU, but it must exist and not raise
+
+
+# --- harness ----------------------------------------------------------------------------
+
+def test_load_harness_on_the_example():
+    harness = load_harness(EXAMPLE)
+    model = harness.build_model()
+    assert not model.training
+    prompt = harness.make_prompt()
+    assert prompt.dtype == torch.long and prompt.dim() == 2
+
+
+def test_missing_harness_file(tmp_path):
+    with pytest.raises(HarnessError, match="no harness.py"):
+        load_harness(tmp_path)
+
+
+def test_harness_that_raises_names_file_line_and_exception(tmp_path):
+    (tmp_path / "harness.py").write_text("import torch\n\nraise KeyError('no weights here')\n")
+    with pytest.raises(HarnessError) as info:
+        load_harness(tmp_path)
+    message = str(info.value)
+    assert f"{(tmp_path / 'harness.py').resolve()}:3" in message
+    assert "KeyError" in message and "no weights here" in message and "\n" not in message
+
+
+def test_harness_missing_functions_are_named(tmp_path):
+    (tmp_path / "harness.py").write_text("def build_model():\n    pass\n")
+    with pytest.raises(HarnessError) as info:
+        load_harness(tmp_path)
+    assert all(name in str(info.value) for name in ("make_prompt", "prefill", "decode"))
+
+
+def test_next_token_logits_rule():
+    logits = torch.randn(2, 5, 11)
+    assert torch.equal(next_token_logits(logits), logits[:, -1, :])
+    assert torch.equal(next_token_logits((logits, "cache")), logits[:, -1, :])
+    with pytest.raises(HarnessError):
+        next_token_logits(torch.randn(2, 11))
+
+
+def test_adapted_fixture_has_original_weights_and_idempotent_first_decode():
+    """The reasoning worker.run_adapted relies on: the same seed gives the same weights, and
+    running Decode twice at the first position (explain, then the real step) changes nothing."""
+    original = load_harness(EXAMPLE).build_model()
+    harness = load_harness(ADAPTED)
+    model = harness.build_model()
+    for (name, a), (_, b) in zip(original.named_parameters(), model.named_parameters()):
+        assert torch.equal(a, b), name
+    prompt = harness.make_prompt()
+    length = prompt.shape[1]
+    with torch.inference_mode():
+        token = next_token_logits(model.prefill(prompt, torch.arange(length))).argmax(-1, keepdim=True)
+        once = next_token_logits(model.decode(token, torch.tensor([length])))
+        twice = next_token_logits(model.decode(token, torch.tensor([length])))
+        following = model.decode(once.argmax(-1, keepdim=True), torch.tensor([length + 1]))
+        # Reference: a fresh model that decoded the first position only once.
+        fresh = harness.build_model()
+        fresh.prefill(prompt, torch.arange(length))
+        fresh.decode(token, torch.tensor([length]))
+        reference = fresh.decode(once.argmax(-1, keepdim=True), torch.tensor([length + 1]))
+    assert torch.equal(once, twice)
+    assert torch.equal(following, reference)
+
+
+# --- Dynamo bookkeeping -----------------------------------------------------------------
+
+def test_parse_recompile_message_takes_newest_guard_and_user_line():
+    message = (
+        "Recompiling function decode in /x/harness.py:36\n"
+        "    triggered by the following guard failure(s):\n"
+        "    - 1/1: state['pos'] == 9                     # logits = model(...)  # x/harness.py:38 in decode\n"
+        "    - User stack trace:\n"
+        '    -   File "/x/harness.py", line 38, in decode\n'
+        "    -     logits = model(...)\n"
+        "    - 1/0: state['pos'] == 8                     # logits = model(...)  # x/harness.py:38 in decode\n"
+        '    -   File "/x/other.py", line 99, in decode\n')
+    reason = parse_recompile_message(message, root=Path("/x"))
+    assert (reason.reason, reason.file, reason.line, reason.function) == ("state['pos'] == 9", "harness.py", 38, "decode")
+
+
+# --- workers (subprocesses) --------------------------------------------------------------
+
+@pytest.mark.slow
+def test_worker_original_side(tmp_path):
+    steps = 6
+    out, logits_file = tmp_path / "o.json", tmp_path / "o.pt"
+    run_worker("runners.worker", ["--side", "original", "--folder", str(EXAMPLE), "--steps", str(steps),
+                                  "--backend", "aot_eager", "--out", str(out), "--logits", str(logits_file)],
+               name="original", timeout_s=120, log_dir=tmp_path / "logs")
+    result = json.loads(out.read_text())
+    logits = torch.load(logits_file)
+    vocab = load_harness(EXAMPLE).build_model().output.out_features
+    assert result["side"] == "original" and result["backend"] == "eager"
+    assert len(result["tokens"]) == 1 and len(result["tokens"][0]) == steps
+    assert len(result["decode_ms"]) == steps and all(ms > 0 for ms in result["decode_ms"])
+    assert result["prefill_ms"] > 0 and result["load_s"] > 0 and result["warmup_s"] > 0
+    assert logits.shape == (steps + 1, 1, vocab) and torch.isfinite(logits).all()
+    # Each fed token is the greedy choice from the previous call's logits.
+    assert result["tokens"][0] == logits[:steps, 0].argmax(-1).tolist()
+    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads"}
+    assert (tmp_path / "logs" / "original.stderr.log").exists()
+
+
+@pytest.mark.slow
+def test_worker_error_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "runners.worker", "--side", "original", "--folder", str(tmp_path),
+         "--steps", "2", "--backend", "eager", "--out", str(tmp_path / "o.json")],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX) and "no harness.py" in lines[0]
+
+
+@pytest.mark.slow
+def test_worker_counts_recompiles_and_detects_the_limit(tmp_path):
+    """An adapted copy whose decode bumps a Python int attribute: Dynamo guards module ints
+    as constants, so every step recompiles until recompile_limit (lesson 4)."""
+    folder = tmp_path / "recompiling"
+    shutil.copytree(ADAPTED, folder)
+    model_py = folder / "model.py"
+    source = model_py.read_text()
+    old = "    def decode(self, tokens, input_pos):\n        return self(tokens, input_pos)\n"
+    assert old in source
+    model_py.write_text(source.replace(old, (
+        "    def decode(self, tokens, input_pos):\n"
+        "        self.calls = getattr(self, 'calls', 0) + 1\n"
+        "        return self(tokens, input_pos) * (1 + 0 * self.calls)\n")))
+    steps = torch._dynamo.config.recompile_limit + 3
+    out = tmp_path / "a.json"
+    run_worker("runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
+                                  "--backend", "aot_eager", "--out", str(out)],
+               name="adapted", timeout_s=180)
+    result = json.loads(out.read_text())
+    assert result["graph_breaks"] == 0 and result["fullgraph"] is True
+    assert result["recompiles"] >= 1 and result["graphs_after_warmup"] >= 1
+    assert len(result["stance_failures"]) == 1  # the stance caught the first one, then stood down
+    assert result["recompile_limit_hit"] is True
+    calls_line = _line_of(model_py, "self.calls = getattr")
+    assert all(d["file"] == "model.py" and d["line"] == calls_line for d in result["recompile_details"])
+    assert all("self.calls" in text for text in result["recompile_reasons"])
+    assert len(result["tokens"][0]) == steps  # the run finished eagerly after the limit
+
+
+@pytest.mark.slow
+def test_probe_reports_recompiles_on_the_original():
+    report = probe(EXAMPLE, steps=4, timeout_s=240)
+    assert report["entry_class"] == "Transformer" and report["entry_file"] == "model.py"
+    assert report["sources"] == ["model.py"] and report["max_seq_len"] == load_harness(EXAMPLE).MAX_SEQ_LEN
+    assert report["recompiles"] > 0 and len(report["recompile_reasons"]) == report["recompiles"]
+    sites = {(site["file"], site["line"]) for site in report["recompile_sites"]}
+    # The Python-int position is guarded where the harness passes it to the model.
+    assert ("harness.py", _line_of(EXAMPLE / "harness.py", 'model(token, state["pos"]')) in sites
+    # The graph breaks come from .item() calls, pointed at in model.py.
+    assert report["graph_breaks"] > 0
+    item_lines = {n for n, line in enumerate((EXAMPLE / "model.py").read_text().splitlines(), 1) if ".item()" in line}
+    assert {r["line"] for r in report["break_reasons"] if r["file"] == "model.py"} <= item_lines
+    assert any(r["line"] in item_lines for r in report["break_reasons"])
+
+
+@pytest.mark.slow
+def test_probe_failure_is_a_one_line_error(tmp_path):
+    with pytest.raises(WorkerError, match="no harness.py"):
+        probe(tmp_path, steps=2, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("verify-logs")
+    return verify(EXAMPLE, ADAPTED, "aot_eager", steps=32, timeout_s=300, log_dir=logs), logs
+
+
+@pytest.mark.slow
+def test_verify_hand_adapted_copy_passes(verified):
+    result, logs = verified
+    assert result.problems == [] and result.passed
+    assert result.tokens_equal and result.first_divergent_step is None
+    assert result.graph_breaks == 0 and result.recompiles == 0 and not result.recompile_limit_hit
+    assert result.adapted.graphs_at_warmup >= 1 and result.adapted.graphs_after_warmup == 0
+    assert len(result.logits_max_abs_diff_per_step) == 33
+    assert result.logits_max_abs_diff == max(result.logits_max_abs_diff_per_step) <= result.logits_atol
+    assert len(result.original.tokens[0]) == 32 == len(result.adapted.tokens[0])
+
+
+@pytest.mark.slow
+def test_verify_result_is_json_and_timings_are_consistent(verified):
+    result, logs = verified
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["passed"] is True and data["backend"] == "aot_eager"
+    for side in ("eager", "graph"):
+        t = data[side]
+        assert t["decode_ms_min"] <= t["decode_ms_per_token"] <= t["decode_ms_max"]
+        assert t["prefill_ms"] > 0 and t["warmup_s"] > 0
+    assert data["decode_speedup"] == pytest.approx(
+        data["eager"]["decode_ms_per_token"] / data["graph"]["decode_ms_per_token"])
+    assert {p.name for p in logs.iterdir()} >= {"original.stderr.log", "adapted.stdout.log", "adapted.json"}
+
+
+def test_verify_refuses_short_runs_and_unavailable_backends_before_running():
+    with pytest.raises(ValueError, match="at least 32"):
+        verify(EXAMPLE, ADAPTED, "aot_eager", steps=8)
+    with pytest.raises(BackendUnavailable):
+        verify(EXAMPLE, ADAPTED, "npugraph_ex")
+
+
+@pytest.mark.slow
+def test_verify_reports_a_failed_worker(tmp_path):
+    with pytest.raises(VerificationError, match="adapted worker failed: .*no harness.py"):
+        verify(EXAMPLE, tmp_path, "aot_eager", timeout_s=120)
+
+
+@pytest.mark.slow
+def test_verify_kills_a_hung_worker(tmp_path):
+    (tmp_path / "harness.py").write_text("import time\ntime.sleep(120)\n")
+    with pytest.raises(VerificationError, match="adapted worker timed out after 3 s"):
+        verify(EXAMPLE, tmp_path, "aot_eager", timeout_s=3)

@@ -1,0 +1,19 @@
+"""The codemods, in the order they run. Each one is a module; register it in CHAIN."""
+from __future__ import annotations
+
+from transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
+from transforms.codemods.hoist_item import HoistItem
+from transforms.codemods.split_decode import SplitDecode
+from transforms.codemods.static_kv_cache import StaticKVCacheCodemod
+from transforms.codemods.static_mask import StaticMask
+from transforms.codemods.static_positions import StaticPositions
+from transforms.codemods.static_rotary import StaticRotary
+
+# Order matters: the mask and cache rewrites read the position parameter before it is renamed, and
+# the Decode entry is copied from `forward` once everything else has been rewritten.
+CHAIN: tuple[type[GraphCodemod], ...] = (
+    HoistItem, StaticRotary, StaticMask, StaticKVCacheCodemod, StaticPositions, SplitDecode,
+)
+CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
+
+__all__ = ["CHAIN", "CODEMODS", "Edit", "GraphCodemod", "ManualItem", "Options"]

@@ -1,0 +1,107 @@
+"""Module-level insertions shared by the codemods that create static buffers."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, Options
+from transforms.cstutil import find_method
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _is_size_constant(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.Assign) and any(
+            isinstance(t.target, cst.Name) and t.target.value in (MAX_SEQ_LEN_CONSTANT, MAX_BATCH_CONSTANT)
+            for t in s.targets
+        )
+        for s in stmt.body
+    )
+
+
+def defined_at_top(module: cst.Module, name: str) -> bool:
+    for stmt in module.body:
+        if isinstance(stmt, (cst.ClassDef, cst.FunctionDef)) and stmt.name.value == name:
+            return True
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign) and any(
+                    isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets
+                ):
+                    return True
+    return False
+
+
+def insert_after_imports(module: cst.Module, statements: list[cst.BaseStatement]) -> cst.Module:
+    """Places statements after the leading docstring and import block, separated by blank lines."""
+    body = list(module.body)
+    index = 0
+    while index < len(body) and (
+        _is_import(body[index]) or (index == 0 and _is_docstring(body[index])) or _is_size_constant(body[index])
+    ):
+        index += 1
+    first = statements[0]
+    # PEP 8: two blank lines before a top-level definition, one before anything else.
+    gap = [cst.EmptyLine()] * (2 if isinstance(first, (cst.ClassDef, cst.FunctionDef)) else 1)
+    statements = [first.with_changes(leading_lines=[*gap, *first.leading_lines]), *statements[1:]]
+    return module.with_changes(body=[*body[:index], *statements, *body[index:]])
+
+
+def ensure_size_constants(module: cst.Module, options: Options) -> cst.Module:
+    """The two constants every static buffer is sized by, defined once per module."""
+    if defined_at_top(module, MAX_SEQ_LEN_CONSTANT):
+        return module
+    block = cst.parse_module(
+        "# graphmode: sizes of the static Decode buffers. Raise them to serve longer sequences or larger batches.\n"
+        f"{MAX_SEQ_LEN_CONSTANT} = {options.max_seq_len}\n"
+        f"{MAX_BATCH_CONSTANT} = {options.max_batch_size}\n"
+    )
+    return insert_after_imports(module, list(block.body))
+
+
+def append_to_init(cls: cst.ClassDef, statements: list[cst.BaseStatement], comment: str) -> cst.ClassDef:
+    """Appends statements to the end of `__init__`, the first one preceded by a comment."""
+    init = find_method(cls, "__init__")
+    assert init is not None, "callers check for __init__ first"
+    first = statements[0].with_changes(
+        leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {comment}"))]
+    )
+    body = init.body.with_changes(body=[*init.body.body, first, *statements[1:]])
+    return replace_method(cls, "__init__", init.with_changes(body=body))
+
+
+def replace_method(cls: cst.ClassDef, name: str, new: cst.FunctionDef) -> cst.ClassDef:
+    body = [new if isinstance(s, cst.FunctionDef) and s.name.value == name else s for s in cls.body.body]
+    return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
+def self_attributes(cls: cst.ClassDef) -> set[str]:
+    """Names assigned as `self.X = ...` or registered as buffers anywhere in the class."""
+    found: set[str] = set()
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if isinstance(node.value, cst.Name) and node.value.value == "self":
+                found.add(node.attr.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "register_buffer" and node.args:
+                arg = node.args[0].value
+                if isinstance(arg, cst.SimpleString):
+                    found.add(arg.evaluated_value)
+
+    cls.visit(_Collector())
+    return found

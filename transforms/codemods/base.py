@@ -1,0 +1,87 @@
+"""What every graphmode codemod shares.
+
+A codemod is a libcst `VisitorBasedCodemodCommand` that rewrites one idiom and records what it
+did: an `Edit` per rewritten span, or a `ManualItem` where it recognised the idiom only in part
+and therefore changed nothing there.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.metadata import ParentNodeProvider, PositionProvider
+
+MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
+MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the rewrites need to know that the source does not say."""
+
+    max_seq_len: int = 64  # longest sequence (prompt + generated) the static buffers must hold
+    max_batch_size: int = 1
+    entry_class: str | None = None  # the model class the harness builds; it gets prefill/decode
+
+
+@dataclass(frozen=True)
+class Edit:
+    codemod: str
+    function: str
+    start_line: int  # in the codemod's input; the pipeline maps it back to the original
+    end_line: int
+    summary: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ManualItem:
+    codemod: str
+    function: str
+    line: int
+    reason: str
+    skill: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class GraphCodemod(VisitorBasedCodemodCommand):
+    NAME: ClassVar[str]
+    TITLE: ClassVar[str]  # one line, imperative: what the change does
+    DESCRIPTION: ClassVar[str]  # the planned change and its effect on behaviour, for the design document
+    SKILL: ClassVar[str]
+    FIXES: ClassVar[frozenset[str]]  # rule codes whose findings this codemod removes
+    REQUIRES: ClassVar[tuple[str, ...]] = ()  # codemods whose output this one's output relies on
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
+
+    def __init__(self, context: CodemodContext, options: Options) -> None:
+        super().__init__(context)
+        self.options = options
+        self.edits: list[Edit] = []
+        self.manual: list[ManualItem] = []
+
+    # -- recording -------------------------------------------------------------------------------
+    def _lines(self, node: cst.CSTNode) -> tuple[int, int]:
+        span = self.get_metadata(PositionProvider, node)
+        return span.start.line, span.end.line
+
+    def record_edit(self, node: cst.CSTNode, summary: str) -> None:
+        start, end = self._lines(node)
+        self.edits.append(Edit(self.NAME, self.qualname(node), start, end, summary))
+
+    def record_manual(self, node: cst.CSTNode, reason: str) -> None:
+        self.manual.append(ManualItem(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL))
+
+    def qualname(self, node: cst.CSTNode) -> str:
+        names: list[str] = []
+        current: cst.CSTNode | None = node
+        while current is not None:
+            if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+                names.append(current.name.value)
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return ".".join(reversed(names))

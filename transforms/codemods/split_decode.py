@@ -1,0 +1,186 @@
+"""Gives the model separate Prefill and Decode entry points.
+
+`prefill(tokens, input_pos)` calls `forward` unchanged and runs eagerly. `decode(tokens, input_pos)`
+holds a copy of `forward`'s body with the branches that only Prefill takes folded away, knowing
+that Decode feeds one token per sequence and leaves optional arguments at their defaults:
+
+    if seqlen > 1: ...             -> removed (seqlen is 1 in Decode)
+    if past_key_values is None: X  -> X       (Decode passes no cache argument)
+
+Only `decode` is compiled, so Dynamo never sees Prefill's shapes or paths.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.codemods.base import GraphCodemod
+from transforms.cstutil import find_method, names_in
+
+_ENTRY_NAMES = ("prefill", "decode")
+
+
+def _sequence_length_names(body: list[cst.BaseStatement], tokens: str) -> set[str]:
+    """Names bound to the token tensor's second dimension (`bsz, seqlen = tokens.shape`, `tokens.size(1)`)."""
+    found: set[str] = set()
+    for stmt in body:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
+            continue
+        assign = stmt.body[0]
+        value, target = assign.value, assign.targets[0].target
+        code = cst.Module([]).code_for_node(value).replace(" ", "")
+        if code in (f"{tokens}.shape", f"{tokens}.size()") and isinstance(target, cst.Tuple) \
+                and len(target.elements) == 2 and isinstance(target.elements[1].value, cst.Name):
+            found.add(target.elements[1].value.value)
+        elif code in (f"{tokens}.shape[1]", f"{tokens}.size(1)", f"{tokens}.shape[-1]", f"{tokens}.size(-1)") \
+                and isinstance(target, cst.Name):
+            found.add(target.value)
+    return found
+
+
+class _Facts:
+    """What is known to hold in every Decode call."""
+
+    def __init__(self, length_names: set[str], omitted: dict[str, cst.BaseExpression]) -> None:
+        self.length_names = length_names
+        self.omitted = omitted  # parameter -> its default, for parameters Decode does not take
+
+    def evaluate(self, test: cst.BaseExpression) -> bool | None:
+        """True/False when the test has one value in every Decode call, else None."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            inner = self.evaluate(test.expression)
+            return None if inner is None else not inner
+        if isinstance(test, cst.BooleanOperation):
+            left, right = self.evaluate(test.left), self.evaluate(test.right)
+            if isinstance(test.operator, cst.And):
+                return False if False in (left, right) else (True if left and right else None)
+            return True if True in (left, right) else (False if left is False and right is False else None)
+        if isinstance(test, cst.Name) and test.value in self.omitted:
+            default = self.omitted[test.value]
+            if isinstance(default, cst.Name) and default.value in ("True", "False", "None"):
+                return default.value == "True"
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name):
+            return self._compare(test.left.value, test.comparisons[0])
+        return None
+
+    def _compare(self, name: str, target: cst.ComparisonTarget) -> bool | None:
+        op, right = target.operator, target.comparator
+        if name in self.omitted and isinstance(right, cst.Name) and right.value == "None":
+            default = self.omitted[name]
+            is_none = isinstance(default, cst.Name) and default.value == "None"
+            if isinstance(op, cst.Is):
+                return is_none
+            if isinstance(op, cst.IsNot):
+                return not is_none
+        if name in self.length_names and isinstance(right, cst.Integer):
+            value = int(right.value)
+            table = {cst.GreaterThan: 1 > value, cst.GreaterThanEqual: 1 >= value, cst.LessThan: 1 < value,
+                     cst.LessThanEqual: 1 <= value, cst.Equal: 1 == value, cst.NotEqual: 1 != value}
+            return table.get(type(op))
+        return None
+
+
+class _FoldBranches(cst.CSTTransformer):
+    def __init__(self, facts: _Facts) -> None:
+        self.facts = facts
+        self.folded: list[cst.If] = []
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):
+        value = self.facts.evaluate(updated_node.test)
+        if value is None:
+            return updated_node
+        self.folded.append(original_node)
+        if value:
+            kept = list(updated_node.body.body)
+        elif isinstance(updated_node.orelse, cst.Else):
+            kept = list(updated_node.orelse.body.body)
+        elif isinstance(updated_node.orelse, cst.If):
+            return updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)
+        else:
+            return cst.RemoveFromParent()
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[0] = kept[0].with_changes(leading_lines=[*updated_node.leading_lines, *kept[0].leading_lines])
+        return cst.FlattenSentinel(kept)
+
+
+class SplitDecode(GraphCodemod):
+    NAME = "split_decode"
+    TITLE = "Split Prefill and Decode entry points"
+    DESCRIPTION = (
+        "Adds `prefill(...)`, which calls `forward` unchanged and stays eager, and `decode(...)`, a copy of "
+        "`forward` with the branches only Prefill takes folded away (one token per sequence, optional arguments "
+        "at their defaults). Only `decode` is compiled. `forward` itself is unchanged."
+    )
+    SKILL = "prefill-decode-split"
+    FIXES = frozenset({"GM401"})
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        if original_node.name.value != self.options.entry_class:
+            return updated_node
+        forward = find_method(original_node, "forward")
+        if forward is None or any(find_method(original_node, name) for name in _ENTRY_NAMES):
+            return updated_node  # nothing to split, or already split (a second run changes nothing)
+        params = list(forward.params.params)
+        if len(params) < 2 or forward.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) \
+                or forward.params.star_kwarg is not None or not isinstance(forward.body, cst.IndentedBlock):
+            self.record_manual(forward, "`forward` takes *args/**kwargs or no inputs; write the entry points by hand")
+            return updated_node
+        required = [p.name.value for p in params[1:] if p.default is None]
+        omitted = {p.name.value: p.default for p in params[1:] if p.default is not None}
+        body = list(forward.body.body)
+        if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr):
+            body = body[1:]  # forward's docstring describes forward
+        facts = _Facts(_sequence_length_names(body, required[0]), omitted)
+        fold = _FoldBranches(facts)
+        decode_body = list(forward.body.with_changes(body=body).visit(fold).body)
+        for node in fold.folded:
+            self.record_edit(node, "branch folded in `decode`: " + cst.Module([]).code_for_node(node.test))
+        self.record_edit(forward.name, "`prefill` and `decode` entry points added")
+
+        # Defaults Decode still reads (and does not assign first) are bound at the top.
+        bindings = []
+        for name, default in omitted.items():
+            if name in names_in(cst.Module(body=decode_body)) and not _assigned_first(decode_body, name):
+                bindings.append(cst.parse_statement(f"{name} = {cst.Module([]).code_for_node(default)}\n"))
+
+        signature = ", ".join(["self", *required])
+        arguments = ", ".join(required)
+        # Parsed inside a class so the docstrings get the method indentation.
+        entries = cst.parse_statement(
+            "class Entries:\n"
+            f"    def prefill({signature}):\n"
+            f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
+            f"        return self.forward({arguments})\n"
+            f"\n"
+            f"    def decode({signature}):\n"
+            f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
+            f"\n"
+            f"        The body of `forward` with the branches only Prefill takes folded away.\n"
+            f'        """\n'
+            f"        pass\n"
+        ).body.body
+        prefill, decode = entries
+        decode = decode.with_changes(body=decode.body.with_changes(
+            body=[decode.body.body[0], *bindings, *decode_body]))
+        blank = [cst.EmptyLine(indent=False)]
+        new_body = []
+        for stmt in updated_node.body.body:
+            new_body.append(stmt)
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
+                new_body += [prefill.with_changes(leading_lines=blank), decode.with_changes(leading_lines=blank)]
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=new_body))
+
+
+def _assigned_first(body: list[cst.BaseStatement], name: str) -> bool:
+    """True when the first top-level statement mentioning `name` is a plain `name = ...`."""
+    for stmt in body:
+        if name not in names_in(stmt):
+            continue
+        return (
+            isinstance(stmt, cst.SimpleStatementLine)
+            and isinstance(stmt.body[0], cst.Assign)
+            and isinstance(stmt.body[0].targets[0].target, cst.Name)
+            and stmt.body[0].targets[0].target.value == name
+            and name not in names_in(stmt.body[0].value)
+        )
+    return False

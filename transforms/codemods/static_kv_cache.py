@@ -1,0 +1,166 @@
+"""Replaces a key/value cache grown with `torch.cat` by preallocated buffers written in place.
+
+Recognises, in a method that takes a position,
+
+    if past_key_value is not None:
+        k = torch.cat([past_key_value[0], k], dim=2)
+        v = torch.cat([past_key_value[1], v], dim=2)
+
+(with or without the guard) and turns it into `k, v = self.kv_cache.update(input_pos, k, v)`, where
+`self.kv_cache` is a `StaticKVCache` of `GRAPHMODE_MAX_SEQ_LEN` positions created in `__init__`.
+Attention then runs over the whole buffer; the causal mask hides what is not written yet.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.codemods._module import (
+    append_to_init,
+    defined_at_top,
+    ensure_size_constants,
+    insert_after_imports,
+    replace_method,
+)
+from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from transforms.cstutil import POSITION_TENSOR, code_of, find_method, position_param, torch_call_name
+
+KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
+HEAD_DIM_ATTRIBUTES = ("head_dim", "head_size", "d_head")
+CACHE_CLASS = "StaticKVCache"
+
+CACHE_CLASS_SOURCE = f'''
+class {CACHE_CLASS}(torch.nn.Module):
+    """Keys and values for every position up to the maximum, written in place (added by graphmode).
+
+    Every Decode step sees the same shapes and the same memory, which capture/replay backends need.
+    Slots not written yet hold zeros; the causal mask keeps attention away from them.
+    """
+
+    def __init__(self, max_batch_size, n_heads, max_seq_len, head_dim, seq_dim=2):
+        super().__init__()
+        shape = [max_batch_size, n_heads, head_dim]
+        shape.insert(seq_dim, max_seq_len)
+        self.seq_dim = seq_dim
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def update(self, input_pos, k, v):
+        k_out = self.k_cache[: k.shape[0]]
+        v_out = self.v_cache[: v.shape[0]]
+        k_out.index_copy_(self.seq_dim, input_pos, k)
+        v_out.index_copy_(self.seq_dim, input_pos, v)
+        return k_out, v_out
+'''
+
+
+def _cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
+    """`k = torch.cat([past[0], k], dim=2)` -> ("k", "past", 0, 2)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    call = assign.value
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or torch_call_name(call) != "cat":
+        return None
+    target = assign.targets[0].target.value
+    pieces = call.args[0].value if call.args else None
+    if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
+        return None
+    old, new = (e.value for e in pieces.elements)
+    if not (isinstance(new, cst.Name) and new.value == target and isinstance(old, cst.Subscript)
+            and isinstance(old.value, cst.Name) and len(old.slice) == 1
+            and isinstance(old.slice[0].slice, cst.Index) and isinstance(old.slice[0].slice.value, cst.Integer)):
+        return None
+    dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    if len(dims) != 1:
+        return None
+    dim = dims[0]
+    if isinstance(dim, cst.UnaryOperation) and isinstance(dim.operator, cst.Minus) and isinstance(dim.expression, cst.Integer):
+        value = -int(dim.expression.value)
+    elif isinstance(dim, cst.Integer):
+        value = int(dim.value)
+    else:
+        return None
+    return target, old.value.value, int(old.slice[0].slice.value.value), value
+
+
+def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, str, int, int]]] | None:
+    """Index of the statement holding the pair, and the two `(target, past, index, dim)`."""
+    for i, stmt in enumerate(body):
+        inner = list(stmt.body.body) if isinstance(stmt, cst.If) and stmt.orelse is None \
+            and isinstance(stmt.body, cst.IndentedBlock) else body[i : i + 2]
+        cats = [_cat_of_past(s) for s in inner]
+        if len(cats) == 2 and all(cats) and cats[0][1] == cats[1][1] and {cats[0][2], cats[1][2]} == {0, 1}:
+            if isinstance(stmt, cst.If) or i + 1 < len(body):
+                return i, sorted(cats, key=lambda c: c[2])
+    return None
+
+
+def _first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) -> str | None:
+    code = code_of(init)
+    return next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
+
+
+class StaticKVCacheCodemod(GraphCodemod):
+    NAME = "static_kv_cache"
+    TITLE = "Preallocate the KV cache and write it in place"
+    DESCRIPTION = (
+        f"Replaces the cache grown with `torch.cat` by a `{CACHE_CLASS}` module holding "
+        f"`({MAX_BATCH_CONSTANT}, heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` buffers, written with `index_copy_` at "
+        "the position tensor. Attention runs over the whole buffer and the causal mask hides unwritten slots, so "
+        "every Decode step has the same shapes and addresses. The `past_key_value` arguments are no longer read; "
+        "the returned cache is the buffer itself."
+    )
+    SKILL = "static-kv-cache"
+    FIXES = frozenset({"GM301"})
+    REQUIRES = ("static_positions", "static_mask")
+
+    def __init__(self, context, options) -> None:
+        super().__init__(context, options)
+        self._changed = False
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        for method in original_node.body.body:
+            if not isinstance(method, cst.FunctionDef) or not isinstance(method.body, cst.IndentedBlock):
+                continue
+            body = list(method.body.body)
+            found = _find_cat_pair(body)
+            if found is None:
+                continue
+            index, (keys, values) = found
+            if keys[3] not in (1, 2, -2, -3):
+                self.record_manual(body[index], "the cache grows along a dimension other than 1 or 2")
+                continue
+            seq_dim = keys[3] if keys[3] > 0 else keys[3] + 4
+            init = find_method(original_node, "__init__")
+            heads = _first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
+            head_dim = _first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
+            if position_param(method) is None or heads is None or head_dim is None:
+                self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
+                                                "names no head count and head size (self.n_kv_heads, self.head_dim)")
+                continue
+            update = cst.parse_statement(
+                f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
+            ).with_changes(leading_lines=[
+                *body[index].leading_lines,
+                cst.EmptyLine(indent=True, comment=cst.Comment(
+                    "# graphmode: written in place into the preallocated cache; attention reads the whole buffer.")),
+            ])
+            width = 1 if isinstance(body[index], cst.If) else 2
+            self.record_edit(body[index], f"`{keys[1]}` concatenation replaced by `self.kv_cache.update`")
+            new_body = [*body[:index], update, *body[index + width :]]
+            updated_node = replace_method(updated_node, method.name.value,
+                                          method.with_changes(body=method.body.with_changes(body=new_body)))
+            create = cst.parse_statement(
+                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
+                f"self.{head_dim}, seq_dim={seq_dim})\n"
+            )
+            updated_node = append_to_init(updated_node, [create], "keys and values for every position, preallocated.")
+            self._changed = True
+        return updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self._changed:
+            return updated_node
+        if not defined_at_top(updated_node, CACHE_CLASS):
+            updated_node = insert_after_imports(updated_node, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
+        return ensure_size_constants(updated_node, self.options)

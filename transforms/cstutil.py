@@ -1,0 +1,105 @@
+"""Small libcst helpers shared by rules and codemods."""
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+# Parameter names that, in real inference code, carry the position of the first new token as a Python int.
+POSITION_PARAM_NAMES = frozenset(
+    {"start_pos", "cur_pos", "past_length", "past_len", "past_key_values_length", "position_offset",
+     "seq_len_offset", "start_position", "offset"}
+)
+_POSITION_LIKE = re.compile(r"(^|_)(pos|position|offset|past_len|past_length)$")
+TENSOR_FACTORIES = frozenset(
+    {"zeros", "ones", "full", "empty", "arange", "triu", "tril", "tensor", "zeros_like", "ones_like",
+     "full_like", "empty_like", "linspace", "eye"}
+)
+# The name the position tensor takes once Python-int positions are rewritten.
+POSITION_TENSOR = "input_pos"
+
+
+def dotted_name(node: cst.CSTNode) -> str | None:
+    """`torch.nn.functional.pad` -> "torch.nn.functional.pad"; None for anything not a plain dotted name."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def torch_call_name(node: cst.CSTNode) -> str | None:
+    """For a call like `torch.full(...)`, returns "full"; None when it is not a `torch.X` call."""
+    if isinstance(node, cst.Call):
+        name = dotted_name(node.func)
+        if name and name.startswith("torch.") and name.count(".") == 1:
+            return name.split(".", 1)[1]
+    return None
+
+
+def method_call_name(node: cst.CSTNode) -> str | None:
+    """For `x.item()` returns "item"; None when the call is not an attribute call."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value
+    return None
+
+
+def is_position_param(param: cst.Param) -> bool:
+    """A parameter that carries a Python-int position (see POSITION_PARAM_NAMES)."""
+    name = param.name.value
+    annotation = param.annotation.annotation if param.annotation else None
+    if isinstance(annotation, cst.Name) and annotation.value == "int":
+        return name in POSITION_PARAM_NAMES or bool(_POSITION_LIKE.search(name))
+    return name in POSITION_PARAM_NAMES and annotation is None
+
+
+def position_param(func: cst.FunctionDef) -> cst.Param | None:
+    for param in func.params.params:
+        if is_position_param(param):
+            return param
+    return None
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every bare Name referenced anywhere under node (attribute names excluded)."""
+    found: set[str] = set()
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)  # a keyword's name is not a reference
+            return False
+
+    node.visit(_Collector())
+    return found
+
+
+def contains_call(node: cst.CSTNode, method: str) -> bool:
+    """True when `.method()` is called anywhere under node."""
+    hits: list[bool] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            if method_call_name(n) == method:
+                hits.append(True)
+
+    node.visit(_Finder())
+    return bool(hits)
+
+
+def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    for stmt in cls.body.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            return stmt
+    return None
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)

@@ -1,0 +1,120 @@
+"""Runs the selected codemods over one source file and reports every edit in the original's lines."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import libcst as cst
+from libcst.codemod import CodemodContext, SkipFile
+
+from transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
+from transforms.findings import Finding
+
+
+@dataclass
+class FileAdaptation:
+    path: str
+    original: str
+    adapted: str
+    edits: list[Edit] = field(default_factory=list)  # lines refer to the original source
+    manual: list[ManualItem] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # codemods that changed this file, in order
+
+    @property
+    def changed(self) -> bool:
+        return self.adapted != self.original
+
+    def diff(self) -> str:
+        return "".join(difflib.unified_diff(
+            self.original.splitlines(keepends=True), self.adapted.splitlines(keepends=True),
+            fromfile=f"a/{self.path}", tofile=f"b/{self.path}",
+        ))
+
+
+def with_requirements(names: Iterable[str]) -> set[str]:
+    """The names plus every codemod they rely on, transitively."""
+    selected, pending = set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name not in selected:
+            selected.add(name)
+            pending.extend(CODEMODS[name].REQUIRES)
+    return selected
+
+
+def adapt_source(source: str, path: str, selected: Iterable[str] | None, options: Options) -> FileAdaptation:
+    """Applies the selected codemods (all when None). Never returns a half rewrite: a codemod whose
+    prerequisite could not be applied is left out, and that is reported as a manual item."""
+    names = set(CODEMODS) if selected is None else set(selected)
+    dropped: list[ManualItem] = []
+    while True:
+        result = _run_chain(source, path, names, options)
+        broken = [
+            (name, req) for name in result.applied for req in CODEMODS[name].REQUIRES
+            if req in names and req not in result.applied and any(m.codemod == req for m in result.manual)
+        ]
+        if not broken:
+            result.manual = dropped + result.manual
+            return result
+        for name, req in broken:
+            names.discard(name)
+            first = next(e for e in result.edits if e.codemod == name)
+            dropped.append(ManualItem(name, first.function, first.start_line,
+                                      f"not applied: it needs `{req}`, which could not be applied here",
+                                      CODEMODS[name].SKILL))
+
+
+def _run_chain(source: str, path: str, names: set[str], options: Options) -> FileAdaptation:
+    result = FileAdaptation(path=path, original=source, adapted=source)
+    to_original: list[int | None] = list(range(1, source.count("\n") + 2))
+    current = source
+    for codemod_class in CHAIN:
+        if codemod_class.NAME not in names:
+            continue
+        codemod = codemod_class(CodemodContext(filename=path), options)
+        try:
+            new = codemod.transform_module(cst.parse_module(current)).code
+        except SkipFile:
+            continue
+        result.manual += [replace(m, line=_span(to_original, m.line, m.line)[0]) for m in codemod.manual]
+        if new == current:
+            continue
+        result.applied.append(codemod_class.NAME)
+        for edit in codemod.edits:
+            start, end = _span(to_original, edit.start_line, edit.end_line)
+            result.edits.append(replace(edit, start_line=start, end_line=end))
+        to_original = _carry_line_map(current, new, to_original)
+        current = new
+    cst.parse_module(current)  # the output always parses; a failure here is a codemod bug
+    result.adapted = current
+    return result
+
+
+def _carry_line_map(old: str, new: str, to_original: list[int | None]) -> list[int | None]:
+    """Original line numbers for the new text: unchanged lines keep theirs, written ones get None."""
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    mapped: list[int | None] = [None] * (len(new_lines) + 1)
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, _ in matcher.get_opcodes():
+        if tag == "equal":
+            for offset in range(i2 - i1):
+                mapped[j1 + offset] = to_original[i1 + offset]
+    return mapped
+
+
+def _span(to_original: list[int | None], start: int, end: int) -> tuple[int, int]:
+    lines = [to_original[i - 1] for i in range(start, end + 1) if 0 < i <= len(to_original) and to_original[i - 1]]
+    if lines:
+        return min(lines), max(lines)
+    earlier = [to_original[i] for i in range(min(start, len(to_original)) - 1, -1, -1) if to_original[i]]
+    line = earlier[0] if earlier else 1
+    return line, line
+
+
+def fixed_by(finding: Finding, edits: Iterable[Edit]) -> str | None:
+    """The first codemod (in chain order) whose edit covers the finding and that fixes its kind."""
+    for edit in sorted(edits, key=lambda e: list(CODEMODS).index(e.codemod)):
+        if finding.code in CODEMODS[edit.codemod].FIXES and edit.start_line <= finding.line <= edit.end_line:
+            return edit.codemod
+    return None

@@ -1,0 +1,18 @@
+"""GM201: a tensor built from scratch on every call that could be built once."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.cstutil import TENSOR_FACTORIES, torch_call_name
+from transforms.rules.base import Rule
+
+
+class TensorCreatedInForward(Rule):
+    CODE = "GM201"
+    MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
+    SKILL = "static-buffers"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = torch_call_name(node)
+        if name in TENSOR_FACTORIES and self.in_step_code(node):
+            self.report(node, self.MESSAGE.format(name=name))

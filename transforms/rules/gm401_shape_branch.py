@@ -1,0 +1,27 @@
+"""GM401: a Python branch on the sequence length or on a prefill flag."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.cstutil import names_in
+from transforms.rules.base import Rule
+
+# Names that, in inference code, mean "how many new tokens" or "is this the prompt".
+SEQUENCE_LENGTH_NAMES = frozenset({"seqlen", "seq_len", "q_len", "query_length", "num_tokens", "tgt_len"})
+PREFILL_FLAGS = frozenset({"is_prefill", "prefill", "is_first_step", "use_cache_prefill"})
+
+
+class ShapeBranch(Rule):
+    CODE = "GM401"
+    MESSAGE = (
+        "a Python `if` on `{name}` takes one path in Prefill and another in Decode; "
+        "the Decode entry should hold only the Decode path"
+    )
+    SKILL = "prefill-decode-split"
+
+    def visit_If(self, node: cst.If) -> None:
+        if not self.in_step_code(node):
+            return
+        hits = names_in(node.test) & (SEQUENCE_LENGTH_NAMES | PREFILL_FLAGS)
+        if hits:
+            self.report(node, self.MESSAGE.format(name=sorted(hits)[0]))

@@ -1,0 +1,21 @@
+"""GM501: a position passed as a Python int, a new constant on every Decode step."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.cstutil import is_position_param
+from transforms.rules.base import Rule
+
+
+class IntPosition(Rule):
+    CODE = "GM501"
+    MESSAGE = (
+        "`{name}` is a Python int that changes every Decode step: Dynamo guards it as a constant "
+        "and recompiles each step; pass a position tensor instead"
+    )
+    SKILL = "positions-as-tensors"
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        for param in node.params.params:
+            if is_position_param(param):
+                self.report(param, self.MESSAGE.format(name=param.name.value))
