@@ -22,7 +22,8 @@ from agent.errors import UserError
 from agent.state import RunState
 from agent.workflow import STEPS, build_graph, open_checkpointer, sessions_db
 
-console = Console(stderr=False, highlight=False)
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
 
 BACKEND_HELP = (
     "where Decode is compiled: auto (CUDA graphs on a CUDA host, else inductor), inductor, aot_eager, eager, "
@@ -70,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             return _resume(args)
         return _sessions()
     except UserError as error:
-        console.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
+        errors.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]graphmode: interrupted[/]")
+        errors.print("[yellow]graphmode: interrupted[/]")
         return 130
     except Exception as error:  # anything else is our bug: one line, the traceback on request
         if os.environ.get("GRAPHMODE_DEBUG"):
             traceback.print_exc()
-        console.print(f"[red]graphmode: internal error:[/] {type(error).__name__}: {error} "
+        errors.print(f"[red]graphmode: internal error:[/] {type(error).__name__}: {error} "
                       "(set GRAPHMODE_DEBUG=1 for the traceback)", soft_wrap=True)
         return 3
 
@@ -237,12 +238,9 @@ def _sessions() -> int:
         table = Table(title=f"Sessions in {sessions_db()}")
         for column in ("session", "target", "stands at", "report"):
             table.add_column(column)
-        seen = set()
-        for checkpoint in checkpointer.list(None):
-            session = checkpoint.config["configurable"]["thread_id"]
-            if session in seen:
-                continue
-            seen.add(session)
+        # Read the ids first: the saver holds its lock while listing, and get_state needs it too.
+        sessions = dict.fromkeys(c.config["configurable"]["thread_id"] for c in checkpointer.list(None))
+        for session in sessions:
             snapshot = graph.get_state(_config(session))
             values = snapshot.values
             table.add_row(session, values.get("target", ""), ", ".join(snapshot.next) or "finished",

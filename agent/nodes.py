@@ -1,6 +1,7 @@
 """One small function per workflow step. Each reads the state and returns the fields it changes."""
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def analyze(state: RunState) -> dict:
     target = Path(state.target)
     sources = _declared_sources(target)
     findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
-    baseline = _probe(lambda: probe(target, steps=8))
+    baseline = _probe(lambda: probe(target, steps=8, log_dir=Path(state.run_dir) / "logs"))
     findings += _runtime_findings(baseline, sources, findings)
     return {
         "sources": sources,
@@ -59,9 +60,9 @@ def _read(target: Path, relative: str) -> str:
     except UnicodeDecodeError as error:
         raise UserError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
-        cst.parse_module(text)
-    except cst.ParserSyntaxError as error:
-        raise UserError(f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message}") from None
+        ast.parse(text, filename=str(path))  # Python's own message and position, as the user knows them
+    except SyntaxError as error:
+        raise UserError(f"{path}:{error.lineno}:{error.offset or 1}: syntax error: {error.msg}") from None
     return text
 
 

@@ -43,8 +43,8 @@ def sessions_db() -> Path:
 def open_checkpointer() -> Iterator[SqliteSaver]:
     connection = sqlite3.connect(sessions_db(), check_same_thread=False)
     try:
-        # The state holds one class of ours; name it so checkpoints load without an "unregistered type" warning.
-        serde = JsonPlusSerializer(allowed_msgpack_modules=[("agent.state", "Change")])
+        # Checkpoints hold our state classes; name them so they load without an "unregistered type" warning.
+        serde = JsonPlusSerializer(allowed_msgpack_modules=[("agent.state", "Change"), ("agent.state", "RunState")])
         yield SqliteSaver(connection, serde=serde)
     finally:
         connection.close()

@@ -1,0 +1,123 @@
+"""The `graphmode` command end to end, as a user runs it: real processes, the real bundled example."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
+
+
+def graphmode(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=600)
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.py"))}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp_path, home):
+    before = fingerprint(EXAMPLE)
+    done = graphmode("adapt", str(EXAMPLE), "--yes", "--backend", "inductor", "--out", str(tmp_path / "out"),
+                     home=home, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "out" / "legacy_llm"
+    report = json.loads((run / "report.json").read_text())
+    assert report["tokens_equal"] and report["graph_breaks"] == 0 and report["recompiles"] == 0
+    assert report["backend"] == "inductor" and report["warmup_s"] > 0
+    assert set(report["decode_ms_per_token"]) == {"eager", "graph"} and report["decode_speedup"] > 0
+    assert report["baseline"]["recompiles"] > 0, "the unmodified code must show why it needed adapting"
+    assert "Result: verified" in (run / "report.md").read_text()
+    assert "C1." in (run / "design.md").read_text()
+    assert "+++ b/model.py" in (run / "changes.diff").read_text()
+    assert "def decode(self, tokens, input_pos)" in (run / "adapted" / "model.py").read_text()
+    assert fingerprint(EXAMPLE) == before
+
+
+def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
+    out = tmp_path / "out"
+    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--out", str(out), home=home, cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
+    run = out / "legacy_llm"
+    assert (run / "design.md").is_file() and not (run / "report.md").exists()
+
+    listed = graphmode("sessions", home=home, cwd=tmp_path)
+    assert session in listed.stdout and "confirm" in listed.stdout
+
+    resumed = graphmode("resume", session, home=home, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads((run / "report.json").read_text())["tokens_equal"] is True
+
+    again = graphmode("resume", session, home=home, cwd=tmp_path)
+    assert again.returncode == 0 and "has finished" in again.stdout
+
+
+def test_declining_changes_is_reported_honestly(tmp_path, home):
+    out = tmp_path / "out"
+    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--out", str(out), home=home, cwd=tmp_path)
+    session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
+    # Only the table rewrite: positions stay Python ints, so the adapted model has no decode(tokens, input_pos).
+    resumed = graphmode("resume", session, "--approve", "C2", home=home, cwd=tmp_path)
+    assert resumed.returncode == 2
+    assert "prefill" in resumed.stderr and "Traceback" not in resumed.stderr + resumed.stdout
+
+
+def _line_of(file: str, text: str) -> int:
+    return (EXAMPLE / file).read_text().splitlines().index(text) + 1
+
+
+def _broken_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    target = tmp_path / "target"
+    shutil.copytree(EXAMPLE, target)
+    path = target / file
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return target
+
+
+@pytest.mark.parametrize(
+    "make_target, expected",
+    [
+        (lambda tmp: tmp / "nowhere", "no such file or folder"),
+        (lambda tmp: _broken_copy(tmp, "model.py", "class RMSNorm(nn.Module):", "class RMSNorm(nn.Module)"),
+         f"model.py:{_line_of('model.py', 'class RMSNorm(nn.Module):')}:"),
+        (lambda tmp: _broken_copy(tmp, "harness.py", "    torch.manual_seed(0)\n",
+                                  "    torch.manual_seed(0)\n    raise RuntimeError('no weights here')\n"),
+         "no weights here"),
+    ],
+    ids=["missing-path", "syntax-error", "harness-raises"],
+)
+def test_bad_input_gets_one_clear_line(tmp_path, home, make_target, expected):
+    done = graphmode("adapt", str(make_target(tmp_path)), "--yes", "--backend", "eager", home=home, cwd=tmp_path)
+    assert done.returncode == 2
+    assert expected in done.stderr and "Traceback" not in done.stderr + done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_non_utf8_source_and_unknown_backend_and_session(tmp_path, home):
+    target = _broken_copy(tmp_path, "model.py", "import math", "import math")
+    (target / "model.py").write_bytes((target / "model.py").read_bytes() + b"\n# \xff\xfe\n")
+    done = graphmode("adapt", str(target), "--yes", "--backend", "eager", home=home, cwd=tmp_path)
+    assert done.returncode == 2 and "not UTF-8" in done.stderr
+
+    npu = graphmode("adapt", str(EXAMPLE), "--yes", "--backend", "npugraph_ex", home=home, cwd=tmp_path)
+    assert npu.returncode == 2 and "npugraph_ex" in npu.stderr and "Traceback" not in npu.stderr
+
+    unknown = graphmode("resume", "nosuchid", home=home, cwd=tmp_path)
+    assert unknown.returncode == 2 and "no session nosuchid" in unknown.stderr
