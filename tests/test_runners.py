@@ -24,7 +24,16 @@ from runners.subprocess_run import PROJECT_ROOT, WorkerError, run_worker
 from runners.verify import VerificationError, verify
 
 EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
-ADAPTED = Path(__file__).parent / "fixtures" / "adapted_tiny"
+HAND_ADAPTED_MODEL = Path(__file__).parent / "fixtures" / "adapted_tiny" / "model.py"
+
+
+@pytest.fixture(scope="session")
+def adapted(tmp_path_factory) -> Path:
+    """The hand-adapted model beside the example's own harness, laid out as graphmode lays out adapted/."""
+    folder = tmp_path_factory.mktemp("adapted_tiny")
+    shutil.copy(HAND_ADAPTED_MODEL, folder / "model.py")
+    shutil.copy(EXAMPLE / "harness.py", folder / "harness.py")
+    return folder
 
 
 def _line_of(path: Path, text: str) -> int:
@@ -116,11 +125,11 @@ def test_next_token_logits_rule():
         next_token_logits(torch.randn(2, 11))
 
 
-def test_adapted_fixture_has_original_weights_and_idempotent_first_decode():
+def test_adapted_fixture_has_original_weights_and_idempotent_first_decode(adapted):
     """The reasoning worker.run_adapted relies on: the same seed gives the same weights, and
     running Decode twice at the first position (explain, then the real step) changes nothing."""
     original = load_harness(EXAMPLE).build_model()
-    harness = load_harness(ADAPTED)
+    harness = load_harness(adapted)
     model = harness.build_model()
     for (name, a), (_, b) in zip(original.named_parameters(), model.named_parameters()):
         assert torch.equal(a, b), name
@@ -191,11 +200,11 @@ def test_worker_error_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_counts_recompiles_and_detects_the_limit(tmp_path):
+def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
     """An adapted copy whose decode bumps a Python int attribute: Dynamo guards module ints
     as constants, so every step recompiles until recompile_limit (lesson 4)."""
     folder = tmp_path / "recompiling"
-    shutil.copytree(ADAPTED, folder)
+    shutil.copytree(adapted, folder)
     model_py = folder / "model.py"
     source = model_py.read_text()
     old = "    def decode(self, tokens, input_pos):\n        return self(tokens, input_pos)\n"
@@ -243,9 +252,9 @@ def test_probe_failure_is_a_one_line_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def verified(tmp_path_factory):
+def verified(tmp_path_factory, adapted):
     logs = tmp_path_factory.mktemp("verify-logs")
-    return verify(EXAMPLE, ADAPTED, "aot_eager", steps=32, timeout_s=300, log_dir=logs), logs
+    return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs), logs
 
 
 @pytest.mark.slow
@@ -274,11 +283,11 @@ def test_verify_result_is_json_and_timings_are_consistent(verified):
     assert {p.name for p in logs.iterdir()} >= {"original.stderr.log", "adapted.stdout.log", "adapted.json"}
 
 
-def test_verify_refuses_short_runs_and_unavailable_backends_before_running():
+def test_verify_refuses_short_runs_and_unavailable_backends_before_running(adapted):
     with pytest.raises(ValueError, match="at least 32"):
-        verify(EXAMPLE, ADAPTED, "aot_eager", steps=8)
+        verify(EXAMPLE, adapted, "aot_eager", steps=8)
     with pytest.raises(BackendUnavailable):
-        verify(EXAMPLE, ADAPTED, "npugraph_ex")
+        verify(EXAMPLE, adapted, "npugraph_ex")
 
 
 @pytest.mark.slow

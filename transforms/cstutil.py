@@ -103,3 +103,25 @@ def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
 
 def code_of(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
+
+
+def single_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """`name = value` on a line of its own -> (name, value); None for anything else."""
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Assign)
+        and len(stmt.body[0].targets) == 1
+        and isinstance(stmt.body[0].targets[0].target, cst.Name)
+    ):
+        return stmt.body[0].targets[0].target.value, stmt.body[0].value
+    return None
+
+
+def is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -3,22 +3,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, Options
-from transforms.cstutil import find_method
+from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
+from transforms.cstutil import find_method, is_docstring
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-    )
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
 
 
@@ -50,7 +41,7 @@ def insert_after_imports(module: cst.Module, statements: list[cst.BaseStatement]
     body = list(module.body)
     index = 0
     while index < len(body) and (
-        _is_import(body[index]) or (index == 0 and _is_docstring(body[index])) or _is_size_constant(body[index])
+        _is_import(body[index]) or (index == 0 and is_docstring(body[index])) or _is_size_constant(body[index])
     ):
         index += 1
     first = statements[0]
@@ -105,3 +96,30 @@ def self_attributes(cls: cst.ClassDef) -> set[str]:
 
     cls.visit(_Collector())
     return found
+
+
+class BufferCodemod(GraphCodemod):
+    """A codemod that rewrites methods one at a time and adds buffers sized by the module constants."""
+
+    def __init__(self, context, options) -> None:
+        super().__init__(context, options)
+        self._changed = False
+
+    def rewrite_method(self, cls: cst.ClassDef, updated: cst.ClassDef, method: cst.FunctionDef,
+                       body: list[cst.BaseStatement]) -> cst.ClassDef | None:
+        """The class with this method rewritten, or None when the idiom is not there."""
+        raise NotImplementedError
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        for method in original_node.body.body:
+            if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
+                rewritten = self.rewrite_method(original_node, updated_node, method, list(method.body.body))
+                if rewritten is not None:
+                    updated_node, self._changed = rewritten, True
+        return updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return self.finish_module(updated_node) if self._changed else updated_node
+
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        return ensure_size_constants(module, self.options)

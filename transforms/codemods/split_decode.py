@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import find_method, names_in
+from transforms.cstutil import find_method, is_docstring, names_in
 
 _ENTRY_NAMES = ("prefill", "decode")
 
@@ -128,7 +128,7 @@ class SplitDecode(GraphCodemod):
         required = [p.name.value for p in params[1:] if p.default is None]
         omitted = {p.name.value: p.default for p in params[1:] if p.default is not None}
         body = list(forward.body.body)
-        if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr):
+        if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward
         facts = _Facts(_sequence_length_names(body, required[0]), omitted)
         fold = _FoldBranches(facts)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import libcst as cst
 
 from transforms.codemods._module import (
+    BufferCodemod,
     append_to_init,
     defined_at_top,
-    ensure_size_constants,
     insert_after_imports,
     replace_method,
 )
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from transforms.cstutil import POSITION_TENSOR, code_of, find_method, position_param, torch_call_name
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
@@ -100,7 +100,7 @@ def _first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) ->
     return next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
 
 
-class StaticKVCacheCodemod(GraphCodemod):
+class StaticKVCacheCodemod(BufferCodemod):
     NAME = "static_kv_cache"
     TITLE = "Preallocate the KV cache and write it in place"
     DESCRIPTION = (
@@ -114,53 +114,42 @@ class StaticKVCacheCodemod(GraphCodemod):
     FIXES = frozenset({"GM301"})
     REQUIRES = ("static_positions", "static_mask")
 
-    def __init__(self, context, options) -> None:
-        super().__init__(context, options)
-        self._changed = False
-
-    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
-        for method in original_node.body.body:
-            if not isinstance(method, cst.FunctionDef) or not isinstance(method.body, cst.IndentedBlock):
-                continue
-            body = list(method.body.body)
-            found = _find_cat_pair(body)
-            if found is None:
-                continue
-            index, (keys, values) = found
-            if keys[3] not in (1, 2, -2, -3):
-                self.record_manual(body[index], "the cache grows along a dimension other than 1 or 2")
-                continue
-            seq_dim = keys[3] if keys[3] > 0 else keys[3] + 4
-            init = find_method(original_node, "__init__")
-            heads = _first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
-            head_dim = _first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
-            if position_param(method) is None or heads is None or head_dim is None:
-                self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
-                                                "names no head count and head size (self.n_kv_heads, self.head_dim)")
-                continue
-            update = cst.parse_statement(
-                f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
-            ).with_changes(leading_lines=[
-                *body[index].leading_lines,
-                cst.EmptyLine(indent=True, comment=cst.Comment(
-                    "# graphmode: written in place into the preallocated cache; attention reads the whole buffer.")),
-            ])
-            width = 1 if isinstance(body[index], cst.If) else 2
-            self.record_edit(body[index], f"`{keys[1]}` concatenation replaced by `self.kv_cache.update`")
-            new_body = [*body[:index], update, *body[index + width :]]
-            updated_node = replace_method(updated_node, method.name.value,
-                                          method.with_changes(body=method.body.with_changes(body=new_body)))
-            create = cst.parse_statement(
-                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
-                f"self.{head_dim}, seq_dim={seq_dim})\n"
-            )
-            updated_node = append_to_init(updated_node, [create], "keys and values for every position, preallocated.")
-            self._changed = True
+    def rewrite_method(self, cls, updated_node, method, body):
+        found = _find_cat_pair(body)
+        if found is None:
+            return None
+        index, (keys, values) = found
+        if keys[3] not in (1, 2, -2, -3):
+            self.record_manual(body[index], "the cache grows along a dimension other than 1 or 2")
+            return None
+        seq_dim = keys[3] if keys[3] > 0 else keys[3] + 4
+        init = find_method(cls, "__init__")
+        heads = _first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
+        head_dim = _first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
+        if position_param(method) is None or heads is None or head_dim is None:
+            self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
+                                            "names no head count and head size (self.n_kv_heads, self.head_dim)")
+            return None
+        update = cst.parse_statement(
+            f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
+        ).with_changes(leading_lines=[
+            *body[index].leading_lines,
+            cst.EmptyLine(indent=True, comment=cst.Comment(
+                "# graphmode: written in place into the preallocated cache; attention reads the whole buffer.")),
+        ])
+        width = 1 if isinstance(body[index], cst.If) else 2
+        self.record_edit(body[index], f"`{keys[1]}` concatenation replaced by `self.kv_cache.update`")
+        new_body = [*body[:index], update, *body[index + width :]]
+        updated_node = replace_method(updated_node, method.name.value,
+                                      method.with_changes(body=method.body.with_changes(body=new_body)))
+        create = cst.parse_statement(
+            f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
+            f"self.{head_dim}, seq_dim={seq_dim})\n"
+        )
+        updated_node = append_to_init(updated_node, [create], "keys and values for every position, preallocated.")
         return updated_node
 
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not self._changed:
-            return updated_node
-        if not defined_at_top(updated_node, CACHE_CLASS):
-            updated_node = insert_after_imports(updated_node, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
-        return ensure_size_constants(updated_node, self.options)
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        if not defined_at_top(module, CACHE_CLASS):
+            module = insert_after_imports(module, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
+        return super().finish_module(module)

@@ -16,23 +16,18 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods._module import append_to_init, ensure_size_constants, replace_method, self_attributes
-from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.cstutil import POSITION_TENSOR, find_method, names_in, position_param, torch_call_name
+from transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
+from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from transforms.cstutil import (
+    POSITION_TENSOR,
+    find_method,
+    names_in,
+    position_param,
+    single_assignment,
+    torch_call_name,
+)
 
 _FILL_NAMES = frozenset({"float", "torch", "math"})
-
-
-def _assigned_name(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Assign)
-        and len(stmt.body[0].targets) == 1
-        and isinstance(stmt.body[0].targets[0].target, cst.Name)
-    ):
-        return stmt.body[0].targets[0].target.value, stmt.body[0].value
-    return None
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
@@ -61,7 +56,7 @@ class _MaskBuild:
 
 def _read_mask_statements(name: str, statements: list[cst.BaseStatement]) -> _MaskBuild | None:
     """Fill value, diagonal and dtype when every statement assigns `name` through full + triu."""
-    if not statements or not all((a := _assigned_name(s)) and a[0] == name for s in statements):
+    if not statements or not all((a := single_assignment(s)) and a[0] == name for s in statements):
         return None
     calls = [c for s in statements for c in _calls(s)]
     full = next((c for c in calls if torch_call_name(c) == "full"), None)
@@ -83,18 +78,18 @@ def _find_mask(body: list[cst.BaseStatement]) -> _MaskBuild | None:
     for i, stmt in enumerate(body):
         if isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock):
             inner = list(stmt.body.body)
-            target = _assigned_name(inner[0]) if inner else None
+            target = single_assignment(inner[0]) if inner else None
             build = _read_mask_statements(target[0], inner) if target else None
             if build:
-                before = _assigned_name(body[i - 1]) if i else None
+                before = single_assignment(body[i - 1]) if i else None
                 starts_with_none = before and before[0] == build.name and isinstance(before[1], cst.Name) \
                     and before[1].value == "None"
                 build.first, build.last = (i - 1 if starts_with_none else i), i
                 return build
-        first = _assigned_name(stmt)
+        first = single_assignment(stmt)
         if first and torch_call_name(first[1]) == "full":
             last = i
-            while last + 1 < len(body) and (a := _assigned_name(body[last + 1])) and a[0] == first[0]:
+            while last + 1 < len(body) and (a := single_assignment(body[last + 1])) and a[0] == first[0]:
                 last += 1
             build = _read_mask_statements(first[0], body[i : last + 1])
             if build:
@@ -103,7 +98,7 @@ def _find_mask(body: list[cst.BaseStatement]) -> _MaskBuild | None:
     return None
 
 
-class StaticMask(GraphCodemod):
+class StaticMask(BufferCodemod):
     NAME = "static_mask"
     TITLE = "Pre-build the causal mask as a buffer"
     DESCRIPTION = (
@@ -116,49 +111,36 @@ class StaticMask(GraphCodemod):
     FIXES = frozenset({"GM201", "GM401"})
     REQUIRES = ("static_positions",)
 
-    def __init__(self, context, options) -> None:
-        super().__init__(context, options)
-        self._changed = False
-
-    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
-        for method in original_node.body.body:
-            if not isinstance(method, cst.FunctionDef) or not isinstance(method.body, cst.IndentedBlock):
-                continue
-            body = list(method.body.body)
-            build = _find_mask(body)
-            if build is None:
-                continue
-            if position_param(method) is None:
-                self.record_manual(body[build.first], "a causal mask is built here, but the method takes no position")
-                continue
-            if find_method(original_node, "__init__") is None:
-                self.record_manual(body[build.first], "the class has no __init__ to build the mask buffer in")
-                continue
-            buffer = "causal_mask"
-            while buffer in self_attributes(original_node):
-                buffer = f"graphmode_{buffer}"
-            select = cst.parse_statement(f"{build.name} = self.{buffer}[{POSITION_TENSOR}]\n").with_changes(
-                leading_lines=[
-                    *body[build.first].leading_lines,
-                    cst.EmptyLine(indent=True, comment=cst.Comment(
-                        "# graphmode: rows of the prebuilt mask; later columns stay hidden, written or not.")),
-                ]
-            )
-            for stmt in body[build.first : build.last + 1]:
-                self.record_edit(stmt, f"`{build.name}` selected from the `{buffer}` buffer by position")
-            new_body = [*body[: build.first], select, *body[build.last + 1 :]]
-            updated_node = replace_method(updated_node, method.name.value, method.with_changes(
-                body=method.body.with_changes(body=new_body)))
-            dtype = f", dtype={cst.Module([]).code_for_node(build.dtype.value)}" if build.dtype else ""
-            fill = cst.Module([]).code_for_node(build.fill)
-            diagonal = cst.Module([]).code_for_node(build.diagonal)
-            init_lines = list(cst.parse_module(
-                f"{buffer} = torch.full(({MAX_SEQ_LEN_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}), {fill}{dtype})\n"
-                f'self.register_buffer("{buffer}", {buffer}.triu({diagonal}), persistent=False)\n'
-            ).body)
-            updated_node = append_to_init(updated_node, init_lines, "the causal mask for every position, built once.")
-            self._changed = True
-        return updated_node
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return ensure_size_constants(updated_node, self.options) if self._changed else updated_node
+    def rewrite_method(self, cls, updated_node, method, body):
+        build = _find_mask(body)
+        if build is None:
+            return None
+        if position_param(method) is None:
+            self.record_manual(body[build.first], "a causal mask is built here, but the method takes no position")
+            return None
+        if find_method(cls, "__init__") is None:
+            self.record_manual(body[build.first], "the class has no __init__ to build the mask buffer in")
+            return None
+        buffer = "causal_mask"
+        while buffer in self_attributes(cls):
+            buffer = f"graphmode_{buffer}"
+        select = cst.parse_statement(f"{build.name} = self.{buffer}[{POSITION_TENSOR}]\n").with_changes(
+            leading_lines=[
+                *body[build.first].leading_lines,
+                cst.EmptyLine(indent=True, comment=cst.Comment(
+                    "# graphmode: rows of the prebuilt mask; later columns stay hidden, written or not.")),
+            ]
+        )
+        for stmt in body[build.first : build.last + 1]:
+            self.record_edit(stmt, f"`{build.name}` selected from the `{buffer}` buffer by position")
+        new_body = [*body[: build.first], select, *body[build.last + 1 :]]
+        updated_node = replace_method(updated_node, method.name.value, method.with_changes(
+            body=method.body.with_changes(body=new_body)))
+        dtype = f", dtype={cst.Module([]).code_for_node(build.dtype.value)}" if build.dtype else ""
+        fill = cst.Module([]).code_for_node(build.fill)
+        diagonal = cst.Module([]).code_for_node(build.diagonal)
+        init_lines = list(cst.parse_module(
+            f"{buffer} = torch.full(({MAX_SEQ_LEN_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}), {fill}{dtype})\n"
+            f'self.register_buffer("{buffer}", {buffer}.triu({diagonal}), persistent=False)\n'
+        ).body)
+        return append_to_init(updated_node, init_lines, "the causal mask for every position, built once.")

@@ -16,23 +16,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods._module import append_to_init, ensure_size_constants, replace_method, self_attributes
-from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.cstutil import find_method, names_in, torch_call_name
+from transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
+from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from transforms.cstutil import find_method, is_docstring, names_in, single_assignment, torch_call_name
 
 _ALWAYS_VISIBLE = frozenset({"self", "torch", "math", "float", "int", "None", "True", "False"})
-
-
-def _single_assign(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Assign)
-        and len(stmt.body[0].targets) == 1
-        and isinstance(stmt.body[0].targets[0].target, cst.Name)
-    ):
-        return stmt.body[0].targets[0].target.value, stmt.body[0].value
-    return None
 
 
 def _indexed_tables(stmt: cst.BaseStatement, param_names: set[str]) -> tuple[list[cst.BaseExpression], str] | None:
@@ -70,7 +58,7 @@ def _buffer_name(table: cst.BaseExpression, taken: set[str], position: int) -> s
     return name
 
 
-class StaticRotary(GraphCodemod):
+class StaticRotary(BufferCodemod):
     NAME = "static_rotary"
     TITLE = "Build position tables once, at the maximum length"
     DESCRIPTION = (
@@ -84,7 +72,6 @@ class StaticRotary(GraphCodemod):
 
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
-        self._changed = False
         self._module_names: set[str] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -94,40 +81,30 @@ class StaticRotary(GraphCodemod):
             elif isinstance(stmt, cst.SimpleStatementLine):
                 self._module_names |= names_in(stmt)
 
-    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
-        if find_method(original_node, "__init__") is None:
-            return updated_node
-        for stmt in original_node.body.body:
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value != "__init__":
-                rewritten = self._rewrite(original_node, updated_node, stmt)
-                if rewritten is not None:
-                    updated_node = rewritten
-        return updated_node
-
-    def _rewrite(self, cls: cst.ClassDef, updated: cst.ClassDef, method: cst.FunctionDef) -> cst.ClassDef | None:
-        if not isinstance(method.body, cst.IndentedBlock):
+    def rewrite_method(self, cls, updated, method, body):
+        if method.name.value == "__init__" or find_method(cls, "__init__") is None:
             return None
-        docstring = _docstring(list(method.body.body))
-        body = list(method.body.body)[len(docstring):]
+        docstring = body[:1] if body and is_docstring(body[0]) else []
+        body = body[len(docstring):]
         params = {p.name.value for p in method.params.params}
         found = _indexed_tables(body[-1], params)
         arange_at = next(
-            (i for i, s in enumerate(body) if (a := _single_assign(s)) and torch_call_name(a[1]) == "arange"), None
+            (i for i, s in enumerate(body) if (a := single_assignment(s)) and torch_call_name(a[1]) == "arange"), None
         )
         if found is None or arange_at is None or arange_at + 1 >= len(body):
             return None
         tables, position = found
-        arange_var, arange = _single_assign(body[arange_at])
+        arange_var, arange = single_assignment(body[arange_at])
         table_statements = body[arange_at + 1 : -1]
         # Everything before the arange must only compute its length; everything after it, only the table.
-        length_names = {a[0] for s in body[:arange_at] if (a := _single_assign(s))}
+        length_names = {a[0] for s in body[:arange_at] if (a := single_assignment(s))}
         if len(length_names) != arange_at or any(
             names_in(s) & length_names for s in [*table_statements, body[-1]]
         ):
             return None
         visible = set(_ALWAYS_VISIBLE | self._module_names | {arange_var})
         for stmt in table_statements:
-            assigned = _single_assign(stmt)
+            assigned = single_assignment(stmt)
             if assigned is None or not names_in(assigned[1]) <= visible:
                 self.record_manual(stmt, "a table statement reads a call argument; it cannot move to __init__")
                 return None
@@ -163,24 +140,10 @@ class StaticRotary(GraphCodemod):
                 "# graphmode: the table is built once in __init__, for every position Decode can reach."))]
         )]
         self.record_edit(method, f"table moved to __init__ as buffers {', '.join(names)}")
-        self._changed = True
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
         updated = replace_method(updated, method.name.value, new_method)
         return append_to_init(updated, init_statements, f"`{method.name.value}` tables, built once at the maximum length.")
 
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return ensure_size_constants(updated_node, self.options) if self._changed else updated_node
-
-
-def _docstring(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    first = body[0]
-    if (
-        isinstance(first, cst.SimpleStatementLine)
-        and isinstance(first.body[0], cst.Expr)
-        and isinstance(first.body[0].value, cst.SimpleString)
-    ):
-        return [first]
-    return []
 
 
 class _ReplaceName(cst.CSTTransformer):
