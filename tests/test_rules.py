@@ -28,3 +28,14 @@ def test_scan_of_the_bundled_example_finds_every_hazard_kind():
     source = Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py"
     codes = {f.code for f in scan_source(source.read_text(), "model.py")}
     assert codes == {rule.CODE for rule in RULES}
+
+
+def test_rules_and_codemods_agree_on_what_fixes_what():
+    from transforms.codemods import CODEMODS
+
+    for rule in RULES:
+        for name in rule.FIXED_BY:
+            assert rule.CODE in CODEMODS[name].FIXES, (rule.CODE, name)
+    for name, codemod in CODEMODS.items():
+        for code in codemod.FIXES:
+            assert name in next(r for r in RULES if r.CODE == code).FIXED_BY, (name, code)

@@ -5,6 +5,7 @@ import libcst as cst
 
 from transforms.findings import Finding
 from transforms.rules.base import Rule
+from transforms.rules.reach import reachable_functions
 from transforms.rules.gm101_host_sync import HostSync
 from transforms.rules.gm201_tensor_creation import TensorCreatedInForward
 from transforms.rules.gm301_growing_kv_cache import GrowingKVCache
@@ -17,7 +18,8 @@ RULES: tuple[type[Rule], ...] = (HostSync, TensorCreatedInForward, GrowingKVCach
 def scan_source(source: str, path: str) -> list[Finding]:
     """Every finding of every rule in one source file, in line order. Raises libcst.ParserSyntaxError."""
     wrapper = cst.MetadataWrapper(cst.parse_module(source))
-    rules = [rule(path) for rule in RULES]
+    step_functions = reachable_functions(wrapper.module)
+    rules = [rule(path, step_functions) for rule in RULES]
     wrapper.visit_batched(rules)
     findings = [f for rule in rules for f in rule.findings]
     return sorted(findings, key=lambda f: (f.line, f.column, f.code))

@@ -11,10 +11,6 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from transforms.findings import Finding
 
-# Methods that build a module rather than run it: hazards there cost nothing per step.
-_SETUP_METHODS = frozenset({"__init__", "reset_parameters", "_init_weights", "init_weights", "extra_repr"})
-
-
 class _Guard:
     """`not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored."""
 
@@ -31,12 +27,15 @@ class Rule(cst.BatchableCSTVisitor):
     CODE: ClassVar[str]
     MESSAGE: ClassVar[str]
     SKILL: ClassVar[str]
-    AUTOFIX: ClassVar[bool] = True
+    # Codemods (transforms.codemods) that remove this hazard where they recognise its idiom; empty
+    # when only a person can fix it.
+    FIXED_BY: ClassVar[tuple[str, ...]] = ()
     METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, step_functions: set[cst.FunctionDef]) -> None:
         super().__init__()
         self.path = path
+        self.step_functions = step_functions  # see transforms.rules.reach
         self.findings: list[Finding] = []
 
     def report(self, node: cst.CSTNode, message: str | None = None) -> None:
@@ -50,7 +49,7 @@ class Rule(cst.BatchableCSTVisitor):
                 message=message or self.MESSAGE,
                 skill=self.SKILL,
                 function=self.qualname(node),
-                autofix=self.AUTOFIX,
+                autofix=bool(self.FIXED_BY),
             )
         )
 
@@ -76,10 +75,10 @@ class Rule(cst.BatchableCSTVisitor):
         return None
 
     def in_step_code(self, node: cst.CSTNode) -> bool:
-        """Inside a function that runs every step (a method other than set-up ones, or a helper),
-        and not under an `if not torch.compiler.is_compiling():` guard (eager-only code)."""
-        func = self.enclosing_function(node)
-        return func is not None and func.name.value not in _SETUP_METHODS and not self._eager_only(node)
+        """Inside a function a model step reaches (see transforms.rules.reach), and not under an
+        `if not torch.compiler.is_compiling():` guard (eager-only code)."""
+        reached = any(s in self.step_functions for s in self._enclosing(node) if isinstance(s, cst.FunctionDef))
+        return reached and not self._eager_only(node)
 
     def _eager_only(self, node: cst.CSTNode) -> bool:
         current = node

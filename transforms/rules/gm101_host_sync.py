@@ -13,6 +13,7 @@ class HostSync(Rule):
     CODE = "GM101"
     MESSAGE = "`.{name}()` waits for the device and copies a value to the host; a captured graph cannot contain it"
     SKILL = "host-syncs"
+    FIXED_BY = ("hoist_item", "static_rotary")
 
     def visit_Call(self, node: cst.Call) -> None:
         name = method_call_name(node)

@@ -11,6 +11,7 @@ class TensorCreatedInForward(Rule):
     CODE = "GM201"
     MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
     SKILL = "static-buffers"
+    FIXED_BY = ("static_rotary", "static_mask", "static_positions")
 
     def visit_Call(self, node: cst.Call) -> None:
         name = torch_call_name(node)

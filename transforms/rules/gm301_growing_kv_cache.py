@@ -25,6 +25,7 @@ class GrowingKVCache(Rule):
         "preallocate it and write in place at the position"
     )
     SKILL = "static-kv-cache"
+    FIXED_BY = ("static_kv_cache",)
 
     def visit_Call(self, node: cst.Call) -> None:
         if torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):

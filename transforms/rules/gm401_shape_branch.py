@@ -18,6 +18,7 @@ class ShapeBranch(Rule):
         "the Decode entry should hold only the Decode path"
     )
     SKILL = "prefill-decode-split"
+    FIXED_BY = ("static_mask", "split_decode")
 
     def visit_If(self, node: cst.If) -> None:
         if not self.in_step_code(node):

@@ -14,6 +14,7 @@ class IntPosition(Rule):
         "and recompiles each step; pass a position tensor instead"
     )
     SKILL = "positions-as-tensors"
+    FIXED_BY = ("static_positions",)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for param in node.params.params:
