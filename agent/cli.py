@@ -3,6 +3,7 @@
     graphmode adapt PATH [--yes] [--backend NAME] [--out DIR]   design, confirm, implement, verify, report
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
+    graphmode scan PATH... [--format text|json|sarif]            static findings only; no model runs
 """
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     choice.add_argument("--reject-all", action="store_true", help="apply nothing (verification then shows why)")
 
     commands.add_parser("sessions", help="list sessions and where they stand")
+
+    scan = commands.add_parser(
+        "scan", help="report graph-mode hazards in source files without running anything",
+        description="Runs the static rules over files and folders (recursively). Needs no harness and imports no "
+                    "torch. Exit status: 1 when findings remain, 2 when files could not be scanned, else 0.")
+    scan.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="Python files or folders")
+    scan.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                      help="text for people, json (a list of findings) or sarif for tools")
+    scan.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    scan.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
     return parser
 
 
@@ -69,10 +80,15 @@ def main(argv: list[str] | None = None) -> int:
             return _adapt(args)
         if args.command == "resume":
             return _resume(args)
+        if args.command == "scan":
+            return _scan(args)
         return _sessions()
     except UserError as error:
         errors.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
         return 2
+    except BrokenPipeError:  # `graphmode scan ... | head`: the reader has seen enough
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:
         errors.print("[yellow]graphmode: interrupted[/]")
         return 130
@@ -230,6 +246,40 @@ def _describe(step: str, change: dict) -> str:
     if step == "report":
         return str(change.get("report_path"))
     return ""
+
+
+def _scan(args: argparse.Namespace) -> int:
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+
+    from transforms.sarif import to_sarif
+    from transforms.scan import scan_paths
+
+    try:
+        result = scan_paths(args.paths, jobs=args.jobs)
+    except FileNotFoundError as error:
+        raise UserError(str(error)) from None
+    for problem in result.errors:
+        errors.print(f"{problem.path}: error: {problem.message}", soft_wrap=True, markup=False)
+    if args.format == "json":
+        print(json.dumps([f.to_dict() for f in result.findings], indent=2))
+    elif args.format == "sarif":
+        try:
+            tool_version = version("graphmode")
+        except PackageNotFoundError:
+            tool_version = "0"
+        print(json.dumps(to_sarif(result, tool_version), indent=2))
+    else:
+        for f in result.findings:
+            fix = " (autofix)" if f.autofix else ""
+            console.print(f"{f.location}: {f.code} {f.message}{fix}", soft_wrap=True, markup=False)
+        fixable = sum(f.autofix for f in result.findings)
+        console.print(f"{len(result.findings)} findings ({fixable} with an automatic fix) in {result.files} files "
+                      f"({result.parsed} parsed), {len(result.errors)} could not be scanned, "
+                      f"{result.seconds:.2f} s", soft_wrap=True)
+    if result.findings:
+        return 1
+    return 2 if result.errors else 0
 
 
 def _sessions() -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -26,8 +27,8 @@ def analyze(state: RunState) -> dict:
     target = Path(state.target)
     sources = _declared_sources(target)
     findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
-    baseline = _probe(lambda: probe(target, steps=8, log_dir=Path(state.run_dir) / "logs"))
-    findings += _runtime_findings(baseline, sources, findings)
+    baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=Path(state.run_dir) / "logs"))
+    findings = _with_runtime_findings(findings, baseline, sources)
     return {
         "sources": sources,
         "entry_class": baseline["entry_class"],
@@ -76,18 +77,29 @@ def _probe(run):
         raise UserError(str(error)) from None
 
 
-def _runtime_findings(baseline: dict, sources: list[str], static: list[Finding]) -> list[Finding]:
-    """Graph breaks the probe saw in the sources, unless a static finding already names that line."""
-    seen = {(f.path, f.line) for f in static}
-    found = []
-    for item in baseline.get("break_reasons", []):
-        path, line = item.get("file") or "", item.get("line") or 0
-        relative = next((s for s in sources if path.endswith(s)), None)
-        if relative and (relative, line) not in seen:
-            seen.add((relative, line))
-            found.append(Finding("GM901", relative, line, 1, f"graph break: {item['reason']}", "triage",
-                                 source="runtime", autofix=False))
-    return found
+def _with_runtime_findings(static: list[Finding], baseline: dict, sources: list[str]) -> list[Finding]:
+    """Adds the graph breaks and recompiles the probe saw in the sources. Where a static finding already
+    names the line, the runtime evidence is attached to it instead, so no location is reported twice."""
+    events = [("GM901", item.get("file"), item.get("line"), f"graph break: {item.get('reason', '')}")
+              for item in baseline.get("break_reasons", [])]
+    events += [("GM902", site.get("file"), site.get("line"),
+                f"recompiled {site.get('count', 1)}x; guard: {site.get('first_reason', '')}")
+               for site in baseline.get("recompile_sites", [])]
+    by_line = {(f.path, f.line): i for i, f in enumerate(static)}
+    merged = list(static)
+    added: list[Finding] = []
+    for code, path, line, what in events:
+        relative = next((s for s in sources if path and Path(path).as_posix().endswith(s)), None)
+        if relative is None or not line:
+            continue  # outside the sources (the harness, torch itself): shown in the baseline section
+        if (relative, line) in by_line:
+            i = by_line[(relative, line)]
+            merged[i] = replace(merged[i], evidence="; ".join(filter(None, [merged[i].evidence, what])))
+            continue
+        by_line[(relative, line)] = len(static) + len(added)
+        skill = "triage" if code == "GM901" else "positions-as-tensors"
+        added.append(Finding(code, relative, line, 1, what, skill, source="runtime", autofix=False))
+    return merged + added
 
 
 # -- design ----------------------------------------------------------------------------------------

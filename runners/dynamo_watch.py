@@ -53,12 +53,30 @@ def _relative(file: str, root: Path | None) -> str:
         return file
 
 
+def _inside(file: str, root: Path | None) -> bool:
+    if root is None:
+        return False
+    try:
+        return Path(file).resolve().is_relative_to(root.resolve())
+    except (OSError, ValueError):
+        return False
+
+
+def pick_frame(frames: list[tuple[str, int, str]], root: Path | None) -> tuple[str, int, str] | None:
+    """The innermost frame inside `root`, else the innermost frame; `frames` run outermost first."""
+    inside = [f for f in frames if _inside(f[0], root)]
+    return (inside or frames or [None])[-1]
+
+
 def parse_recompile_message(message: str, root: Path | None = None) -> SourceReason:
     """The newest guard failure in one "Recompiling function" log message.
 
     Dynamo lists the failures of every cached entry, newest first; the first one is the
     guard the current call just failed. Its user stack (when Dynamo gives one) points at the
-    line that created the guard, which beats the function's first line.
+    line that created the guard, which beats the function's first line. Of that stack, the
+    innermost frame inside `root` wins (a guard created in torch.nn code is the user's call).
+    Guards on a frame's own arguments carry no user stack: the frame's header line is kept
+    (for a resume function, the line Dynamo resumed at).
     """
     lines = message.splitlines()
     header = _HEADER.search(lines[0]) if lines else None
@@ -72,12 +90,16 @@ def parse_recompile_message(message: str, root: Path | None = None) -> SourceRea
             # Dynamo appends "  # <source line>  # <path>:<line> in <fn>"; keep the guard itself.
             reason = re.split(r"\s{2,}#", failure["reason"], maxsplit=1)[0].strip()
             # Its user stack runs outermost first, up to the next entry's failure line.
+            frames = []
             for follow in lines[index + 1:]:
                 if _FAILURE.match(follow):
                     break
                 frame = _USER_FRAME.search(follow)
                 if frame:
-                    file, line = frame["file"], int(frame["line"])
+                    frames.append((frame["file"], int(frame["line"]), ""))
+            picked = pick_frame(frames, root)
+            if picked is not None:
+                file, line = picked[0], picked[1]
             break
     return SourceReason(reason or message.strip(), _relative(file, root), line, func)
 
@@ -160,7 +182,10 @@ def explain_breaks(fn: Callable[..., Any], *args: Any,
     reasons = []
     for item in out.break_reasons:
         stack = list(getattr(item, "user_stack", None) or [])
-        frame = stack[-1] if stack else None  # innermost user frame: the line to change
+        # The innermost frame in the user's folder: the line to change (a break inside
+        # torch.nn code is reached from a user line, which is the one to report).
+        picked = pick_frame([(f.filename, f.lineno, f.name) for f in stack], root)
+        frame = next(f for f in stack if (f.filename, f.lineno, f.name) == picked) if picked else None
         first_line = str(item.reason).strip().splitlines()[0] if str(item.reason).strip() else "unknown"
         reasons.append(SourceReason(
             first_line,

@@ -24,10 +24,10 @@ def test_every_rule_has_a_fixture_and_a_skill():
         assert rule.SKILL in skills, rule.SKILL
 
 
-def test_scan_of_the_bundled_example_finds_every_hazard_kind():
+def test_scan_of_the_bundled_example_finds_its_hazard_kinds_and_only_those():
     source = Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py"
     codes = {f.code for f in scan_source(source.read_text(), "model.py")}
-    assert codes == {rule.CODE for rule in RULES}
+    assert codes == {"GM101", "GM201", "GM301", "GM401", "GM501"}
 
 
 def test_rules_and_codemods_agree_on_what_fixes_what():

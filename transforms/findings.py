@@ -15,6 +15,7 @@ class Finding:
     function: str = ""  # qualified name of the enclosing function, e.g. "Attention.forward"
     source: str = "static"  # "static" (a rule) or "runtime" (the Dynamo probe)
     autofix: bool = True  # a codemod exists for this kind of hazard
+    evidence: str = ""  # what the runtime probe saw at this line, when it saw something
 
     @property
     def location(self) -> str:

@@ -1,0 +1,90 @@
+"""`graphmode scan`: formats, exit status, per-file errors, many files, and no torch import."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
+HAZARD = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x.sum().item()\n"
+CLEAN = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+
+
+def scan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "scan", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_json_lists_findings_with_locations_and_exits_1():
+    done = scan("--json", str(EXAMPLE))
+    assert done.returncode == 1
+    findings = json.loads(done.stdout)
+    assert {"code", "path", "line", "column", "message", "autofix"} <= set(findings[0])
+    lines = (EXAMPLE / "model.py").read_text().splitlines()
+    for f in findings:
+        assert f["path"].endswith("model.py") and 1 <= f["line"] <= len(lines)
+    assert {f["code"] for f in findings} >= {"GM101", "GM201", "GM301", "GM401", "GM501"}
+
+
+def test_sarif_names_every_rule_and_result(tmp_path):
+    (tmp_path / "m.py").write_text(HAZARD)
+    sarif = json.loads(scan("--format", "sarif", str(tmp_path)).stdout)
+    run = sarif["runs"][0]
+    assert sarif["version"] == "2.1.0"
+    rule_ids = {r["id"] for r in run["tool"]["driver"]["rules"]}
+    assert [r["ruleId"] for r in run["results"]] == ["GM101"] and "GM101" in rule_ids
+    region = run["results"][0]["locations"][0]["physicalLocation"]["region"]
+    assert region == {"startLine": 5, "startColumn": 16}
+
+
+def test_clean_code_exits_0_and_text_output_summarises(tmp_path):
+    (tmp_path / "m.py").write_text(CLEAN)
+    done = scan(str(tmp_path))
+    assert done.returncode == 0 and "0 findings" in done.stdout
+
+
+def test_bad_files_get_one_error_each_and_the_rest_is_scanned(tmp_path):
+    (tmp_path / "good.py").write_text(HAZARD)
+    (tmp_path / "broken.py").write_text(HAZARD.replace("def forward(self, x):", "def forward(self, x)"))
+    (tmp_path / "latin1.py").write_bytes(HAZARD.encode() + b"# caf\xe9\n")
+    done = scan("--json", str(tmp_path))
+    assert done.returncode == 1
+    assert [f["path"] for f in json.loads(done.stdout)] == [str(tmp_path / "good.py")]
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 2 and "Traceback" not in done.stderr
+    assert any("broken.py: error: 4:" in e and "syntax error" in e for e in errors)
+    assert any("latin1.py: error: not UTF-8" in e for e in errors)
+
+
+def test_only_errors_exit_2_and_missing_path_is_one_line(tmp_path):
+    (tmp_path / "broken.py").write_text("def forward(:\n")
+    assert scan(str(tmp_path)).returncode == 2
+    missing = scan(str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+
+
+def test_thousands_of_files_in_workers(tmp_path):
+    for i in range(2000):
+        folder = tmp_path / f"pkg{i // 100}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"m{i}.py").write_text(HAZARD if i % 10 == 0 else "x = 1\n")
+    (tmp_path / "pkg0" / "__pycache__").mkdir()
+    (tmp_path / "pkg0" / "__pycache__" / "m0.py").write_text(HAZARD)  # never scanned
+    done = scan("--json", "--jobs", "2", str(tmp_path))
+    assert len(json.loads(done.stdout)) == 200
+
+
+def test_training_code_is_not_reported(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch\n\ndef train(model, batches):\n    for b in batches:\n        print(model(b).sum().item())\n"
+        "\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    assert scan(str(tmp_path)).returncode == 0
+
+
+def test_scanning_never_imports_torch():
+    code = ("import sys; from agent.cli import main; main(['scan', '--json', %r]); "
+            "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')") % str(EXAMPLE)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().endswith("no torch")

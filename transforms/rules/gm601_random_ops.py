@@ -1,0 +1,62 @@
+"""GM601: random numbers drawn, or dropout left on, inside the step."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.cstutil import dotted_name, torch_call_name
+from transforms.rules.base import Rule
+from transforms.rules.idioms import keyword
+
+RANDOM_OPS = frozenset(
+    {"rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "poisson", "rand_like",
+     "randn_like", "randint_like"}
+)
+_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
+
+
+def _dropout_name(call: cst.Call) -> str | None:
+    """`F.dropout`, `nn.functional.dropout`, `torch.nn.functional.dropout`, `torch.dropout` -> that text."""
+    name = dotted_name(call.func)
+    if name is None or "." not in name:
+        return None
+    owner, _, op = name.rpartition(".")
+    if op in _DROPOUTS and (owner in {"F", "torch", "functional"} or owner.endswith(".functional")):
+        return name
+    return None
+
+
+def _training_off(call: cst.Call, name: str) -> bool:
+    """`training=self.training` / `training=False` (`train=` for `torch.dropout`, or the third argument)."""
+    arg = keyword(call, "train" if name == "torch.dropout" else "training")
+    if arg is None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        arg = positional[2] if len(positional) > 2 else None
+    if arg is None:
+        return False
+    value = arg.value
+    if isinstance(value, cst.Name):
+        return value.value == "False"
+    return dotted_name(value) == "self.training"
+
+
+class RandomOps(Rule):
+    CODE = "GM601"
+    MESSAGE = (
+        "`torch.{name}` draws random numbers in the step: capture backends reject random ops and eager and "
+        "compiled runs draw differently; sample in the eager caller after the compiled call"
+    )
+    DROPOUT_MESSAGE = (
+        "`{name}` without `training=self.training` keeps dropping activations after `model.eval()`, a random "
+        "op in the step; pass `training=self.training` or use an `nn.Dropout` module"
+    )
+    SKILL = "inference-hygiene"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        op = torch_call_name(node)
+        if op in RANDOM_OPS:
+            if self.in_step_code(node):
+                self.report(node, self.MESSAGE.format(name=op))
+            return
+        dropout = _dropout_name(node)
+        if dropout is not None and not _training_off(node, dropout) and self.in_step_code(node):
+            self.report(node, self.DROPOUT_MESSAGE.format(name=dropout))

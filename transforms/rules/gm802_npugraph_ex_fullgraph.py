@@ -1,0 +1,24 @@
+"""GM802: npugraph_ex without fullgraph=True."""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.rules.base import Rule
+from transforms.rules.compile_calls import NPUGRAPH_EX, BackendNames, compile_backend, is_torch_compile
+from transforms.rules.idioms import is_true, keyword
+
+
+class NpugraphExFullgraph(BackendNames, Rule):
+    CODE = "GM802"
+    MESSAGE = (
+        "`torch.compile(..., backend=\"npugraph_ex\")` without `fullgraph=True`: a graph break silently "
+        "splits Decode into separately captured pieces with eager Python between them; pass `fullgraph=True`"
+    )
+    SKILL = "compile-calls"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not is_torch_compile(node) or compile_backend(node, self.backend_names) != NPUGRAPH_EX:
+            return
+        fullgraph = keyword(node, "fullgraph")
+        if fullgraph is None or not is_true(fullgraph.value):
+            self.report(node)

@@ -1,0 +1,61 @@
+"""Findings as SARIF 2.1.0, the format code-scanning tools (GitHub, IDEs) read."""
+from __future__ import annotations
+
+from transforms.findings import Finding
+from transforms.rules import RULES
+from transforms.scan import ScanResult
+
+SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def to_sarif(result: ScanResult, version: str) -> dict:
+    rules = [
+        {
+            "id": rule.CODE,
+            "name": rule.__name__,
+            "shortDescription": {"text": rule.MESSAGE.replace("{name}", "…")},
+            "help": {"text": f"See skills/{rule.SKILL}.md"},
+            "properties": {"skill": rule.SKILL, "autofix": bool(rule.FIXED_BY), "fixedBy": list(rule.FIXED_BY)},
+        }
+        for rule in RULES
+    ]
+    return {
+        "$schema": SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": {"name": "graphmode", "version": version, "rules": rules}},
+                "results": [_result(f) for f in result.findings],
+                "invocations": [
+                    {
+                        "executionSuccessful": not result.errors,
+                        "toolExecutionNotifications": [
+                            {
+                                "level": "error",
+                                "message": {"text": e.message},
+                                "locations": [{"physicalLocation": {"artifactLocation": {"uri": e.path}}}],
+                            }
+                            for e in result.errors
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def _result(finding: Finding) -> dict:
+    return {
+        "ruleId": finding.code,
+        "level": "warning",
+        "message": {"text": finding.message},
+        "locations": [
+            {
+                "physicalLocation": {
+                    "artifactLocation": {"uri": finding.path},
+                    "region": {"startLine": finding.line, "startColumn": finding.column},
+                }
+            }
+        ],
+        "properties": {"autofix": finding.autofix, "skill": finding.skill, "function": finding.function},
+    }
