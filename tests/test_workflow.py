@@ -55,6 +55,10 @@ def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
     run = out / "legacy_llm"
     assert (run / "design.md").is_file() and not (run / "report.md").exists()
+    design = (run / "design.md").read_text()
+    # The probe's evidence is merged into the static findings: the rule's line carries what Dynamo saw.
+    assert "classified as **recompile**" in design and "recompiled" in design and "graph break:" in design
+    assert "Nothing: every finding has an automatic change." in design
 
     listed = graphmode("sessions", home=home, cwd=tmp_path)
     assert session in listed.stdout and "confirm" in listed.stdout
