@@ -113,9 +113,12 @@ def sources(harness: ModuleType, folder: Path) -> list[str]:
 def next_token_logits(out: object) -> torch.Tensor:
     """The (B, V) next-token logits from what an adapted model's prefill/decode returns.
 
-    The logits are out[0] when forward returns a tuple or list (logits plus extras), else
-    out itself; they are (B, T, V) and the next token comes from the last position.
+    The logits are `out.logits` for a Hugging Face ModelOutput, out[0] when forward returns a tuple
+    or list (logits plus extras), else out itself; they are (B, T, V) and the next token comes from
+    the last position.
     """
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        out = out.logits
     logits = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__

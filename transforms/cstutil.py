@@ -1,22 +1,12 @@
 """Small libcst helpers shared by rules and codemods."""
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
-# Parameter names that, in real inference code, carry the position of the first new token as a Python int.
-POSITION_PARAM_NAMES = frozenset(
-    {"start_pos", "cur_pos", "past_length", "past_len", "past_key_values_length", "position_offset",
-     "seq_len_offset", "start_position", "offset"}
-)
-_POSITION_LIKE = re.compile(r"(^|_)(pos|position|offset|past_len|past_length)$")
-TENSOR_FACTORIES = frozenset(
-    {"zeros", "ones", "full", "empty", "arange", "triu", "tril", "tensor", "zeros_like", "ones_like",
-     "full_like", "empty_like", "linspace", "eye"}
-)
-# The name the position tensor takes once Python-int positions are rewritten.
-POSITION_TENSOR = "input_pos"
+
+from transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
+
+__all__ = ["POSITION_PARAM_NAMES", "POSITION_TENSOR", "TENSOR_FACTORIES"]
 
 
 def dotted_name(node: cst.CSTNode) -> str | None:
@@ -47,11 +37,10 @@ def method_call_name(node: cst.CSTNode) -> str | None:
 
 def is_position_param(param: cst.Param) -> bool:
     """A parameter that carries a Python-int position (see POSITION_PARAM_NAMES)."""
-    name = param.name.value
     annotation = param.annotation.annotation if param.annotation else None
-    if isinstance(annotation, cst.Name) and annotation.value == "int":
-        return name in POSITION_PARAM_NAMES or bool(_POSITION_LIKE.search(name))
-    return name in POSITION_PARAM_NAMES and annotation is None
+    return is_position_name(
+        param.name.value, None if annotation is None else annotation.value if isinstance(annotation, cst.Name) else ""
+    )
 
 
 def position_param(func: cst.FunctionDef) -> cst.Param | None:

@@ -68,7 +68,7 @@ def scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
     try:
         return scan_source(text, str(path)), None, True
     except SyntaxError as error:
-        return [], FileError(str(path), f"{error.lineno}:{error.offset or 1}: syntax error: {error.msg}"), True
+        return [], FileError(str(path), f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), True
     except (RecursionError, ValueError) as error:  # absurdly nested code; a NUL byte
         return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), True
 

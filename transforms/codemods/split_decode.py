@@ -127,6 +127,10 @@ class SplitDecode(GraphCodemod):
             return updated_node
         required = [p.name.value for p in params[1:] if p.default is None]
         omitted = {p.name.value: p.default for p in params[1:] if p.default is not None}
+        if not required:
+            self.record_manual(forward, "every parameter of `forward` has a default, so the token input is not "
+                                        "known; write `prefill`/`decode` by hand")
+            return updated_node
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward

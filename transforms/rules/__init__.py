@@ -1,10 +1,11 @@
 """The rule catalogue and the scan that runs it. One rule per module; register it in RULES."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
+import warnings
 
 from transforms.findings import Finding
-from transforms.rules.base import Rule
+from transforms.rules.base import Rule, SourceFile
 from transforms.rules.reach import reachable_functions
 from transforms.rules.gm101_host_sync import HostSync
 from transforms.rules.gm102_tensor_to_python import TensorToPython
@@ -38,10 +39,13 @@ RULES: tuple[type[Rule], ...] = (
 
 
 def scan_source(source: str, path: str) -> list[Finding]:
-    """Every finding of every rule in one source file, in line order. Raises libcst.ParserSyntaxError."""
-    wrapper = cst.MetadataWrapper(cst.parse_module(source))
-    step_functions = reachable_functions(wrapper.module)
-    rules = [rule(path, step_functions) for rule in RULES]
-    wrapper.visit_batched(rules)
+    """Every finding of every rule in one source file, in line order. Raises SyntaxError (and
+    ValueError for a NUL byte)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # invalid escape sequences and the like are not findings
+        tree = ast.parse(source, filename=path)
+    file = SourceFile(source, path, tree, reachable_functions(tree))
+    rules = [rule(file) for rule in RULES]
+    file.run(rules)
     findings = [f for rule in rules for f in rule.findings]
     return sorted(findings, key=lambda f: (f.line, f.column, f.code))

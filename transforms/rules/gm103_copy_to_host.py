@@ -1,21 +1,23 @@
 """GM103: a tensor copied to the host (`.cpu()`, `.numpy()`, `.to("cpu")`) inside the step."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import method_call_name
-from transforms.rules.base import Rule
+from transforms.rules.astutil import arg_value, first_arg, is_positional, method_call_name
+from transforms.rules.base import Rule, SourceFile
 from transforms.rules.idioms import keyword, string_value
 
 
-def _to_cpu(node: cst.Call) -> bool:
+def _to_cpu(node: ast.Call, file: SourceFile) -> bool:
     """`.to("cpu")` / `.to(device="cpu")`."""
     if method_call_name(node) != "to":
         return False
     device = keyword(node, "device")
-    if device is None and node.args and node.args[0].keyword is None:
-        device = node.args[0]
-    return device is not None and string_value(device.value) == "cpu"
+    if device is None:
+        first = first_arg(node)
+        if first is not None and is_positional(first):
+            device = first
+    return device is not None and string_value(arg_value(device), file) == "cpu"
 
 
 class CopyToHost(Rule):
@@ -25,12 +27,13 @@ class CopyToHost(Rule):
         "return the device tensor and copy it in the eager caller after the compiled call"
     )
     SKILL = "host-syncs"
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         name = method_call_name(node)
         if name in {"cpu", "numpy"}:
             label = f".{name}()"
-        elif _to_cpu(node):
+        elif _to_cpu(node, self.file):
             label = '.to("cpu")'
         else:
             return

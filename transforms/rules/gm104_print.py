@@ -1,19 +1,17 @@
 """GM104: `print` of a computed value inside the step."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
 from transforms.rules.base import Rule
 
 
-def _is_literal_text(node: cst.BaseExpression) -> bool:
+def _is_literal_text(node: ast.expr) -> bool:
     """A string literal: plain, concatenated, or an f-string with nothing interpolated."""
-    if isinstance(node, cst.SimpleString):
-        return True
-    if isinstance(node, cst.ConcatenatedString):
-        return _is_literal_text(node.left) and _is_literal_text(node.right)
-    if isinstance(node, cst.FormattedString):
-        return all(isinstance(part, cst.FormattedStringText) for part in node.parts)
+    if node.__class__ is ast.Constant:
+        return node.value.__class__ in (str, bytes)
+    if node.__class__ is ast.JoinedStr:
+        return all(part.__class__ is ast.Constant for part in node.values)
     return False
 
 
@@ -25,10 +23,12 @@ class PrintInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "host-syncs"
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if not (isinstance(node.func, cst.Name) and node.func.value == "print"):
+    def visit_Call(self, node: ast.Call) -> None:
+        if not (node.func.__class__ is ast.Name and node.func.id == "print"):
             return
-        printed = [a for a in node.args if a.keyword is None]
-        if any(a.star or not _is_literal_text(a.value) for a in printed) and self.in_step_code(node):
+        starred = any(k.arg is None for k in node.keywords)  # `**k` is printed too
+        if (starred or any(a.__class__ is ast.Starred or not _is_literal_text(a) for a in node.args)) \
+                and self.in_step_code(node):
             self.report(node)

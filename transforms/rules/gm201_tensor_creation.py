@@ -1,9 +1,10 @@
 """GM201: a tensor built from scratch on every call that could be built once."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import TENSOR_FACTORIES, torch_call_name
+from transforms.vocabulary import TENSOR_FACTORIES
+from transforms.rules.astutil import torch_call_name
 from transforms.rules.base import Rule
 
 
@@ -12,8 +13,9 @@ class TensorCreatedInForward(Rule):
     MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
     SKILL = "static-buffers"
     FIXED_BY = ("static_rotary", "static_mask", "static_positions")
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         name = torch_call_name(node)
         if name in TENSOR_FACTORIES and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=name))

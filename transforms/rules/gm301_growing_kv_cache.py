@@ -1,21 +1,28 @@
 """GM301: a key/value cache that grows by concatenation."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import torch_call_name
+from transforms.rules.astutil import arg_value, first_arg, name_of, torch_call_name
 from transforms.rules.base import Rule
 
 
-def _first_item_is_subscript(call: cst.Call) -> bool:
+def _first_item_is_subscript(call: ast.Call) -> bool:
     """`torch.cat([past[0], k], ...)` / `torch.cat((past_key, k))`: the old part comes first."""
-    if not call.args or not isinstance(call.args[0].value, (cst.List, cst.Tuple)):
+    first_argument = first_arg(call)
+    if first_argument is None:
         return False
-    elements = call.args[0].value.elements
+    value = arg_value(first_argument)
+    if value.__class__ not in (ast.List, ast.Tuple):
+        return False
+    elements = value.elts
     if len(elements) != 2:
         return False
-    first = elements[0].value
-    return isinstance(first, cst.Subscript) or (isinstance(first, cst.Name) and "past" in first.value)
+    first = arg_value(elements[0])
+    if first.__class__ is ast.Subscript:
+        return True
+    name = name_of(first)
+    return name is not None and "past" in name
 
 
 class GrowingKVCache(Rule):
@@ -26,7 +33,8 @@ class GrowingKVCache(Rule):
     )
     SKILL = "static-kv-cache"
     FIXED_BY = ("static_kv_cache",)
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):
             self.report(node)

@@ -1,28 +1,30 @@
 """GM302: a tensor (a preallocated cache, typically) sliced up to a Python-int position."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import is_position_param, names_in
+from transforms.rules.astutil import is_position_param, name_of, names_in
 from transforms.rules.base import Rule
-from transforms.rules.idioms import local_assignments
+from transforms.rules.idioms import local_assignments, per_function
 
 
-def _int_arithmetic(node: cst.BaseExpression) -> bool:
+def _int_arithmetic(node: ast.expr) -> bool:
     """Names, int literals and `+ - * //` of them, or `min`/`max` of such: how positions are combined."""
-    if isinstance(node, (cst.Name, cst.Integer)):
+    cls = node.__class__
+    if cls is ast.Name or (cls is ast.Constant and (node.value.__class__ is int or name_of(node) is not None)):
         return True
-    if isinstance(node, cst.BinaryOperation):
+    if cls is ast.BinOp:
         return _int_arithmetic(node.left) and _int_arithmetic(node.right)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in {"min", "max"}:
-        return all(a.keyword is None and not a.star and _int_arithmetic(a.value) for a in node.args)
+    if cls is ast.Call and node.func.__class__ is ast.Name and node.func.id in {"min", "max"}:
+        return not node.keywords and all(a.__class__ is not ast.Starred and _int_arithmetic(a) for a in node.args)
     return False
 
 
-def _position_names(func: cst.FunctionDef) -> dict[str, str]:
+@per_function
+def position_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
     """Position parameters of func, and local names computed from them by int arithmetic
     (`end = start_pos + seqlen`) -> the parameter's name."""
-    found = {p.name.value: p.name.value for p in func.params.params if is_position_param(p)}
+    found = {p.arg: p.arg for p in func.args.args if is_position_param(p)}
     if not found:
         return found
     assigned = local_assignments(func)
@@ -51,17 +53,16 @@ class PositionSlice(Rule):
         "a mask and write it with `index_copy_` at a position tensor"
     )
     SKILL = "static-kv-cache"
+    STEP_ONLY = True
 
-    def __init__(self, path: str, step_functions: set[cst.FunctionDef]) -> None:
-        super().__init__(path, step_functions)
-        self._positions: dict[cst.FunctionDef, dict[str, str]] = {}
-
-    def visit_Subscript(self, node: cst.Subscript) -> None:
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        index = node.slice
+        elements = index.elts if index.__class__ is ast.Tuple else (index,)
         bounds = [
             part
-            for element in node.slice
-            if isinstance(element.slice, cst.Slice)
-            for part in (element.slice.lower, element.slice.upper, element.slice.step)
+            for element in elements
+            if element.__class__ is ast.Slice
+            for part in (element.lower, element.upper, element.step)
             if part is not None
         ]
         if not bounds:
@@ -69,9 +70,9 @@ class PositionSlice(Rule):
         scope = self.enclosing_function(node)
         if scope is None:
             return
-        if scope not in self._positions:
-            self._positions[scope] = _position_names(scope)
-        positions = self._positions[scope]
+        positions = position_names(scope)
+        if not positions:
+            return
         hits = sorted({positions[n] for bound in bounds for n in names_in(bound) if n in positions})
         if hits and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=hits[0]))

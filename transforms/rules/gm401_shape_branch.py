@@ -1,9 +1,9 @@
 """GM401: a Python branch on the sequence length or on a prefill flag."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import names_in
+from transforms.rules.astutil import names_in
 from transforms.rules.base import Rule
 
 # Names that, in inference code, mean "how many new tokens" or "is this the prompt".
@@ -19,8 +19,9 @@ class ShapeBranch(Rule):
     )
     SKILL = "prefill-decode-split"
     FIXED_BY = ("static_mask", "split_decode")
+    STEP_ONLY = True
 
-    def visit_If(self, node: cst.If) -> None:
+    def visit_If(self, node: ast.If) -> None:
         if not self.in_step_code(node):
             return
         hits = names_in(node.test) & (SEQUENCE_LENGTH_NAMES | PREFILL_FLAGS)

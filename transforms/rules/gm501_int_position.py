@@ -1,9 +1,9 @@
 """GM501: a position passed as a Python int, a new constant on every Decode step."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import is_position_param
+from transforms.rules.astutil import is_position_param
 from transforms.rules.base import Rule
 
 
@@ -16,7 +16,7 @@ class IntPosition(Rule):
     SKILL = "positions-as-tensors"
     FIXED_BY = ("static_positions",)
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        for param in node.params.params:
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for param in node.args.args:
             if is_position_param(param):
-                self.report(param, self.MESSAGE.format(name=param.name.value))
+                self.report(param, self.MESSAGE.format(name=param.arg))

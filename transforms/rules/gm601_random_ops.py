@@ -1,11 +1,11 @@
 """GM601: random numbers drawn, or dropout left on, inside the step."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import dotted_name, torch_call_name
+from transforms.rules.astutil import dotted_name, name_of, torch_call_name
 from transforms.rules.base import Rule
-from transforms.rules.idioms import keyword
+from transforms.rules.idioms import keyword, positional_args
 
 RANDOM_OPS = frozenset(
     {"rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "poisson", "rand_like",
@@ -14,7 +14,7 @@ RANDOM_OPS = frozenset(
 _DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
 
 
-def _dropout_name(call: cst.Call) -> str | None:
+def _dropout_name(call: ast.Call) -> str | None:
     """`F.dropout`, `nn.functional.dropout`, `torch.nn.functional.dropout`, `torch.dropout` -> that text."""
     name = dotted_name(call.func)
     if name is None or "." not in name:
@@ -25,17 +25,19 @@ def _dropout_name(call: cst.Call) -> str | None:
     return None
 
 
-def _training_off(call: cst.Call, name: str) -> bool:
+def _training_off(call: ast.Call, name: str) -> bool:
     """`training=self.training` / `training=False` (`train=` for `torch.dropout`, or the third argument)."""
     arg = keyword(call, "train" if name == "torch.dropout" else "training")
-    if arg is None:
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        arg = positional[2] if len(positional) > 2 else None
-    if arg is None:
-        return False
-    value = arg.value
-    if isinstance(value, cst.Name):
-        return value.value == "False"
+    if arg is not None:
+        value = arg.value
+    else:
+        positional = positional_args(call)
+        if len(positional) <= 2:
+            return False
+        value = positional[2]
+    bare = name_of(value)
+    if bare is not None:
+        return bare == "False"
     return dotted_name(value) == "self.training"
 
 
@@ -50,8 +52,9 @@ class RandomOps(Rule):
         "op in the step; pass `training=self.training` or use an `nn.Dropout` module"
     )
     SKILL = "inference-hygiene"
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         op = torch_call_name(node)
         if op in RANDOM_OPS:
             if self.in_step_code(node):

@@ -1,9 +1,9 @@
 """GM602: logging or warnings inside the step."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import dotted_name
+from transforms.rules.astutil import dotted_name
 from transforms.rules.base import Rule
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
@@ -11,10 +11,12 @@ LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception"
 LOGGERS = frozenset({"logger", "logging", "log", "_logger", "LOGGER", "_LOGGER"})
 
 
-def _logging_call(call: cst.Call) -> str | None:
+def _logging_call(call: ast.Call) -> str | None:
     """`logger.info` / `self.logger.warning` / `logging.debug` / `warnings.warn` -> that text."""
+    if call.func.__class__ is not ast.Attribute:  # a bare name has no dot: not a logging call
+        return None
     name = dotted_name(call.func)
-    if name is None or "." not in name:
+    if name is None:
         return None
     parts = name.split(".")
     if name == "warnings.warn" or (parts[-1] in LOG_LEVELS and parts[-2] in LOGGERS):
@@ -30,8 +32,9 @@ class LoggingInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "inference-hygiene"
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         name = _logging_call(node)
         if name is not None and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=name))

@@ -1,11 +1,11 @@
 """GM701: the lengths passed to Ascend fused attention, and whether their form suits the backend."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import method_call_name
+from transforms.rules.astutil import method_call_name, name_of
 from transforms.rules.base import Rule
-from transforms.rules.idioms import local_assignments
+from transforms.rules.idioms import local_assignments, per_function
 
 FUSED_ATTENTION_OPS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 LENGTH_KEYWORDS = frozenset({"actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen"})
@@ -13,33 +13,31 @@ _AS_LIST = "list[int]: needs dynamic=True under npugraph_ex (updated at replay);
 _AS_TENSOR = "a tensor: fine for GE's torchair.ops variant; npugraph_ex expects list[int]"
 
 
-def _op_name(func: cst.BaseExpression) -> str | None:
+def _op_name(func: ast.expr) -> str | None:
     """The last name of the callee, skipping an op overload's `.default`."""
-    if isinstance(func, cst.Attribute) and func.attr.value == "default":
+    if func.__class__ is ast.Attribute and func.attr == "default":
         func = func.value
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return None
+    if func.__class__ is ast.Attribute:
+        return func.attr
+    return name_of(func)
 
 
-def _is_list(node: cst.BaseExpression, lists: set[str]) -> bool:
-    if isinstance(node, (cst.List, cst.ListComp)):
+def _is_list(node: ast.expr, lists: set[str]) -> bool:
+    cls = node.__class__
+    if cls is ast.List or cls is ast.ListComp:
         return True
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Add)):
+    if cls is ast.BinOp and node.op.__class__ in (ast.Mult, ast.Add):
         return _is_list(node.left, lists) or _is_list(node.right, lists)  # `[1] * bsz`, `a + [n]`
-    if isinstance(node, cst.Call):
+    if cls is ast.Call:
         if method_call_name(node) == "tolist":
             return True
-        return isinstance(node.func, cst.Name) and node.func.value == "list"
-    return isinstance(node, cst.Name) and node.value in lists
+        return node.func.__class__ is ast.Name and node.func.id == "list"
+    return name_of(node) in lists
 
 
-def _list_names(func: cst.FunctionDef | None) -> set[str]:
+@per_function
+def list_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     """Local names assigned only lists (so `lens = x.tolist(); ...(actual_seq_lengths=lens)` is a list)."""
-    if func is None:
-        return set()
     names: set[str] = set()
     assigned = local_assignments(func)
     changed = True
@@ -56,17 +54,19 @@ class FusedAttentionLengths(Rule):
     CODE = "GM701"
     MESSAGE = "`{name}` passed to fused attention is {kind}"
     SKILL = "fused-attention"
+    STEP_ONLY = True
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         op = _op_name(node.func)
         if op is None or not op.endswith(FUSED_ATTENTION_OPS):
             return
-        lengths = [a for a in node.args if a.keyword is not None and a.keyword.value in LENGTH_KEYWORDS]
+        lengths = [a for a in node.keywords if a.arg in LENGTH_KEYWORDS]
         if not lengths or not self.in_step_code(node):
             return
-        lists = _list_names(self.enclosing_function(node))
+        scope = self.enclosing_function(node)
+        lists = list_names(scope) if scope is not None else set()
         for arg in lengths:
-            if isinstance(arg.value, cst.Name) and arg.value.value == "None":
+            if name_of(arg.value) == "None":
                 continue
             kind = _AS_LIST if _is_list(arg.value, lists) else _AS_TENSOR
-            self.report(arg, self.MESSAGE.format(name=arg.keyword.value, kind=kind))
+            self.report(arg, self.MESSAGE.format(name=arg.arg, kind=kind))

@@ -1,7 +1,7 @@
 """GM801: the GE backend asked for dynamic shapes."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
 from transforms.rules.base import Rule
 from transforms.rules.compile_calls import GE, BackendNames, compile_backend, is_torch_compile
@@ -16,8 +16,8 @@ class GEDynamic(BackendNames, Rule):
     )
     SKILL = "compile-calls"
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if not is_torch_compile(node) or compile_backend(node, self.backend_names) != GE:
+    def visit_Call(self, node: ast.Call) -> None:
+        if not is_torch_compile(node) or compile_backend(node, self.file, self.backend_names) != GE:
             return
         dynamic = keyword(node, "dynamic")
         if dynamic is not None and is_true(dynamic.value):

@@ -1,7 +1,7 @@
 """GM802: npugraph_ex without fullgraph=True."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
 from transforms.rules.base import Rule
 from transforms.rules.compile_calls import NPUGRAPH_EX, BackendNames, compile_backend, is_torch_compile
@@ -16,8 +16,8 @@ class NpugraphExFullgraph(BackendNames, Rule):
     )
     SKILL = "compile-calls"
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if not is_torch_compile(node) or compile_backend(node, self.backend_names) != NPUGRAPH_EX:
+    def visit_Call(self, node: ast.Call) -> None:
+        if not is_torch_compile(node) or compile_backend(node, self.file, self.backend_names) != NPUGRAPH_EX:
             return
         fullgraph = keyword(node, "fullgraph")
         if fullgraph is None or not is_true(fullgraph.value):

@@ -1,42 +1,34 @@
 """GM803: the whole model compiled, rather than its Decode entry."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import code_of, dotted_name
+from transforms.rules.astutil import FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional, is_starred
+from transforms.rules.astutil import name_of, statements
 from transforms.rules.base import Rule
 from transforms.rules.compile_calls import is_torch_compile
-from transforms.rules.idioms import keyword
+from transforms.rules.idioms import has_positional, keyword
 
 _ENTRY_HINTS = ("decode", "step")
 
 
-def _function_names(module: cst.Module) -> set[str]:
-    found: set[str] = set()
-
-    class _Collector(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            found.add(node.name.value)
-
-    module.visit(_Collector())
-    return found
+def _function_names(module: ast.Module) -> set[str]:
+    return {s.name for s in statements(module.body) if isinstance(s, FUNCTION_TYPES)}
 
 
-def _whole_model(target: cst.BaseExpression, functions: set[str]) -> bool:
+def _whole_model(target: ast.expr, functions: set[str]) -> bool:
     """A model object (`model`, `self.model`) or its `forward`, not a Decode function."""
-    if isinstance(target, cst.Name):
-        name = target.value
+    name = name_of(target)
+    if name is not None:
         return not any(h in name.lower() for h in _ENTRY_HINTS) and (name not in functions or name == "forward")
-    if isinstance(target, cst.Attribute):
-        attr = target.attr.value
+    if target.__class__ is ast.Attribute:
+        attr = target.attr
         return attr == "forward" or attr == "model" or attr.endswith("_model")
     return False
 
 
-def _is_compile_decorator(decorator: cst.Decorator) -> bool:
-    target = decorator.decorator
-    if isinstance(target, cst.Call):
-        target = target.func
+def _is_compile_decorator(decorator: ast.expr) -> bool:
+    target = decorator.func if decorator.__class__ is ast.Call else decorator
     return dotted_name(target) == "torch.compile"
 
 
@@ -48,28 +40,31 @@ class WholeModelCompiled(Rule):
     )
     SKILL = "compile-calls"
 
-    def visit_Module(self, node: cst.Module) -> None:
-        self._functions = _function_names(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if func.__class__ is not ast.Attribute or func.attr != "compile":
+            return
         if is_torch_compile(node):
             model = keyword(node, "model")
-            if model is None and node.args and node.args[0].keyword is None and not node.args[0].star:
-                model = node.args[0]
-            if model is not None and _whole_model(model.value, self._functions):
-                self.report(node, self.MESSAGE.format(name=f"torch.compile({code_of(model.value)})"))
+            if model is None:
+                first = first_arg(node)
+                if first is not None and is_positional(first) and not is_starred(first):
+                    model = first
+            if model is None:
+                return
+            functions = self.file.fact("function_names", _function_names)
+            if _whole_model(arg_value(model), functions):
+                self.report(node, self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
         elif (
-            isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "compile"
-            and dotted_name(node.func.value) != "torch"
-            and not any(h in code_of(node.func.value).lower() for h in _ENTRY_HINTS)
-            and not any(a.keyword is None for a in node.args)
+            dotted_name(func.value) != "torch"
+            and not any(h in self.file.code_of(func.value, node).lower() for h in _ENTRY_HINTS)
+            and not has_positional(node)
         ):
-            self.report(node, self.MESSAGE.format(name=f"{code_of(node.func)}()"))
+            self.report(node, self.MESSAGE.format(name=f"{self.file.code_of(func, node)}()"))
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if node.name.value != "forward":
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if node.name != "forward":
             return
-        for decorator in node.decorators:
+        for decorator in node.decorator_list:
             if _is_compile_decorator(decorator):
-                self.report(decorator, self.MESSAGE.format(name="@torch.compile"))
+                self.report(self.file.decorator_start(decorator), self.MESSAGE.format(name="@torch.compile"))

@@ -1,9 +1,9 @@
 """GM804: a recompile or capture limit set below its default."""
 from __future__ import annotations
 
-import libcst as cst
+import ast
 
-from transforms.cstutil import dotted_name
+from transforms.rules.astutil import dotted_name
 from transforms.rules.base import Rule
 from transforms.rules.idioms import int_value, string_value
 
@@ -20,25 +20,27 @@ class LowLimit(Rule):
     )
     SKILL = "compile-limits"
 
-    def _check(self, node: cst.CSTNode, name: str | None, value: cst.BaseExpression) -> None:
+    def _check(self, node: ast.AST, name: str | None, value: ast.expr, within: ast.AST | None = None) -> None:
         if name not in DEFAULTS:
             return
         number = int_value(value)
         if number is not None and number < DEFAULTS[name]:
-            self.report(node, self.MESSAGE.format(name=name, value=number, default=DEFAULTS[name]))
+            # An assignment target or a dict key starts at its parentheses, as libcst has it.
+            self.report(node if within is None else self.file.own_start(node, within), self.MESSAGE.format(name=name, value=number, default=DEFAULTS[name]))
 
-    def visit_Assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: ast.Assign) -> None:
         """`torch._dynamo.config.recompile_limit = 4`."""
         for target in node.targets:
-            name = dotted_name(target.target)
-            if isinstance(target.target, cst.Attribute) and name is not None:
-                self._check(target, name.rsplit(".", 1)[1], node.value)
+            if target.__class__ is ast.Attribute and target.attr in DEFAULTS and dotted_name(target) is not None:
+                self._check(target, target.attr, node.value, node)
 
-    def visit_Arg(self, node: cst.Arg) -> None:
+    def visit_keyword(self, node: ast.keyword) -> None:
         """`torch.compile(..., recompile_limit=4)`, `CompilerConfig(capture_limit=16)`."""
-        if node.keyword is not None:
-            self._check(node, node.keyword.value, node.value)
+        if node.arg is not None:
+            self._check(node, node.arg, node.value)
 
-    def visit_DictElement(self, node: cst.DictElement) -> None:
+    def visit_Dict(self, node: ast.Dict) -> None:
         """`options={"capture_limit": 16}`."""
-        self._check(node, string_value(node.key), node.value)
+        for key, value in zip(node.keys, node.values):
+            if key is not None and key.__class__ is ast.Constant and key.value in DEFAULTS:
+                self._check(key, string_value(key, self.file), value, node)

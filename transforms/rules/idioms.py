@@ -3,12 +3,19 @@
 Types are unknown to a source scan, so these follow the idioms inference code uses: a `torch.X(...)`
 call, a reduction method such as `.sum()` or `.max()`, a subscript or `.values` of those, arithmetic
 on them, and local names assigned from any of them.
+
+Facts about a function (`local_assignments`, `tensor_names`, ...) are computed once per function and
+kept on its node (`per_function`), so every rule that asks shares them.
 """
 from __future__ import annotations
 
-import libcst as cst
+import ast
+import functools
+from collections.abc import Callable
+from typing import TypeVar
 
-from transforms.cstutil import method_call_name, torch_call_name
+from transforms.rules.astutil import is_positional, method_call_name, statements, torch_call_name
+from transforms.rules.base import SourceFile
 
 # `torch.X(...)` calls that return Python values, not tensors.
 NON_TENSOR_TORCH = frozenset(
@@ -22,8 +29,26 @@ REDUCTION_METHODS = frozenset(
      "amin", "count_nonzero", "median", "logsumexp", "nonzero"}
 )
 
+T = TypeVar("T")
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 
-def is_tensor_call(node: cst.CSTNode) -> bool:
+
+def per_function(compute: Callable[[Function], T]) -> Callable[[Function], T]:
+    """Memoise a fact about a function on the function's node: computed once per parsed file."""
+    key = f"_graphmode_{compute.__module__}.{compute.__qualname__}"
+
+    @functools.wraps(compute)
+    def cached(func: Function) -> T:
+        try:
+            return func.__dict__[key]
+        except KeyError:
+            value = func.__dict__[key] = compute(func)
+            return value
+
+    return cached
+
+
+def is_tensor_call(node: ast.AST) -> bool:
     """`torch.X(...)` (not one of NON_TENSOR_TORCH) or `x.sum()`-style reductions."""
     name = torch_call_name(node)
     if name is not None:
@@ -31,51 +56,42 @@ def is_tensor_call(node: cst.CSTNode) -> bool:
     return method_call_name(node) in REDUCTION_METHODS
 
 
-def produces_tensor(node: cst.CSTNode, tensor_names: frozenset[str] | set[str] = frozenset()) -> bool:
+def produces_tensor(node: ast.AST, tensor_names: frozenset[str] | set[str] = frozenset()) -> bool:
     """True when `node` is, by the usual idioms, a tensor (see the module docstring)."""
-    if isinstance(node, cst.Call):
+    cls = node.__class__
+    if cls is ast.Call:
         return is_tensor_call(node)
-    if isinstance(node, cst.Subscript):
+    if cls is ast.Subscript:
         return produces_tensor(node.value, tensor_names)
-    if isinstance(node, cst.Attribute):
-        return node.attr.value in {"values", "indices"} and produces_tensor(node.value, tensor_names)
-    if isinstance(node, cst.BinaryOperation):
+    if cls is ast.Attribute:
+        return node.attr in {"values", "indices"} and produces_tensor(node.value, tensor_names)
+    if cls is ast.BinOp:
         return produces_tensor(node.left, tensor_names) or produces_tensor(node.right, tensor_names)
-    if isinstance(node, cst.UnaryOperation) and not isinstance(node.operator, cst.Not):
-        return produces_tensor(node.expression, tensor_names)
-    if isinstance(node, cst.Name):
-        return node.value in tensor_names
+    if cls is ast.UnaryOp and node.op.__class__ is not ast.Not:
+        return produces_tensor(node.operand, tensor_names)
+    if cls is ast.Name:
+        return node.id in tensor_names
     return False
 
 
-def local_assignments(func: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+@per_function
+def local_assignments(func: Function) -> dict[str, list[ast.expr]]:
     """`name = value` (and `name: T = value`) in func's own body, nested functions and classes excluded."""
-    found: dict[str, list[cst.BaseExpression]] = {}
-
-    class _Collector(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is func
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    found.setdefault(target.target.value, []).append(node.value)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            if isinstance(node.target, cst.Name) and node.value is not None:
-                found.setdefault(node.target.value, []).append(node.value)
-
-    func.visit(_Collector())
+    found: dict[str, list[ast.expr]] = {}
+    for stmt in statements(func.body, into_scopes=False):
+        cls = stmt.__class__
+        if cls is ast.Assign:
+            for target in stmt.targets:
+                if target.__class__ is ast.Name:
+                    found.setdefault(target.id, []).append(stmt.value)
+        elif cls is ast.AnnAssign:
+            if stmt.target.__class__ is ast.Name and stmt.value is not None:
+                found.setdefault(stmt.target.id, []).append(stmt.value)
     return found
 
 
-def tensor_names(func: cst.FunctionDef) -> frozenset[str]:
+@per_function
+def tensor_names(func: Function) -> frozenset[str]:
     """Local names of func assigned, at least once, from a tensor-producing expression."""
     assigned = local_assignments(func)
     names: set[str] = set()
@@ -89,26 +105,52 @@ def tensor_names(func: cst.FunctionDef) -> frozenset[str]:
     return frozenset(names)
 
 
-def keyword(call: cst.Call, name: str) -> cst.Arg | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == name:
+def keyword(call: ast.Call, name: str) -> ast.keyword | None:
+    for arg in call.keywords:
+        if arg.arg == name:
             return arg
     return None
 
 
-def is_true(node: cst.CSTNode | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
+def positional_args(call: ast.Call) -> list[ast.expr]:
+    """Plain positional arguments (no `*a`), in order."""
+    return [a for a in call.args if a.__class__ is not ast.Starred]
 
 
-def string_value(node: cst.CSTNode | None) -> str | None:
+def has_positional(call: ast.Call) -> bool:
+    """Any argument without a keyword: positional, `*a` or `**k` (libcst's `arg.keyword is None`)."""
+    return bool(call.args) or any(is_positional(k) for k in call.keywords)
+
+
+def is_true(node: ast.AST | None) -> bool:
+    return node.__class__ is ast.Constant and node.value is True
+
+
+def string_value(node: ast.AST | None, file: SourceFile) -> str | None:
     """The text of a plain string literal (no f-string, no concatenation); None otherwise."""
-    if isinstance(node, cst.SimpleString):
-        value = node.evaluated_value
-        return value if isinstance(value, str) else None
+    if node.__class__ is ast.Constant and node.value.__class__ is str and _single_literal(file.segment(node)):
+        return node.value
     return None
 
 
-def int_value(node: cst.CSTNode | None) -> int | None:
-    if isinstance(node, cst.Integer):
-        return int(node.evaluated_value)
+def _single_literal(text: str) -> bool:
+    """True when text is one string literal, not `"a" "b"` (which `ast` joins into one constant)."""
+    start = 0
+    while start < len(text) and text[start] not in "'\"":
+        start += 1
+    quote = text[start] * 3 if text.startswith(text[start] * 3, start) else text[start]
+    index = start + len(quote)
+    while index < len(text):
+        if text[index] == "\\":
+            index += 2
+        elif text.startswith(quote, index):
+            return index + len(quote) == len(text)
+        else:
+            index += 1
+    return False
+
+
+def int_value(node: ast.AST | None) -> int | None:
+    if node.__class__ is ast.Constant and node.value.__class__ is int:
+        return node.value
     return None

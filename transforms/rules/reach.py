@@ -6,63 +6,84 @@ A training loop or a data loader that no step calls is not reached, so it is not
 """
 from __future__ import annotations
 
-import libcst as cst
+import ast
+
+from transforms.rules.astutil import CHILD_FIELDS, FUNCTION_TYPES
 
 STEP_METHODS = frozenset({"forward", "decode", "prefill", "decode_one_token", "prefill_forward", "_forward"})
 
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+_LEAVES = frozenset(cls for cls, fields in CHILD_FIELDS.items() if not fields)  # no call under them
 
-def reachable_functions(module: cst.Module) -> set[cst.FunctionDef]:
-    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-    classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
+
+def reachable_functions(module: ast.Module) -> set[Function]:
+    functions = {s.name: s for s in module.body if isinstance(s, FUNCTION_TYPES)}
+    classes = {s.name: s for s in module.body if isinstance(s, ast.ClassDef)}
     methods = {name: _methods(cls) for name, cls in classes.items()}
 
-    pending: list[tuple[cst.FunctionDef, str | None]] = [
+    pending: list[tuple[Function, str | None]] = [
         (method, name) for name, found in methods.items() for method_name, method in found.items()
         if method_name in STEP_METHODS
     ] + [(function, None) for name, function in functions.items() if name in STEP_METHODS]
-    reached: set[cst.FunctionDef] = set()
+    reached: set[Function] = set()
     while pending:
         function, owner = pending.pop()
         if function in reached:
             continue
         reached.add(function)
-        calls = _Calls()
-        function.visit(calls)
-        for name in calls.on_self:
+        on_self, plain = _calls(function)
+        for name in on_self:
             method = _lookup(owner, name, classes, methods)
             if method is not None:
                 pending.append((method, owner))
-        for name in calls.plain:
+        for name in plain:
             if name in functions:
                 pending.append((functions[name], None))
     return reached
 
 
-def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
-    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+def _methods(cls: ast.ClassDef) -> dict[str, Function]:
+    return {s.name: s for s in cls.body if isinstance(s, FUNCTION_TYPES)}
 
 
-def _lookup(owner: str | None, name: str, classes: dict[str, cst.ClassDef],
-            methods: dict[str, dict[str, cst.FunctionDef]]) -> cst.FunctionDef | None:
+def _lookup(owner: str | None, name: str, classes: dict[str, ast.ClassDef],
+            methods: dict[str, dict[str, Function]]) -> Function | None:
     """`self.name` on class `owner`, looking through its bases that are defined in the same file."""
     seen: set[str] = set()
     while owner is not None and owner in classes and owner not in seen:
         seen.add(owner)
         if name in methods[owner]:
             return methods[owner][name]
-        bases = [b.value for b in classes[owner].bases if isinstance(b.value, cst.Name)]
+        bases = [b.id for b in classes[owner].bases if isinstance(b, ast.Name)]
         owner = next((b for b in bases if b in classes), None)
     return None
 
 
-class _Calls(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.on_self: set[str] = set()
-        self.plain: set[str] = set()
+def _calls(function: Function) -> tuple[set[str], set[str]]:
+    """Names called as `self.name(...)` and as `name(...)` anywhere under function (its decorators,
+    defaults and nested functions included)."""
+    on_self: set[str] = set()
+    plain: set[str] = set()
+    fields_of = CHILD_FIELDS
+    call, name, attribute = ast.Call, ast.Name, ast.Attribute
+    leaves = _LEAVES
 
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if isinstance(func, cst.Name):
-            self.plain.add(func.value)
-        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            self.on_self.add(func.attr.value)
+    def walk(node: ast.AST) -> None:
+        cls = node.__class__
+        if cls is call:
+            func = node.func
+            if func.__class__ is name:
+                plain.add(func.id)
+            elif func.__class__ is attribute and func.value.__class__ is name and func.value.id == "self":
+                on_self.add(func.attr)
+        for field in fields_of[cls]:
+            value = getattr(node, field)
+            if value.__class__ is list:
+                for item in value:
+                    if item is not None and item.__class__ not in leaves:
+                        walk(item)
+            elif value is not None and value.__class__ not in leaves:
+                walk(value)
+
+    walk(function)
+    return on_self, plain

@@ -1,0 +1,1 @@
+"""Helpers for the opt-in corpus tests (`pytest -m corpus`): real third-party modeling files."""
