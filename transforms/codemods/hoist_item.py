@@ -1,7 +1,9 @@
-"""Moves host-side checks (`assert x.item() < n`, `if t.item(): raise`) out of the compiled region.
+"""Moves eager-only statements out of the compiled region: host-side checks (`assert x.item() < n`,
+`if t.item(): raise`), shape asserts, and debugging output (`print`, logging, `warnings.warn`).
 
 They stay in eager runs (the original model, Prefill) and are skipped while Dynamo traces, so the
-compiled Decode never waits for the device to hand a value to Python.
+compiled Decode never waits for the device to hand a value to Python, nor breaks its graph to print.
+Only functions a model step reaches are touched (see transforms.rules.reach).
 """
 from __future__ import annotations
 
@@ -9,20 +11,44 @@ import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import code_of, contains_call
+from transforms.cstutil import code_of, contains_call, dotted_name
+from transforms.rules.reach import step_qualnames
 
 GUARD = "not torch.compiler.is_compiling()"
+_COMMENT = "# graphmode: eager runs only; a compiled graph cannot read tensor values or print."
 _SYNCS = ("item", "tolist")
+_LOGGERS = frozenset({"logger", "logging", "log", "_logger", "LOGGER"})
+_LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "warning_once",
+                         "info_once"})
 
 
 def _reads_host_value(node: cst.CSTNode) -> bool:
     return any(contains_call(node, method) for method in _SYNCS)
 
 
-def _is_check(stmt: cst.BaseStatement) -> bool:
-    """An assert, or an `if` whose whole body raises: code that validates and computes nothing."""
+def _is_guard(stmt: cst.BaseStatement | None) -> bool:
+    return isinstance(stmt, cst.If) and stmt.orelse is None and code_of(stmt.test).strip() == GUARD
+
+
+def _user_lines(stmt: cst.If) -> list[cst.EmptyLine]:
+    """The guard's leading lines other than our own comment: they belong to the statement it wraps."""
+    return [line for line in stmt.leading_lines if not (line.comment and line.comment.value == _COMMENT)]
+
+
+def _is_debug_output(small: cst.BaseSmallStatement) -> bool:
+    """`print(...)`, `logger.info(...)`, `logging.warning(...)`, `warnings.warn(...)` as a statement."""
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    name = dotted_name(small.value.func) or ""
+    owner, _, level = name.rpartition(".")
+    return name == "print" or name == "warnings.warn" or (owner.split(".")[-1] in _LOGGERS and level in _LOG_LEVELS)
+
+
+def _is_eager_only(stmt: cst.BaseStatement) -> bool:
+    """An assert, debugging output, or an `if` that only raises on a host value: code that validates or
+    reports and computes nothing the step returns."""
     if isinstance(stmt, cst.SimpleStatementLine):
-        return len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assert) and _reads_host_value(stmt.body[0].test)
+        return len(stmt.body) == 1 and (isinstance(stmt.body[0], cst.Assert) or _is_debug_output(stmt.body[0]))
     if isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock):
         body = stmt.body.body
         return (
@@ -36,14 +62,24 @@ def _is_check(stmt: cst.BaseStatement) -> bool:
 
 class HoistItem(GraphCodemod):
     NAME = "hoist_item"
-    TITLE = "Run host-side checks in eager code only"
+    TITLE = "Run checks and debugging output in eager code only"
     DESCRIPTION = (
-        "Wraps checks that read tensor values on the host (`assert t.item() ...`, `if ...item(): raise`) in "
-        "`if not torch.compiler.is_compiling():`. The check still runs in the eager original and in Prefill; "
-        "the compiled Decode skips it instead of waiting for the device."
+        "Wraps asserts, checks that read tensor values on the host (`if ...item(): raise`) and debugging "
+        "output (`print`, logging, `warnings.warn`) in step code in `if not torch.compiler.is_compiling():`. They "
+        "still run in the eager original and in Prefill; the compiled Decode skips them instead of waiting for "
+        "the device or breaking its graph."
     )
     SKILL = "host-syncs"
-    FIXES = frozenset({"GM101"})
+    FIXES = frozenset({"GM101", "GM104", "GM602"})
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._step_functions = step_qualnames(tree.code)
+        return super().transform_module_impl(tree)
+
+    def _in_step_code(self, node: cst.CSTNode) -> bool:
+        qualname = self.qualname(node)
+        parts = qualname.split(".")
+        return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
 
     def _already_guarded(self, node: cst.CSTNode) -> bool:
         current = self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
@@ -54,19 +90,32 @@ class HoistItem(GraphCodemod):
         return False
 
     def _guard(self, original: cst.BaseStatement, updated: cst.BaseStatement) -> cst.BaseStatement:
-        func = self.qualname(original)
-        if not func or func.endswith("__init__") or not _is_check(original) or self._already_guarded(original):
+        if not _is_eager_only(original) or not self._in_step_code(original) or self._already_guarded(original):
             return updated
-        self.record_edit(original, "host-side check runs only when not compiling")
+        self.record_edit(original, "runs only when not compiling")
         AddImportsVisitor.add_needed_import(self.context, "torch")
-        comment = cst.EmptyLine(
-            indent=True, comment=cst.Comment("# graphmode: checked in eager runs only; a compiled graph cannot read tensor values.")
-        )
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT))
         return cst.If(
             test=cst.parse_expression(GUARD),
             body=cst.IndentedBlock(body=[updated.with_changes(leading_lines=[])]),
             leading_lines=[*updated.leading_lines, comment],
         )
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        """Consecutive guarded statements share one guard, as a person would write it."""
+        merged: list[cst.BaseStatement] = []
+        for stmt in updated_node.body:
+            previous = merged[-1] if merged else None
+            if _is_guard(stmt) and _is_guard(previous) and self._guarded_here(stmt):
+                inner = [s.with_changes(leading_lines=[*_user_lines(stmt), *s.leading_lines]) if i == 0 else s
+                         for i, s in enumerate(stmt.body.body)]
+                merged[-1] = previous.with_changes(body=previous.body.with_changes(body=[*previous.body.body, *inner]))
+            else:
+                merged.append(stmt)
+        return updated_node.with_changes(body=merged)
+
+    def _guarded_here(self, stmt: cst.If) -> bool:
+        return any(isinstance(line.comment, cst.Comment) and line.comment.value == _COMMENT for line in stmt.leading_lines)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         return self._guard(original_node, updated_node)

@@ -23,6 +23,7 @@ class PrintInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "host-syncs"
+    FIXED_BY = ("hoist_item",)
     STEP_ONLY = True
 
     def visit_Call(self, node: ast.Call) -> None:

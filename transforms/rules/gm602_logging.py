@@ -32,6 +32,7 @@ class LoggingInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "inference-hygiene"
+    FIXED_BY = ("hoist_item",)
     STEP_ONLY = True
 
     def visit_Call(self, node: ast.Call) -> None:

@@ -87,3 +87,14 @@ def _calls(function: Function) -> tuple[set[str], set[str]]:
 
     walk(function)
     return on_self, plain
+
+
+def step_qualnames(source: str) -> set[str]:
+    """Qualified names ("Attention.forward", "helper") of the functions a model step reaches, for
+    rewrites that should touch step code only. Raises SyntaxError like ast.parse."""
+    module = ast.parse(source)
+    reached = reachable_functions(module)
+    names = {f.name for f in module.body if isinstance(f, FUNCTION_TYPES) and f in reached}
+    for cls in (s for s in module.body if isinstance(s, ast.ClassDef)):
+        names |= {f"{cls.name}.{m.name}" for m in cls.body if isinstance(m, FUNCTION_TYPES) and m in reached}
+    return names
