@@ -27,8 +27,8 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
 BACKEND_HELP = (
-    "where Decode is compiled: auto (CUDA graphs on a CUDA host, else inductor), inductor, aot_eager, eager, "
-    "cudagraphs; npugraph_ex and ge are not available in this release"
+    "where Decode is compiled: auto (npugraph_ex on an Ascend host, CUDA graphs on a CUDA host, else inductor), "
+    "npugraph_ex, ge, cudagraphs, inductor, aot_eager, eager"
 )
 
 

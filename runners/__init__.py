@@ -5,6 +5,7 @@ code and verify an adapted copy against it. Anything that runs user code runs in
 subprocess (`runners.worker`, `runners.probe_worker`) with a timeout, so a crash, a hang
 or leftover Dynamo state cannot leak into the caller or into the other side.
 
-Nothing here imports libcst, and nothing here ever imports torch_npu: on a host without
-CANN that import breaks `import torch` itself.
+Nothing here imports libcst, and torch_npu is imported only lazily, inside the NPU backends'
+availability checks and compiles, and only when it is installed: importing graphmode never imports it
+(on a host without CANN that import breaks `import torch` itself).
 """

@@ -2,15 +2,34 @@
 
 Every backend compiles with `dynamic=False`: capture/replay backends (CUDA graphs,
 npugraph_ex) need one static shape per capture, and the default dynamic mode would hide
-recompiles behind symbolic shapes (lessons-from-real-code.md, lesson 2).
+recompiles behind symbolic shapes (lessons-from-real-code.md, lesson 2). The one exception is
+npugraph_ex with `seq_lengths_as_list=True`: fused-attention sequence lengths passed as list[int]
+must become SymInts that npugraph_ex patches at replay, so that backend compiles with dynamic=True.
+
+Each Backend has a name, the device its inputs live on, an availability check (None or a reason
+naming what is missing and how to get it), its synchronisation, and `compile(fn, fullgraph,
+**knobs)` / `compile_decode(fn, **knobs)`. The NPU backends' configuration is built and checked by
+runners/npu_config.py without torch_npu; torch_npu itself is imported only inside their
+availability checks and compile functions, never when this module is imported.
 """
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
+
+from runners.npu_config import (
+    TORCH_NPU_VERSION,
+    apply_config_fields,
+    ge_compiler_config_fields,
+    npugraph_ex_dynamic,
+    npugraph_ex_options,
+    task_queue_advice,
+)
 
 Compiled = Callable[..., Any]
 
@@ -25,23 +44,42 @@ class Backend:
     device: str  # "cpu", "cuda" or "npu": where the model and inputs must live
     summary: str
     _available: Callable[[], str | None] = field(repr=False)
-    _compile: Callable[[Callable[..., Any], bool], Compiled] = field(repr=False)
+    _compile: Callable[..., Compiled] = field(repr=False)  # (fn, fullgraph, **knobs)
+    knobs: tuple[str, ...] = ()  # keyword arguments compile()/compile_decode() accept
+    _synchronize: Callable[[], None] | None = field(default=None, repr=False)
+    _env_advice: Callable[[], str | None] | None = field(default=None, repr=False)
 
     def available(self) -> str | None:
         """None when usable here, else a human reason naming what is missing and how to get it."""
         return self._available()
 
-    def compile(self, fn: Callable[..., Any], fullgraph: bool) -> Compiled:
-        return self._compile(fn, fullgraph)
+    def compile(self, fn: Callable[..., Any], fullgraph: bool, **knobs: Any) -> Compiled:
+        """torch.compile for this backend; `knobs` are backend-specific (see `knobs`), all optional."""
+        unknown = sorted(set(knobs) - set(self.knobs))
+        if unknown:
+            valid = ", ".join(self.knobs) or "none"
+            raise TypeError(f"backend {self.name!r} takes no knob {', '.join(map(repr, unknown))}; "
+                            f"its knobs: {valid}")
+        return self._compile(fn, fullgraph, **knobs)
+
+    def compile_decode(self, fn: Callable[..., Any], *, fullgraph: bool = True, **knobs: Any) -> Compiled:
+        """Compiles a Decode step: one whole graph (fullgraph=True) unless told otherwise."""
+        return self.compile(fn, fullgraph, **knobs)
 
     def synchronize(self) -> None:
         """Waits for queued device work, so a timer read after it measures the work itself."""
-        if self.device == "cuda":
+        if self._synchronize is not None:
+            self._synchronize()
+        elif self.device == "cuda":
             torch.cuda.synchronize()
-        # CPU work is synchronous; NPU is never imported here (see runners/__init__.py).
+        # CPU work is synchronous.
+
+    def env_advice(self) -> str | None:
+        """Environment advice for running this backend well (never applied automatically)."""
+        return self._env_advice() if self._env_advice is not None else None
 
 
-def _torch_compile(backend: str) -> Callable[[Callable[..., Any], bool], Compiled]:
+def _torch_compile(backend: str) -> Callable[..., Compiled]:
     def compile_(fn: Callable[..., Any], fullgraph: bool) -> Compiled:
         return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=False)
 
@@ -73,18 +111,116 @@ def _needs_cuda() -> str | None:
             "use --backend inductor/aot_eager/eager on this machine")
 
 
-def _not_implemented(name: str) -> Callable[[], str | None]:
-    def reason() -> str | None:
-        return (f"the {name} backend is not implemented in this graphmode release yet "
-                "(it comes with NPU support); graphmode will not fake it — "
-                "use --backend inductor/aot_eager/eager/cudagraphs")
+# --- Ascend NPU -------------------------------------------------------------------------------
+# torch_npu is imported only inside these checks and compile functions, never at module import:
+# installed without CANN it breaks `import torch`, and graphmode must import everywhere.
 
-    return reason
+NPU_INSTALL_HINT = "install graphmode[npu] there (pip install -e \".[npu]\")"
 
 
-def _refuse(fn: Callable[..., Any], fullgraph: bool) -> Compiled:
-    raise BackendUnavailable("this backend is not implemented; resolve() should have refused it")
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
+
+def _torch_npu_problem(name: str) -> str | None:
+    """None when torch_npu imports and an NPU is visible; else what is missing, how to get it."""
+    needs = f"{name} needs torch_npu with CANN on an Ascend host: {NPU_INSTALL_HINT}"
+    if importlib.util.find_spec("torch_npu") is None:
+        return f"{needs} (torch_npu is not installed here)"
+    try:
+        importlib.import_module("torch_npu")  # registers torch.npu and the npu/npugraph_ex Dynamo backends
+    except Exception as error:  # a broken CANN setup raises anything from OSError to RuntimeError
+        return (f"{needs} (torch_npu is installed but `import torch_npu` failed: {_first_line(error)}; "
+                "is CANN installed and its set_env.sh sourced?)")
+    try:
+        visible = bool(torch.npu.is_available())
+    except Exception as error:
+        return f"{needs} (torch.npu.is_available() raised {_first_line(error)})"
+    if not visible:
+        return f"{needs} (torch_npu imports, but torch.npu.is_available() is False: no Ascend NPU is visible)"
+    return None
+
+
+def _npugraph_ex_problem() -> str | None:
+    problem = _torch_npu_problem("npugraph_ex")
+    if problem is not None:
+        return problem
+    if "npugraph_ex" not in torch._dynamo.list_backends(exclude_tags=()):
+        return (f"npugraph_ex needs torch_npu >= {TORCH_NPU_VERSION} (this torch_npu registers no "
+                f"'npugraph_ex' Dynamo backend); {NPU_INSTALL_HINT} with a newer torch_npu")
+    return None
+
+
+def _ge_problem() -> str | None:
+    problem = _torch_npu_problem("ge")
+    if problem is not None:
+        return problem
+    try:
+        import torchair
+        torchair.get_npu_backend  # noqa: B018  (torch_npu's torchair is lazy: touch it to load it)
+    except Exception as error:
+        return (f"ge needs TorchAir (shipped inside torch_npu as torchair); `import torchair` failed: "
+                f"{_first_line(error)}; {NPU_INSTALL_HINT}")
+    return None
+
+
+def _npu_synchronize() -> None:
+    # Nothing can be queued on an NPU unless torch_npu was imported (by a check or a compile).
+    if "torch_npu" in sys.modules:
+        torch.npu.synchronize()
+
+
+NPUGRAPH_EX_KNOBS = ("frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
+                     "seq_lengths_as_list", "options")
+
+
+def npugraph_ex_compile_kwargs(*, frozen_parameter: bool | None = None, capture_limit: int | None = None,
+                               static_kernel_compile: bool | None = None, force_eager: bool | None = None,
+                               seq_lengths_as_list: bool = False,
+                               options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The torch.compile keyword arguments (besides fn and fullgraph) for npugraph_ex, checked:
+    raises NpuConfigError naming a bad option before anything is compiled. None: not given (see
+    npu_config.npugraph_ex_options); seq_lengths_as_list=True compiles with dynamic=True."""
+    return {
+        "backend": "npugraph_ex",
+        "dynamic": npugraph_ex_dynamic(seq_lengths_as_list),
+        "options": npugraph_ex_options(frozen_parameter=frozen_parameter, capture_limit=capture_limit,
+                                       static_kernel_compile=static_kernel_compile,
+                                       force_eager=force_eager, extra=options),
+    }
+
+
+def _npugraph_ex_compile(fn: Callable[..., Any], fullgraph: bool, **knobs: Any) -> Compiled:
+    kwargs = npugraph_ex_compile_kwargs(**knobs)  # checked before torch_npu is touched
+    importlib.import_module("torch_npu")  # registers the "npugraph_ex" Dynamo backend
+    return torch.compile(fn, fullgraph=fullgraph, **kwargs)
+
+
+GE_KNOBS = ("frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields")
+
+
+def _ge_compile(fn: Callable[..., Any], fullgraph: bool, *, frozen_parameter: bool | None = None,
+                tiling_schedule_optimize: bool | None = None, topology_sorting_strategy: str | None = None,
+                fields: Mapping[str, Any] | None = None) -> Compiled:
+    # GE compiles static graphs only: dynamic=False always (a graph with a -1 dim is dynamic GE).
+    config_fields = ge_compiler_config_fields(
+        frozen_parameter=frozen_parameter, tiling_schedule_optimize=tiling_schedule_optimize,
+        topology_sorting_strategy=topology_sorting_strategy, extra=fields)
+    importlib.import_module("torch_npu")  # torchair needs torch.npu
+    import torchair
+
+    config = apply_config_fields(torchair.CompilerConfig(), config_fields)
+    return torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=config),
+                         dynamic=False, fullgraph=fullgraph)
+
+
+NPUGRAPH_EX = Backend(
+    "npugraph_ex", "npu", "torch_npu aclgraph capture/replay (torch.compile backend=\"npugraph_ex\")",
+    _npugraph_ex_problem, _npugraph_ex_compile, NPUGRAPH_EX_KNOBS, _npu_synchronize, task_queue_advice)
+GE = Backend(
+    "ge", "npu", "TorchAir GE graph engine (torchair.get_npu_backend, mode max-autotune, static shapes)",
+    _ge_problem, _ge_compile, GE_KNOBS, _npu_synchronize)
 
 _REGISTRY: dict[str, Backend] = {
     b.name: b
@@ -97,10 +233,8 @@ _REGISTRY: dict[str, Backend] = {
                 _needs_cxx, _torch_compile("inductor")),
         Backend("cudagraphs", "cuda", "Inductor with CUDA graph capture/replay (mode=reduce-overhead)",
                 _needs_cuda, _cudagraphs_compile),
-        Backend("npugraph_ex", "npu", "torch_npu aclgraph capture/replay (not implemented yet)",
-                _not_implemented("npugraph_ex"), _refuse),
-        Backend("ge", "npu", "TorchAir GE graph engine (not implemented yet)",
-                _not_implemented("ge"), _refuse),
+        NPUGRAPH_EX,
+        GE,
     )
 }
 
@@ -117,12 +251,17 @@ def get(name: str) -> Backend:
 def resolve(name: str) -> tuple[Backend, str]:
     """The backend to use for `name`, and one sentence saying why it was chosen."""
     if name == "auto":
+        npu_problem = _REGISTRY["npugraph_ex"].available()
+        if npu_problem is None:
+            return _REGISTRY["npugraph_ex"], "auto chose npugraph_ex because an Ascend NPU is available."
+        no_npu = "there is no usable Ascend NPU (torch_npu is not installed)" \
+            if importlib.util.find_spec("torch_npu") is None else "there is no usable Ascend NPU"
         if _needs_cuda() is None:
-            return _REGISTRY["cudagraphs"], "auto chose cudagraphs because a CUDA GPU is available."
+            return _REGISTRY["cudagraphs"], f"auto chose cudagraphs because {no_npu} and a CUDA GPU is available."
         if _needs_cxx() is None:
-            return _REGISTRY["inductor"], "auto chose inductor because no CUDA GPU is available."
+            return _REGISTRY["inductor"], f"auto chose inductor because {no_npu} and no CUDA GPU is available."
         return (_REGISTRY["aot_eager"],
-                "auto chose aot_eager because there is no CUDA GPU and no C++ compiler for inductor.")
+                f"auto chose aot_eager because {no_npu}, no CUDA GPU and no C++ compiler for inductor.")
     backend = get(name)
     reason = backend.available()
     if reason is not None:

@@ -21,7 +21,6 @@ are compared with eager step by step (lesson 5: eager and compiled can take diff
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import re
@@ -249,22 +248,18 @@ def run_stage(target: _Target, compile_fn: Callable[[Callable[..., Any]], Callab
 
 # -- the stages per backend ----------------------------------------------------------------------
 
-def _torch_npu_reason(name: str) -> str:
-    installed = importlib.util.find_spec("torch_npu") is not None  # never imported (see README)
-    if not installed:
-        return (f"{name} needs torch_npu (with CANN, on an Ascend NPU), which is not installed "
-                "here; the stage was not run rather than faked")
-    return (f"torch_npu is installed, but graphmode's {name} backend is not implemented yet; "
-            "the stage was not run rather than faked")
-
-
 def _force_eager_plan(backend: str) -> tuple[str, str | None, Callable[[Callable[..., Any]], Any] | None, str]:
     """(what runs, why it is skipped or None, compile function, device) for stage 2."""
     if backend in ("eager", "aot_eager"):
         return backend, "the backend has no separate eager mode", None, "cpu"
-    if backend in ("npugraph_ex", "ge"):
-        what = 'npugraph_ex options={"force_eager": True}' if backend == "npugraph_ex" else "ge force_eager"
-        return what, _torch_npu_reason(backend), None, "npu"
+    if backend == "npugraph_ex":
+        npu = get("npugraph_ex")  # its availability check imports torch_npu only when it is installed
+        return ('npugraph_ex options={"force_eager": True}', npu.available(),
+                lambda fn: npu.compile(fn, False, force_eager=True), "npu")
+    if backend == "ge":
+        ge = get("ge")  # TorchAir's eager mode: the converted FX graph runs without GE
+        return ('ge debug.run_eagerly=True', ge.available(),
+                lambda fn: ge.compile(fn, False, fields={"debug.run_eagerly": True}), "npu")
     if backend == "cudagraphs":
         what = "inductor (mode=default, no CUDA graphs)"
         reason = get("cudagraphs").available()

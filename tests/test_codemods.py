@@ -48,7 +48,9 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
 
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     result = adapt_source(source, "model.py", None, Options(entry_class="Transformer"))
-    assert result.applied == [c.NAME for c in CHAIN] and not result.manual
+    # Every codemod but the Meta-style slice rewrites (examples/meta_llama has those idioms).
+    expected = [c.NAME for c in CHAIN if c.NAME not in ("sliced_tables", "sliced_kv_cache")]
+    assert result.applied == expected and not result.manual
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]
     assert unfixed == []
     # Nothing the rules flag is left in the Decode entry; `forward` (now Prefill) keeps its length branch.

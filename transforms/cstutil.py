@@ -114,3 +114,37 @@ def is_docstring(stmt: cst.CSTNode) -> bool:
         and isinstance(stmt.body[0], cst.Expr)
         and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
+
+
+def _plus_position(node: cst.BaseExpression | None, name: str) -> bool:
+    """`P + n` or `n + P`, where P is the Name `name`."""
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add) and any(
+        isinstance(side, cst.Name) and side.value == name for side in (node.left, node.right)
+    )
+
+
+def is_position_window(element: cst.SubscriptElement, name: str) -> bool:
+    """`P : P + n` (or `P : n + P`): the slots of the tokens being computed, at Python-int position P."""
+    part = element.slice
+    return (isinstance(part, cst.Slice) and part.step is None and isinstance(part.lower, cst.Name)
+            and part.lower.value == name and _plus_position(part.upper, name))
+
+
+def is_position_prefix(element: cst.SubscriptElement, name: str) -> bool:
+    """`: P + n` (or `0 : P + n`): everything written so far, up to and including the new tokens."""
+    part = element.slice
+    return (isinstance(part, cst.Slice) and part.step is None and _plus_position(part.upper, name)
+            and (part.lower is None or (isinstance(part.lower, cst.Integer) and part.lower.value == "0")))
+
+
+def is_full_slice(element: cst.SubscriptElement) -> bool:
+    """`:` on its own."""
+    part = element.slice
+    return isinstance(part, cst.Slice) and part.lower is None and part.upper is None and part.step is None
+
+
+def self_attribute_name(node: cst.CSTNode) -> str | None:
+    """`self.X` -> "X"; None for anything else."""
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        return node.attr.value
+    return None

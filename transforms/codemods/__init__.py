@@ -3,16 +3,20 @@ from __future__ import annotations
 
 from transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from transforms.codemods.hoist_item import HoistItem
+from transforms.codemods.sliced_kv_cache import SlicedKVCache
+from transforms.codemods.sliced_tables import SlicedTables
 from transforms.codemods.split_decode import SplitDecode
 from transforms.codemods.static_kv_cache import StaticKVCacheCodemod
 from transforms.codemods.static_mask import StaticMask
 from transforms.codemods.static_positions import StaticPositions
 from transforms.codemods.static_rotary import StaticRotary
 
-# Order matters: the mask and cache rewrites read the position parameter before it is renamed, and
-# the Decode entry is copied from `forward` once everything else has been rewritten.
+# Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
+# by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
+# been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    HoistItem, StaticRotary, StaticMask, StaticKVCacheCodemod, StaticPositions, SplitDecode,
+    HoistItem, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, SlicedKVCache, StaticPositions,
+    SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

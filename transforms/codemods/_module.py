@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
-from transforms.cstutil import find_method, is_docstring
+from transforms.cstutil import find_method, is_docstring, self_attribute_name
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
@@ -123,3 +123,26 @@ class BufferCodemod(GraphCodemod):
 
     def finish_module(self, module: cst.Module) -> cst.Module:
         return ensure_size_constants(module, self.options)
+
+
+def moves_to_device(stmt: cst.BaseStatement, attribute: str) -> bool:
+    """`self.A = self.A.to(...)` on a line of its own: a no-op once `A` is a buffer that follows the model."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return False
+    assign = stmt.body[0]
+    value = assign.value
+    return (len(assign.targets) == 1 and self_attribute_name(assign.targets[0].target) == attribute
+            and isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "to" and self_attribute_name(value.func.value) == attribute)
+
+
+class ReplaceNodes(cst.CSTTransformer):
+    """Replaces chosen nodes and removes chosen statements, both named by identity in the tree visited."""
+
+    def __init__(self, replace: dict[cst.CSTNode, cst.CSTNode], drop: set[cst.CSTNode]) -> None:
+        self.replace, self.drop = replace, drop
+
+    def on_leave(self, original_node, updated_node):
+        if original_node in self.drop:
+            return cst.RemoveFromParent()
+        return self.replace.get(original_node, updated_node)

@@ -7,8 +7,11 @@ where the meaning is certain:
     torch.arange(start_pos, start_pos + seqlen, ...)  ->  input_pos
     layer(h, start_pos, ...) / layer(h, start_pos=start_pos)  ->  the tensor is passed on
 
-Any other use (arithmetic, slicing, a size) makes the whole file ineligible: each such use is reported
-as a manual item and nothing in the file changes, so call chains never end up half converted.
+Slices by the position (`self.freqs_cis[P : P + n]`, `self.cache_k[:bsz, P : P + n] = xk`) are
+rewritten earlier in the chain by `sliced_tables` and `sliced_kv_cache`, which write `input_pos`
+directly, so they are gone by the time this codemod runs. Any other use (arithmetic, slicing, a size)
+makes the whole file ineligible: each such use is reported as a manual item and nothing in the file
+changes, so call chains never end up half converted.
 """
 from __future__ import annotations
 

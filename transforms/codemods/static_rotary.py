@@ -11,6 +11,17 @@ length read through `.item()`, and returns rows of it selected by a position ten
 
 The table statements move to the end of `__init__` with the length set to the maximum, the
 tables become non-persistent buffers, and the method only indexes them.
+
+Also recognises the legacy Hugging Face rotary cache that grows on demand (transformers 4.36
+`LlamaRotaryEmbedding`): `__init__` calls `self._set_cos_sin_cache(seq_len=..., ...)`, which sets
+`self.max_seq_len_cached = seq_len` and registers `cos_cached` / `sin_cached`, and forward is
+
+    if seq_len > self.max_seq_len_cached:
+        self._set_cos_sin_cache(seq_len=seq_len, device=x.device, dtype=x.dtype)
+    return self.cos_cached[:seq_len].to(dtype=x.dtype), self.sin_cached[:seq_len].to(dtype=x.dtype)
+
+The call in `__init__` then builds at least `GRAPHMODE_MAX_SEQ_LEN` rows, the growth branch goes,
+and forward returns the whole tables, which callers index by position (`cos[position_ids]`).
 """
 from __future__ import annotations
 
@@ -18,7 +29,14 @@ import libcst as cst
 
 from transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
 from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import find_method, is_docstring, names_in, single_assignment, torch_call_name
+from transforms.cstutil import (
+    find_method,
+    is_docstring,
+    names_in,
+    self_attribute_name,
+    single_assignment,
+    torch_call_name,
+)
 
 _ALWAYS_VISIBLE = frozenset({"self", "torch", "math", "float", "int", "None", "True", "False"})
 
@@ -65,10 +83,17 @@ class StaticRotary(BufferCodemod):
         "Moves a table built from `torch.arange(length)` on every call (rotary cos/sin) into `__init__`, "
         f"built once for `{MAX_SEQ_LEN_CONSTANT}` positions and registered as non-persistent buffers. "
         "The method then only selects rows by the position tensor, so the length read with `.item()` is no "
-        "longer needed. Values are identical; positions past the maximum now raise an index error."
+        "longer needed. Values are identical; positions past the maximum now raise an index error. "
+        "A rotary cache that grows on demand (`if seq_len > self.max_seq_len_cached: self._set_cos_sin_cache(...)`) "
+        f"is built in `__init__` for at least `{MAX_SEQ_LEN_CONSTANT}` positions, the growth branch (which "
+        "re-registered the buffers and changed an int attribute, a recompile) goes, and forward returns the whole "
+        "tables instead of the `[:seq_len]` slice, whose shape changed every step. Callers must select rows by "
+        "position, as transformers' `apply_rotary_pos_emb` does with `cos[position_ids]`: rows 0..seq_len-1 are the "
+        "same rows as before. A subclass whose table depends on the length (dynamic NTK scaling) builds a different "
+        f"table when `{MAX_SEQ_LEN_CONSTANT}` exceeds the length `__init__` passed."
     )
     SKILL = "static-buffers"
-    FIXES = frozenset({"GM101", "GM201"})
+    FIXES = frozenset({"GM101", "GM201", "GM401"})
 
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
@@ -84,6 +109,9 @@ class StaticRotary(BufferCodemod):
     def rewrite_method(self, cls, updated, method, body):
         if method.name.value == "__init__" or find_method(cls, "__init__") is None:
             return None
+        growth = _growth_branch(cls, method, body)
+        if growth is not None:
+            return self._rewrite_growing_cache(cls, updated, method, body, growth)
         docstring = body[:1] if body and is_docstring(body[0]) else []
         body = body[len(docstring):]
         params = {p.name.value for p in method.params.params}
@@ -144,6 +172,180 @@ class StaticRotary(BufferCodemod):
         updated = replace_method(updated, method.name.value, new_method)
         return append_to_init(updated, init_statements, f"`{method.name.value}` tables, built once at the maximum length.")
 
+
+    # -- a cache that grows on demand --------------------------------------------------------------
+    def _rewrite_growing_cache(self, cls, updated, method, body, growth):
+        branch, length, builder = growth
+        docstring = body[:1] if body and is_docstring(body[0]) else []
+        rest = body[len(docstring):]
+        if rest[:1] != [branch] or len(rest) != 2:
+            self.record_manual(branch, "the cache grows on demand, but forward does more than grow it and return "
+                                       "slices of it; rewrite by hand")
+            return None
+        if len(branch.body.body) != 1 or _self_call(branch.body.body[0]) != builder.name.value:
+            self.record_manual(branch, f"the growth branch does more than call `self.{builder.name.value}`")
+            return None
+        tables = _builder_tables(builder)
+        slices = _sliced_tables(rest[1], length, tables)
+        if slices is None:
+            self.record_manual(rest[1], f"only `return self.T[:{length}]` of the tables `{builder.name.value}` "
+                                        "registers (optionally cast with `.to(...)`) is rewritten")
+            return None
+        original_init = find_method(cls, "__init__").body.body
+        calls = [i for i, s in enumerate(original_init) if _self_call(s) == builder.name.value]
+        if len(calls) != 1 or _length_arg(original_init[calls[0]], builder) is None:
+            self.record_manual(branch, f"`__init__` does not build the cache with one `self.{builder.name.value}(...)` "
+                                       "call that passes the length")
+            return None
+
+        # __init__: at least the maximum length (the updated tree holds equal, not identical, nodes).
+        init = find_method(updated, "__init__")
+        statement = init.body.body[calls[0]]
+        length_arg = _length_arg(statement, builder)
+        call = statement.body[0].value
+        grown_arg = length_arg.with_changes(value=cst.Call(cst.Name("max"), [
+            cst.Arg(length_arg.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            cst.Arg(cst.Name(MAX_SEQ_LEN_CONSTANT)),
+        ]))
+        new_statement = statement.with_changes(body=[statement.body[0].with_changes(value=call.with_changes(
+            args=[grown_arg if a is length_arg else a for a in call.args]))])
+        new_init = init.with_changes(body=init.body.with_changes(
+            body=[new_statement if s is statement else s for s in init.body.body]))
+        updated = replace_method(updated, "__init__", new_init)
+
+        # forward: no growth, the whole tables.
+        returned = rest[1].visit(_WholeTables(slices))
+        comments = [line for line in rest[1].leading_lines if line.comment is not None]
+        returned = returned.with_changes(leading_lines=[
+            *branch.leading_lines, *comments,
+            cst.EmptyLine(indent=True, comment=cst.Comment(
+                "# graphmode: built for every position in __init__; callers select rows by position.")),
+        ])
+        new_method = method.with_changes(body=method.body.with_changes(body=[*docstring, returned]))
+        updated = replace_method(updated, method.name.value, new_method)
+        attribute = _compared_attribute(branch.test)
+        self.record_edit(original_init[calls[0]], f"`{builder.name.value}` builds at least `{MAX_SEQ_LEN_CONSTANT}` rows")
+        self.record_edit(branch, f"growth of `self.{attribute}` removed; the cache covers every position")
+        self.record_edit(rest[1], f"returns the whole tables {', '.join(sorted(set(slices.values())))} instead of "
+                                  f"`[:{length}]`; callers index them by position")
+        return updated
+
+
+def _compared_attribute(test: cst.BaseExpression) -> str | None:
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        return self_attribute_name(test.comparisons[0].comparator)
+    return None
+
+
+def _self_call(stmt: cst.CSTNode) -> str | None:
+    """`self.M(...)` on a line of its own -> "M"."""
+    if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, cst.Call)):
+        return self_attribute_name(stmt.body[0].value.func)
+    return None
+
+
+def _growth_branch(cls: cst.ClassDef, method: cst.FunctionDef, body: list[cst.BaseStatement]):
+    """`if L > self.A:` (L a parameter) whose body calls `self.M(...)`, M a method of the class that sets
+    `self.A`: -> (the if, "L", M). None when the method has no such branch."""
+    params = {p.name.value for p in method.params.params}
+    for stmt in body:
+        if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.test, cst.Comparison)
+                and len(stmt.test.comparisons) == 1 and isinstance(stmt.test.comparisons[0].operator, cst.GreaterThan)
+                and isinstance(stmt.test.left, cst.Name) and stmt.test.left.value in params):
+            continue
+        attribute = _compared_attribute(stmt.test)
+        if attribute is None:
+            continue
+        for inner in stmt.body.body:
+            builder = find_method(cls, name) if (name := _self_call(inner)) else None
+            if builder is not None and attribute in _assigned_attributes(builder):
+                return stmt, stmt.test.left.value, builder
+    return None
+
+
+def _assigned_attributes(func: cst.FunctionDef) -> set[str]:
+    found: set[str] = set()
+
+    class _Collector(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if (name := self_attribute_name(node.target)) is not None:
+                found.add(name)
+
+    func.visit(_Collector())
+    return found
+
+
+def _builder_tables(builder: cst.FunctionDef) -> set[str]:
+    """Names the builder registers as buffers (or assigns as `self.X`)."""
+    found = set(_assigned_attributes(builder))
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "register_buffer" and node.args
+                    and isinstance(node.args[0].value, cst.SimpleString)):
+                found.add(node.args[0].value.evaluated_value)
+
+    builder.visit(_Collector())
+    return found
+
+
+def _length_arg(stmt: cst.SimpleStatementLine, builder: cst.FunctionDef) -> cst.Arg | None:
+    """The argument of `self.M(...)` that binds M's first parameter after `self`."""
+    params = [p.name.value for p in builder.params.params]
+    if len(params) < 2 or params[0] != "self":
+        return None
+    args = stmt.body[0].value.args
+    if any(a.star for a in args):
+        return None
+    keyword = [a for a in args if a.keyword is not None and a.keyword.value == params[1]]
+    positional = [a for a in args if a.keyword is None]
+    return keyword[0] if keyword else (positional[0] if positional else None)
+
+
+def _is_prefix_slice(element: cst.SubscriptElement, length: str) -> bool:
+    part = element.slice
+    return (isinstance(part, cst.Slice) and part.step is None and isinstance(part.upper, cst.Name)
+            and part.upper.value == length
+            and (part.lower is None or (isinstance(part.lower, cst.Integer) and part.lower.value == "0")))
+
+
+def _is_passthrough(element: cst.SubscriptElement) -> bool:
+    part = element.slice
+    if isinstance(part, cst.Slice):
+        return part.lower is None and part.upper is None and part.step is None
+    return isinstance(part, cst.Index) and isinstance(part.value, cst.Ellipsis)
+
+
+def _sliced_tables(stmt: cst.BaseStatement, length: str, tables: set[str]) -> dict[cst.Subscript, str] | None:
+    """`return self.A[:L].to(...), self.B[:L].to(...)` (or `[:, :, :L, ...]`) with A, B tables of the
+    builder -> {subscript: table}; None for anything else."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)
+            and stmt.body[0].value is not None):
+        return None
+    value = stmt.body[0].value
+    items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    found: dict[cst.Subscript, str] = {}
+    for item in items:
+        while isinstance(item, cst.Call) and isinstance(item.func, cst.Attribute) and item.func.attr.value == "to":
+            item = item.func.value
+        if not isinstance(item, cst.Subscript):
+            return None
+        table = self_attribute_name(item.value)
+        prefix = [e for e in item.slice if _is_prefix_slice(e, length)]
+        if (table not in tables or len(prefix) != 1
+                or not all(e is prefix[0] or _is_passthrough(e) for e in item.slice)):
+            return None
+        found[item] = table
+    return found or None
+
+
+class _WholeTables(cst.CSTTransformer):
+    def __init__(self, slices: dict[cst.Subscript, str]) -> None:
+        self.slices = slices
+
+    def leave_Subscript(self, original_node, updated_node):
+        return updated_node.value if original_node in self.slices else updated_node
 
 
 class _ReplaceName(cst.CSTTransformer):

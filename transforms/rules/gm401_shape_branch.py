@@ -18,7 +18,7 @@ class ShapeBranch(Rule):
         "the Decode entry should hold only the Decode path"
     )
     SKILL = "prefill-decode-split"
-    FIXED_BY = ("static_mask", "split_decode")
+    FIXED_BY = ("static_rotary", "static_mask", "split_decode")
     STEP_ONLY = True
 
     def visit_If(self, node: ast.If) -> None:

@@ -1,0 +1,504 @@
+"""The Ascend NPU backends (npugraph_ex, ge) on a host without an NPU.
+
+Most tests need nothing but torch CPU. The `npu_api` tests check graphmode's NPU configuration
+against torch_npu 2.13.0's own config classes: they download the wheel (never install it), unpack
+only the npugraph_ex and torchair Python sources into a temporary folder, and import the real
+classes in a subprocess with only that folder added to sys.path. torch_npu's C extension is never
+loaded, and nothing that is validated is stubbed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners import backends
+from runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
+from runners.npu_config import (
+    GE_FIELDS,
+    NPUGRAPH_EX_OPTIONS,
+    TORCH_NPU_VERSION,
+    NpuConfigError,
+    apply_config_fields,
+    check_ge_fields,
+    check_npugraph_ex_options,
+    ge_compiler_config_fields,
+    npugraph_ex_options,
+    task_queue_advice,
+)
+from runners.subprocess_run import PROJECT_ROOT
+
+HAS_TORCH_NPU = __import__("importlib.util").util.find_spec("torch_npu") is not None
+no_torch_npu = pytest.mark.skipif(HAS_TORCH_NPU, reason="torch_npu is installed on this host")
+
+
+def _run_python(code: str, *, env_extra: dict[str, str] | None = None, timeout: int = 180) -> str:
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), **(env_extra or {}))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+# --- import hygiene ---------------------------------------------------------------------------
+
+def test_importing_graphmode_never_imports_torch_npu():
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0: on an Ascend host `import torch` itself loads torch_npu
+    # through its [torch.backends] entry point; what is checked here is graphmode's own imports.
+    out = _run_python(
+        "import sys, runners.backends, agent.cli, runners.worker, runners.probe_worker, runners.verify\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'torchair', 'npugraph_ex')))\n",
+        env_extra={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out.strip() == "[]"
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+def test_registry_names_devices_and_knobs():
+    assert BACKEND_NAMES == ("auto", "eager", "aot_eager", "inductor", "cudagraphs", "npugraph_ex", "ge")
+    assert {name: backends.get(name).device for name in BACKEND_NAMES[1:]} == {
+        "eager": "cpu", "aot_eager": "cpu", "inductor": "cpu", "cudagraphs": "cuda",
+        "npugraph_ex": "npu", "ge": "npu"}
+    assert set(backends.get("npugraph_ex").knobs) == {
+        "frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
+        "seq_lengths_as_list", "options"}
+    assert set(backends.get("ge").knobs) == {
+        "frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields"}
+    assert backends.get("inductor").knobs == ()
+
+
+def test_unknown_knob_is_a_type_error_naming_the_valid_ones():
+    with pytest.raises(TypeError, match=r"'inductor' takes no knob 'capture_limit'.*none"):
+        backends.get("inductor").compile_decode(lambda x: x, capture_limit=8)
+    with pytest.raises(TypeError, match=r"'ge' takes no knob 'seq_lengths_as_list'.*frozen_parameter"):
+        backends.get("ge").compile_decode(lambda x: x, seq_lengths_as_list=True)
+
+
+def test_compile_decode_is_fullgraph_and_the_old_compile_still_works():
+    torch._dynamo.reset()
+    backend = backends.get("aot_eager")
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(backend.compile(lambda t: t.sin() * 2, fullgraph=False)(x), x.sin() * 2)
+
+    def breaks(t):
+        torch._dynamo.graph_break()
+        return t + 1
+
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        backend.compile_decode(breaks)(x)
+    torch.testing.assert_close(backend.compile_decode(breaks, fullgraph=False)(x), x + 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host: auto picks cudagraphs")
+@no_torch_npu
+def test_auto_on_this_host_is_inductor_and_says_why():
+    backend, reason = resolve("auto")
+    assert backend.name == ("inductor" if backends.get("inductor").available() is None else "aot_eager")
+    assert f"auto chose {backend.name}" in reason and "Ascend NPU" in reason and "torch_npu" in reason
+    assert "CUDA" in reason and "\n" not in reason
+
+
+def test_auto_picks_npugraph_ex_when_an_ascend_npu_is_available(monkeypatch):
+    npu = backends.get("npugraph_ex")
+    monkeypatch.setitem(backends._REGISTRY, "npugraph_ex", dataclasses.replace(npu, _available=lambda: None))
+    backend, reason = resolve("auto")
+    assert backend.name == "npugraph_ex" and "Ascend NPU is available" in reason
+
+
+# --- availability -----------------------------------------------------------------------------
+
+@no_torch_npu
+@pytest.mark.parametrize("name", ["npugraph_ex", "ge"])
+def test_npu_backend_unavailable_without_torch_npu(name):
+    reason = backends.get(name).available()
+    assert reason.startswith(f"{name} needs torch_npu with CANN on an Ascend host: install graphmode[npu] there")
+    assert "torch_npu is not installed here" in reason and "\n" not in reason
+    with pytest.raises(BackendUnavailable) as info:
+        resolve(name)
+    assert reason in str(info.value) and all(valid in str(info.value) for valid in BACKEND_NAMES)
+
+
+@pytest.fixture
+def fake_torch_npu(tmp_path, monkeypatch):
+    """A stand-in `torch_npu` on sys.path (this process only) whose import runs `body`."""
+    def make(body: str) -> None:
+        package = tmp_path / "torch_npu"
+        package.mkdir()
+        (package / "__init__.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    yield make
+    sys.modules.pop("torch_npu", None)
+
+
+@pytest.mark.parametrize("name", ["npugraph_ex", "ge"])
+def test_npu_backend_unavailable_when_torch_npu_fails_to_import(name, fake_torch_npu):
+    fake_torch_npu("raise OSError('libascendcl.so: cannot open shared object file')\n")
+    reason = backends.get(name).available()
+    assert "`import torch_npu` failed: OSError: libascendcl.so" in reason
+    assert "CANN" in reason and "graphmode[npu]" in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize("name", ["npugraph_ex", "ge"])
+def test_npu_backend_unavailable_without_a_visible_npu(name, fake_torch_npu, monkeypatch):
+    fake_torch_npu("")
+    monkeypatch.setattr(torch, "npu", type("npu", (), {"is_available": staticmethod(lambda: False)}),
+                        raising=False)
+    reason = backends.get(name).available()
+    assert "torch.npu.is_available() is False" in reason and "graphmode[npu]" in reason
+
+
+def test_npu_synchronize_is_a_no_op_without_torch_npu(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    backends.get("npugraph_ex").synchronize()
+    backends.get("ge").synchronize()
+
+
+def test_task_queue_advice_is_advice_only(monkeypatch):
+    monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
+    advice = backends.get("npugraph_ex").env_advice()
+    assert "TASK_QUEUE_ENABLE=1" in advice and "unset" in advice and "does not change it" in advice
+    assert "TASK_QUEUE_ENABLE" not in os.environ
+    assert "'2'" in task_queue_advice({"TASK_QUEUE_ENABLE": "2"})
+    assert "is set" in task_queue_advice({"TASK_QUEUE_ENABLE": "1"})
+    assert backends.get("ge").env_advice() is None
+
+
+# --- configuration, built and checked without torch_npu ----------------------------------------
+
+def test_npugraph_ex_compile_kwargs():
+    assert backends.npugraph_ex_compile_kwargs() == {
+        "backend": "npugraph_ex", "dynamic": False, "options": {"frozen_parameter": True}}
+    kwargs = backends.npugraph_ex_compile_kwargs(
+        seq_lengths_as_list=True, capture_limit=16, static_kernel_compile=True, force_eager=True,
+        frozen_parameter=False, options={"force_recapture": True, "capture_error_mode": "relaxed"})
+    assert kwargs["dynamic"] is True
+    assert kwargs["options"] == {"frozen_parameter": False, "capture_limit": 16, "static_kernel_compile": True,
+                                 "force_eager": True, "force_recapture": True, "capture_error_mode": "relaxed"}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"frozen_parameters": True}, r"unknown npugraph_ex option 'frozen_parameters' \(did you mean 'frozen_parameter'\?\)"),
+    ({"max_autotune": True}, r"unknown npugraph_ex option 'max_autotune'; valid in torch_npu 2\.13\.0: .*capture_limit"),
+    ({"capture_limit": 0}, r"npugraph_ex option 'capture_limit' must be in \[1, "),
+    ({"capture_limit": "64"}, r"'capture_limit' must be an int, got '64' \(str\)"),
+    ({"capture_limit": True}, r"'capture_limit' must be an int, got True \(bool\)"),
+    ({"frozen_parameter": "1"}, r"'frozen_parameter' must be a bool, got '1' \(str\)"),
+    ({"mode": "reduce-overhead"}, r"'mode' must be one of \['npugraph_ex'\]"),
+    ({"capture_error_mode": "strict"}, r"'capture_error_mode' must be one of"),
+    ({"data_dump_dir": "/no/such/dir"}, r"'data_dump_dir' must be an existing directory"),
+    ({"super_kernel_optimize_options": "x"}, r"must be a dict or None"),
+    ({"_vllm_aclnn_static_kernel_sym_range": [1.5]}, r"must be a list of ints or None"),
+])
+def test_npugraph_ex_precheck_rejects_with_a_clear_message(options, message):
+    with pytest.raises(NpuConfigError, match=message) as info:
+        check_npugraph_ex_options(options)
+    assert "\n" not in str(info.value) and isinstance(info.value, ValueError)
+    # The same check guards the compile call, before torch_npu is touched.
+    with pytest.raises(NpuConfigError, match=message):
+        backends.get("npugraph_ex").compile_decode(lambda x: x, options=options)
+
+
+def test_knob_and_extra_option_conflict():
+    with pytest.raises(NpuConfigError, match="'frozen_parameter' is given both"):
+        npugraph_ex_options(frozen_parameter=True, extra={"frozen_parameter": False})
+    assert npugraph_ex_options(extra={"frozen_parameter": True}) == {"frozen_parameter": True}
+
+
+def test_ge_compiler_config_fields():
+    assert ge_compiler_config_fields() == {"mode": "max-autotune", "experimental_config.frozen_parameter": True}
+    assert ge_compiler_config_fields(tiling_schedule_optimize=True, topology_sorting_strategy="StableRDFS",
+                                     extra={"debug.run_eagerly": True}) == {
+        "mode": "max-autotune", "experimental_config.frozen_parameter": True,
+        "experimental_config.tiling_schedule_optimize": True,
+        "experimental_config.topology_sorting_strategy": "StableRDFS", "debug.run_eagerly": True}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"topology_sorting_strategy": "stable"}, r"'experimental_config.topology_sorting_strategy' must be one of"),
+    ({"extra": {"experimental_config.frozen_parameters": True}},
+     r"unknown torchair CompilerConfig field 'experimental_config.frozen_parameters' \(did you mean"),
+    ({"extra": {"mode": "npugraph_ex"}}, r"compiles with torchair mode 'max-autotune'"),
+    ({"frozen_parameter": 1}, r"'experimental_config.frozen_parameter' must be a bool"),
+])
+def test_ge_precheck_rejects_with_a_clear_message(kwargs, message):
+    with pytest.raises(NpuConfigError, match=message):
+        ge_compiler_config_fields(**kwargs)
+
+
+def test_apply_config_fields_walks_dotted_paths():
+    config = type("C", (), {})()
+    config.experimental_config = type("E", (), {})()
+    apply_config_fields(config, {"mode": "max-autotune", "experimental_config.frozen_parameter": True})
+    assert config.mode == "max-autotune" and config.experimental_config.frozen_parameter is True
+
+
+def test_tables_are_well_formed():
+    for table, check in ((NPUGRAPH_EX_OPTIONS, check_npugraph_ex_options), (GE_FIELDS, check_ge_fields)):
+        for key, spec in table.items():
+            for value in spec.samples_ok:
+                check({key: value})
+            for value in spec.samples_bad:
+                with pytest.raises(NpuConfigError):
+                    check({key: value})
+
+
+# --- against the real torch_npu 2.13.0 classes (opt-in: pytest -m npu_api) ---------------------
+
+_NEEDED = ("torch_npu/dynamo/npugraph_ex/", "torch_npu/dynamo/torchair/")
+
+
+@pytest.fixture(scope="module")
+def torch_npu_sources(tmp_path_factory) -> Path:
+    """torch_npu's dynamo/ folder (npugraph_ex and torchair .py files only), from the wheel."""
+    ready = os.environ.get("GRAPHMODE_TORCH_NPU_SRC")  # an already extracted wheel, to skip the download
+    if ready and (Path(ready) / "torch_npu" / "dynamo" / "npugraph_ex").is_dir():
+        return Path(ready) / "torch_npu" / "dynamo"
+    work = tmp_path_factory.mktemp("torch_npu_wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+         "-d", str(work), f"torch-npu=={TORCH_NPU_VERSION}"], capture_output=True, text=True, timeout=600)
+    wheels = list(work.glob("torch_npu-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        pytest.skip(f"could not download torch-npu=={TORCH_NPU_VERSION}: {proc.stderr.strip()[-300:]}")
+    dest = tmp_path_factory.mktemp("torch_npu_src")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extractall(dest, members=[n for n in wheel.namelist() if n.endswith(".py") and n.startswith(_NEEDED)])
+    wheels[0].unlink()
+    return dest / "torch_npu" / "dynamo"
+
+
+# Runs in a fresh interpreter: argv[1] is torch_npu's extracted dynamo/ folder. Prints one JSON.
+_REAL_API_CHECK = textwrap.dedent('''
+    import atexit, importlib, json, sys, types, warnings
+    dynamo = sys.argv[1]
+    sys.path.insert(0, dynamo)  # the extracted sources only: torch_npu itself is not importable
+    import torch
+    from runners import backends, npu_config as cfg
+
+    # npugraph_ex imports standalone with torch CPU (torch_npu registers it as top-level "npugraph_ex").
+    import npugraph_ex
+    atexit.unregister(npugraph_ex._finalize)  # its exit hook imports torch_npu's C extension
+    from npugraph_ex.configs.compiler_config import CompilerConfig as NpxConfig, _process_kwargs_options
+    # torchair/__init__.py needs torchair's C extension and protobuf: import only its configs package.
+    torchair = types.ModuleType("torchair")
+    torchair.__path__ = [dynamo + "/torchair"]
+    sys.modules["torchair"] = torchair
+    from torchair.configs.compiler_config import CompilerConfig as GeConfig, _check_config_support
+    REJECTED = (ValueError, TypeError, FileNotFoundError)
+    out = {"loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("torch_npu", "torchair", "npugraph_ex")),
+           "npugraph_ex_file": sys.modules["npugraph_ex.configs.compiler_config"].__file__,
+           "torchair_file": sys.modules["torchair.configs.compiler_config"].__file__,
+           "mismatches": []}
+    miss = out["mismatches"].append
+
+    def real_npx(options):
+        config = NpxConfig()
+        try:
+            _process_kwargs_options(config, {"options": options})
+        except REJECTED as error:
+            return None, type(error).__name__
+        return config, None
+
+    def raw(option):  # what was stored: OptionValue.value stringifies ints (and torchair's, bools)
+        return getattr(option, "_value", option)
+
+    def ours(check, values):
+        try:
+            check(values)
+            return None
+        except cfg.NpuConfigError as error:
+            return str(error)
+
+    # 1. The keys: exactly the real CompilerConfig's settable attributes.
+    out["npx_real_keys"] = sorted(set(NpxConfig()._fixed_attrs))  # it lists the custom passes twice
+    out["npx_our_keys"] = sorted(cfg.NPUGRAPH_EX_OPTIONS)
+    # 2. Every key's sample values: accepted by both, or rejected by both.
+    for key, spec in cfg.NPUGRAPH_EX_OPTIONS.items():
+        for value in spec.samples_ok:
+            if real_npx({key: value})[1] or ours(cfg.check_npugraph_ex_options, {key: value}):
+                miss(f"npugraph_ex {key}={value!r}: should be accepted by both")
+        for value in spec.samples_bad:
+            if not real_npx({key: value})[1] or not ours(cfg.check_npugraph_ex_options, {key: value}):
+                miss(f"npugraph_ex {key}={value!r}: should be rejected by both")
+    # 3. What graphmode generates, whole: accepted, and read back with our values.
+    generated = [backends.npugraph_ex_compile_kwargs(**k)["options"] for k in (
+        {}, {"frozen_parameter": False}, {"capture_limit": 8, "static_kernel_compile": True},
+        {"force_eager": True, "seq_lengths_as_list": True},
+        {"options": {"force_recapture": True, "capture_error_mode": "relaxed", "clone_output": True}})]
+    for options in generated:
+        config, error = real_npx(options)
+        if error:
+            miss(f"npugraph_ex rejected our options {options}: {error}")
+            continue
+        for key, value in options.items():
+            if raw(getattr(config, key)) != value:
+                miss(f"npugraph_ex {key}: set {value!r}, read back {raw(getattr(config, key))!r}")
+        config.as_dict()
+    out["npx_generated"] = generated
+    out["npx_defaults"] = {k: getattr(NpxConfig(), k).value for k in ("capture_limit", "frozen_parameter", "mode",
+                                                                     "force_eager", "static_kernel_compile")}
+    # 4. Negative cases: the same verdict from the real class and from our pre-check.
+    out["negative"] = {}
+    for options in ({"frozen_parameters": True}, {"capture_limit": 0}, {"frozen_parameter": "1"},
+                    {"mode": "max-autotune"}, {"as_dict": 1}, {"_fixed_attrs": []}):
+        out["negative"][json.dumps(options)] = [real_npx(options)[1], ours(cfg.check_npugraph_ex_options, options)]
+
+    # 5. GE: every field path exists on torchair.CompilerConfig() and takes our sample values.
+    def real_ge(fields):
+        config = GeConfig()
+        try:
+            cfg.apply_config_fields(config, fields)
+        except REJECTED as error:
+            return None, type(error).__name__
+        return config, None
+
+    def resolve(config, path):
+        *parents, leaf = path.split(".")
+        for part in parents:
+            config = getattr(config, part)
+        return config, leaf
+
+    out["ge_paths"] = {}
+    for path, spec in cfg.GE_FIELDS.items():
+        try:
+            parent, leaf = resolve(GeConfig(), path)
+            exists = leaf in parent._fixed_attrs
+        except AttributeError:
+            exists = False
+        out["ge_paths"][path] = exists
+        for value in spec.samples_ok:
+            if real_ge({path: value})[1] or ours(cfg.check_ge_fields, {path: value}):
+                miss(f"ge {path}={value!r}: should be accepted by both")
+        for value in spec.samples_bad:
+            if not real_ge({path: value})[1] or not ours(cfg.check_ge_fields, {path: value}):
+                miss(f"ge {path}={value!r}: should be rejected by both")
+    out["ge_default_mode"] = GeConfig().mode.value
+    out["ge_generated"] = []
+    for kwargs in ({}, {"tiling_schedule_optimize": True, "topology_sorting_strategy": "StableRDFS"},
+                   {"frozen_parameter": False, "extra": {"debug.run_eagerly": True}}):
+        fields = cfg.ge_compiler_config_fields(**kwargs)
+        config, error = real_ge(fields)
+        if error:
+            miss(f"ge rejected our fields {fields}: {error}")
+            continue
+        for path, value in fields.items():
+            parent, leaf = resolve(config, path)
+            if raw(getattr(parent, leaf)) != value:
+                miss(f"ge {path}: set {value!r}, read back {raw(getattr(parent, leaf))!r}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _check_config_support(config)  # what torchair.get_npu_backend runs first (npu_fx_compiler.py L1053)
+        local, global_ = config.as_dict()
+        out["ge_generated"].append({"fields": fields, "warnings": [str(w.message) for w in caught],
+                                    "ge_options": {k: v for k, v in local.items() if k.startswith("ge.") or
+                                                   k in ("frozen_parameter", "mode", "run_eagerly")}})
+    out["ge_negative"] = {}
+    for fields in ({"experimental_config.topology_sorting_strategy": "stable"},
+                   {"experimental_config.frozen_parameters": True}, {"mode": "eager"}):
+        out["ge_negative"][json.dumps(fields)] = [real_ge(fields)[1], ours(cfg.check_ge_fields, fields)]
+
+    # 6. The compile calls, end to end through torch 2.13's torch.compile. torch_npu would register
+    # the "npugraph_ex" Dynamo backend; here a backend under that name runs what torch_npu's runs
+    # first (npu_fx_compiler.py L881-883: a CompilerConfig, then _process_kwargs_options(config,
+    # kwargs)) on the real classes, then returns the graph to run eagerly.
+    sys.modules["torch_npu"] = types.ModuleType("torch_npu")  # only so `import torch_npu` succeeds
+    seen = {}
+
+    def npugraph_ex_stand_in(gm, example_inputs, **kwargs):
+        config = NpxConfig()
+        _process_kwargs_options(config, kwargs)
+        seen["npugraph_ex"] = {"kwargs": sorted(kwargs), "options": kwargs.get("options"),
+                               "capture_limit": config.capture_limit.value,
+                               "frozen_parameter": config.frozen_parameter.value}
+        return gm.forward
+
+    torch._dynamo.register_backend(npugraph_ex_stand_in, name="npugraph_ex")
+    x = torch.randn(4, 8)
+    step = lambda t: torch.softmax(t * 2, dim=-1)
+    y = backends.get("npugraph_ex").compile_decode(step, capture_limit=8, seq_lengths_as_list=True)(x)
+    seen["npugraph_ex"]["matches_eager"] = bool(torch.allclose(y, step(x)))
+
+    def get_npu_backend(*, compiler_config=None, custom_decompositions={}):
+        _check_config_support(compiler_config)
+        def backend(gm, example_inputs, **kwargs):
+            seen["ge"] = {"type": type(compiler_config).__module__ + "." + type(compiler_config).__name__,
+                          "local": compiler_config.as_dict()[0]}
+            return gm.forward
+        return backend
+
+    torchair.CompilerConfig = GeConfig  # torchair/__init__.py exports the same class
+    torchair.get_npu_backend = get_npu_backend
+    torch._dynamo.reset()
+    y = backends.get("ge").compile_decode(step, tiling_schedule_optimize=True,
+                                          topology_sorting_strategy="StableRDFS")(x)
+    seen["ge"]["matches_eager"] = bool(torch.allclose(y, step(x)))
+    out["compile"] = seen
+    print(json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def real_api(torch_npu_sources) -> dict:
+    started = time.perf_counter()
+    out = _run_python(_REAL_API_CHECK.replace("sys.argv[1]", repr(str(torch_npu_sources))), timeout=300)
+    result = json.loads(out.strip().splitlines()[-1])
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+@pytest.mark.npu_api
+def test_real_classes_load_without_torch_npu(real_api, torch_npu_sources):
+    assert not [m for m in real_api["loaded"] if m.split(".")[0] == "torch_npu"]
+    assert real_api["npugraph_ex_file"].startswith(str(torch_npu_sources))
+    assert real_api["torchair_file"].startswith(str(torch_npu_sources))
+
+
+@pytest.mark.npu_api
+def test_npugraph_ex_options_match_the_real_compiler_config(real_api):
+    assert real_api["npx_our_keys"] == real_api["npx_real_keys"]
+    assert real_api["mismatches"] == []
+    assert real_api["npx_defaults"] == {"capture_limit": "64", "frozen_parameter": False, "mode": "npugraph_ex",
+                                        "force_eager": False, "static_kernel_compile": False}
+
+
+@pytest.mark.npu_api
+def test_wrong_options_get_the_same_verdict_from_the_real_class_and_our_precheck(real_api):
+    for options, (real_error, our_error) in real_api["negative"].items():
+        assert real_error is not None and our_error is not None, options
+    assert real_api["negative"]['{"frozen_parameters": true}'][0] == "ValueError"
+    for fields, (real_error, our_error) in real_api["ge_negative"].items():
+        assert real_error is not None and our_error is not None, fields
+
+
+@pytest.mark.npu_api
+def test_ge_fields_exist_on_the_real_torchair_compiler_config(real_api):
+    assert all(real_api["ge_paths"].values()), real_api["ge_paths"]
+    assert real_api["ge_default_mode"] == "max-autotune"
+    default, tuned, eager = real_api["ge_generated"]
+    assert all(case["warnings"] == [] for case in real_api["ge_generated"])
+    assert default["ge_options"]["frozen_parameter"] == "1" and default["ge_options"]["ge.topoSortingMode"] == "1"
+    assert tuned["ge_options"]["ge.tiling_schedule_optimize"] == "1"
+    assert tuned["ge_options"]["ge.topoSortingMode"] == "3"  # StableRDFS
+    assert eager["ge_options"]["frozen_parameter"] == "0" and eager["ge_options"]["run_eagerly"] == "1"
+
+
+@pytest.mark.npu_api
+def test_compile_calls_reach_the_real_option_processing(real_api):
+    npx, ge = real_api["compile"]["npugraph_ex"], real_api["compile"]["ge"]
+    assert npx["kwargs"] == ["options"]
+    assert npx["options"] == {"frozen_parameter": True, "capture_limit": 8}
+    assert npx["capture_limit"] == "8" and npx["frozen_parameter"] is True and npx["matches_eager"]
+    assert ge["type"] == "torchair.configs.compiler_config.CompilerConfig" and ge["matches_eager"]
+    assert ge["local"]["mode"] == "max-autotune" and ge["local"]["ge.tiling_schedule_optimize"] == "1"
+    assert ge["local"]["frozen_parameter"] == "1" and ge["local"]["ge.topoSortingMode"] == "3"
+    print(f"npu_api subprocess: {real_api['seconds']:.1f} s")
