@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import CHILD_FIELDS, FUNCTION_TYPES
+from transforms.rules.astutil import FUNCTION_TYPES
 
 STEP_METHODS = frozenset({"forward", "decode", "prefill", "decode_one_token", "prefill_forward", "_forward"})
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
-_LEAVES = frozenset(cls for cls, fields in CHILD_FIELDS.items() if not fields)  # no call under them
 
 
 def reachable_functions(module: ast.Module) -> set[Function]:
@@ -64,28 +63,13 @@ def _calls(function: Function) -> tuple[set[str], set[str]]:
     defaults and nested functions included)."""
     on_self: set[str] = set()
     plain: set[str] = set()
-    fields_of = CHILD_FIELDS
-    call, name, attribute = ast.Call, ast.Name, ast.Attribute
-    leaves = _LEAVES
-
-    def walk(node: ast.AST) -> None:
-        cls = node.__class__
-        if cls is call:
+    for node in ast.walk(function):
+        if node.__class__ is ast.Call:
             func = node.func
-            if func.__class__ is name:
+            if func.__class__ is ast.Name:
                 plain.add(func.id)
-            elif func.__class__ is attribute and func.value.__class__ is name and func.value.id == "self":
+            elif func.__class__ is ast.Attribute and func.value.__class__ is ast.Name and func.value.id == "self":
                 on_self.add(func.attr)
-        for field in fields_of[cls]:
-            value = getattr(node, field)
-            if value.__class__ is list:
-                for item in value:
-                    if item is not None and item.__class__ not in leaves:
-                        walk(item)
-            elif value is not None and value.__class__ not in leaves:
-                walk(value)
-
-    walk(function)
     return on_self, plain
 
 
