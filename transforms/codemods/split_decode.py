@@ -114,6 +114,13 @@ class SplitDecode(GraphCodemod):
     SKILL = "prefill-decode-split"
     FIXES = frozenset({"GM401"})
 
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        # Once the KV cache lives in module buffers, returning it from `decode` only costs: a compiled graph
+        # rebuilds every returned view of a buffer it mutated, on every call.
+        code = tree.code
+        self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
+        return super().transform_module_impl(tree)
+
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value != self.options.entry_class:
             return updated_node
@@ -140,6 +147,8 @@ class SplitDecode(GraphCodemod):
         for node in fold.folded:
             self.record_edit(node, "branch folded in `decode`: " + cst.Module([]).code_for_node(node.test))
         self.record_edit(forward.name, "`prefill` and `decode` entry points added")
+        if self._cache_in_buffers:
+            decode_body = _return_logits_only(decode_body)
 
         # Defaults Decode still reads (and does not assign first) are bound at the top.
         bindings = []
@@ -173,6 +182,25 @@ class SplitDecode(GraphCodemod):
             if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
                 new_body += [prefill.with_changes(leading_lines=blank), decode.with_changes(leading_lines=blank)]
         return updated_node.with_changes(body=updated_node.body.with_changes(body=new_body))
+
+
+_CACHE_WORDS = ("present", "past", "cache", "kv")
+
+
+def _return_logits_only(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """`return logits, tuple(presents)` -> `return logits` when everything after the first value is the cache."""
+    last = body[-1] if body else None
+    if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)
+            and isinstance(last.body[0].value, cst.Tuple) and len(last.body[0].value.elements) > 1):
+        return body
+    first, *rest = (e.value for e in last.body[0].value.elements)
+    if not all(any(w in n.lower() for n in names_in(r) for w in _CACHE_WORDS) for r in rest):
+        return body
+    comment = cst.EmptyLine(indent=True, comment=cst.Comment(
+        "# graphmode: the cache lives in buffers now; Decode returns the logits alone."))
+    new_return = last.with_changes(body=[cst.Return(value=first)],
+                                   leading_lines=[*last.leading_lines, comment])
+    return [*body[:-1], new_return]
 
 
 def _assigned_first(body: list[cst.BaseStatement], name: str) -> bool:

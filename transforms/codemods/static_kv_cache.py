@@ -45,8 +45,11 @@ class {CACHE_CLASS}(torch.nn.Module):
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
     def update(self, input_pos, k, v):
-        k_out = self.k_cache[: k.shape[0]]
-        v_out = self.v_cache[: v.shape[0]]
+        # The buffers themselves, not views of them: a compiled graph hands an output that is an
+        # input straight back, but rebuilds a view of a mutated input on every call.
+        k_out, v_out = self.k_cache, self.v_cache
+        if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
+            k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
         k_out.index_copy_(self.seq_dim, input_pos, k)
         v_out.index_copy_(self.seq_dim, input_pos, v)
         return k_out, v_out
