@@ -1,6 +1,6 @@
 """`graphmode`: the command line.
 
-    graphmode adapt PATH [--yes] [--backend NAME] [--out DIR]   design, confirm, implement, verify, report
+    graphmode adapt PATH [--yes] [--backend NAME] [--out DIR] [--runs N]   design, confirm, implement, verify, report
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif]            static findings only; no model runs
@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     adapt.add_argument("--out", type=Path, default=Path("graphmode-out"),
                        help="output folder; the run writes to OUT/<target name>/ (default: ./graphmode-out)")
     adapt.add_argument("--steps", type=int, default=32, help="Decode steps to compare and time (at least 32)")
+    adapt.add_argument("--runs", type=int, default=3,
+                       help="fresh processes per side (eager original, graph adapted); figures are their median "
+                            "[min, max] (default 3)")
+    adapt.add_argument("--similarity", type=float, default=0.95,
+                       help="lowest acceptable difflib ratio of the graph side's tokens against eager's (default 0.95)")
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -113,6 +118,10 @@ def _adapt(args: argparse.Namespace) -> int:
                         "harness.py; see examples/legacy_llm/harness.py)")
     if args.steps < 32:
         raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
+    if args.runs < 1:
+        raise UserError(f"--runs {args.runs}: each side needs at least 1 run")
+    if not 0.0 <= args.similarity <= 1.0:
+        raise UserError(f"--similarity {args.similarity:g}: a ratio between 0 and 1")
     try:
         backend, why = resolve(args.backend)
     except BackendUnavailable as error:
@@ -122,7 +131,8 @@ def _adapt(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: the output must be outside the target folder")
 
     state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
-                     backend=backend.name, steps=args.steps, auto_approve=args.yes)
+                     backend=backend.name, steps=args.steps, runs=args.runs,
+                     similarity=args.similarity, auto_approve=args.yes)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
     with open_checkpointer() as checkpointer:
@@ -242,7 +252,8 @@ def _describe(step: str, change: dict) -> str:
         v = change.get("verification", {})
         return (f"tokens equal: {v['tokens_equal']}, graph breaks {v['graph_breaks']}, recompiles "
                 f"{v['recompiles']}, Decode {v['eager']['decode_ms_per_token']:.3f} -> "
-                f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s)")
+                f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s), "
+                f"median of {v.get('runs', 1)} run(s) per side")
     if step == "report":
         return str(change.get("report_path"))
     return ""

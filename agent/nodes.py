@@ -223,18 +223,60 @@ def verify(state: RunState) -> dict:
     log_dir = Path(state.run_dir) / "logs"
     result = _probe(lambda: run_verification(
         Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
+        runs=state.runs, similarity=state.similarity,
     ))
     return {"verification": result.to_dict()}
 
 
 # -- report ----------------------------------------------------------------------------------------
+CHART = "decode_ms_per_step.png"
+
+
 def report(state: RunState) -> dict:
     run_dir = Path(state.run_dir)
     summary = report_json(state)
+    chart = decode_chart(state.verification, run_dir / CHART)
+    summary["decode_chart"] = chart
     write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
     path = run_dir / "report.md"
-    write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill))
+    write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart))
     return {"report_path": str(path)}
+
+
+def decode_chart(verification: dict, path: Path) -> str | None:
+    """A PNG of Decode ms per step, every run of each side; the file name, or None without data."""
+    per_step = verification.get("decode_ms_per_step") or {}
+    if not any(per_step.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write files only
+    import matplotlib.pyplot as plt
+
+    styles = {"eager": ("tab:blue", "eager original"), "graph": ("tab:orange", f"graph ({verification['backend']})")}
+    fig, (whole, steady) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    for side, runs in per_step.items():
+        color, label = styles.get(side, ("tab:gray", side))
+        for n, steps in enumerate(runs):
+            kwargs = {"color": color, "alpha": 0.85 if n == 0 else 0.45, "linewidth": 1.4 if n == 0 else 0.9,
+                      "label": f"{label}, {len(runs)} run(s)" if n == 0 else None}
+            whole.plot(range(1, len(steps) + 1), steps, marker="o", markersize=2.5, **kwargs)
+            steady.plot(range(2, len(steps) + 1), steps[1:], marker="o", markersize=2.5, **kwargs)
+    whole.set_yscale("log")
+    whole.set_title("Every Decode step (step 1 = warm-up/compile)", fontsize=10)
+    steady.set_yscale("log")
+    steady.set_title("Steady state: steps 2..N", fontsize=10)
+    for ax in (whole, steady):
+        ax.set_xlabel("Decode step")
+        ax.set_ylabel("ms per step (log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Decode ms/step, {verification.get('runs', 1)} fresh process(es) per side", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
 
 
 def report_json(state: RunState) -> dict:
@@ -266,4 +308,21 @@ def report_json(state: RunState) -> dict:
         "timings": {"eager": eager, "graph": graph},
         "logits_max_abs_diff_per_step": v["logits_max_abs_diff_per_step"],
         "tokens": {"eager": v["original"]["tokens"], "graph": v["adapted"]["tokens"]},
+        # Repeated runs (added): every figure per side as {"median", "min", "max", "runs"}; the scalar
+        # fields above are these medians. Older sessions (one run) lack them.
+        "runs": v.get("runs", 1),
+        "figures": v.get("figures", {}),
+        "decode_speedup_range": v.get("decode_speedup_range", {}),
+        # model: the entry class analyze found; model_classes: what each side's harness really built.
+        "variables": {**v.get("variables", {}), "model": state.entry_class or None,
+                      "model_classes": v.get("variables", {}).get("model")},
+        "tokens_identical_across_runs": v.get("tokens_identical_across_runs", {}),
+        "logits_max_abs_diff_across_runs": v.get("logits_max_abs_diff_across_runs", {}),
+        "tokens_compared": v.get("tokens_compared"),
+        "tokens_differing": v.get("tokens_differing"),
+        "similarity": v.get("similarity"),
+        "similarity_threshold": v.get("similarity_threshold"),
+        "decode_ms_per_step": v.get("decode_ms_per_step", {}),
+        "compile_logs": [f"logs/{name}" for name in v.get("compile_logs", [])],
+        "unstable_figures": v.get("unstable_figures", []),
     }

@@ -29,6 +29,8 @@ class RunState(BaseModel):
     run_dir: str  # where this run writes design.md, adapted/, changes.diff, report.*
     backend: str = "auto"
     steps: int = 32
+    runs: int = 3  # fresh processes per side in verify; figures are their median [min, max]
+    similarity: float = 0.95  # lowest acceptable difflib ratio of graph tokens against eager
     auto_approve: bool = False
 
     # analyze

@@ -268,3 +268,15 @@ def resolve(name: str) -> tuple[Backend, str]:
         raise BackendUnavailable(
             f"backend {name!r} is unavailable: {reason}; valid names: {', '.join(BACKEND_NAMES)}")
     return backend, f"{name} was asked for by name and is available here."
+
+
+def compile_options(backend: Backend, fullgraph: bool) -> dict[str, Any]:
+    """The torch.compile arguments `backend.compile(fn, fullgraph)` uses (no knobs), for reports."""
+    if backend.name == "cudagraphs":
+        return {"backend": "inductor", "mode": "reduce-overhead", "fullgraph": fullgraph, "dynamic": False}
+    if backend.name == "npugraph_ex":
+        return {**npugraph_ex_compile_kwargs(), "fullgraph": fullgraph}
+    if backend.name == "ge":
+        return {"backend": "torchair.get_npu_backend(compiler_config=CompilerConfig())", "fullgraph": fullgraph,
+                "dynamic": False, "compiler_config": ge_compiler_config_fields()}
+    return {"backend": backend.name, "fullgraph": fullgraph, "dynamic": False}

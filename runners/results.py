@@ -31,6 +31,19 @@ class WorkerResult:
     recompile_details: list[dict[str, Any]] = field(default_factory=list)
     stance_failures: list[str] = field(default_factory=list)
     recompile_limit: int = 0
+    # The fixed variables and the figures beyond the contract (added: older records lack them).
+    batch: int = 0                 # sequences per forward (prompt.shape[0])
+    model: str = ""                # module.qualname of the model the harness built
+    dtype: str = ""                # of its first parameter
+    generation_s: float = 0.0      # a second, warm greedy generation: Prefill + all Decode steps, one clock
+    new_tokens: int = 0            # per sequence in that generation: steps + 1
+    peak_rss_mb: float = 0.0       # peak resident memory of the process (ru_maxrss)
+    peak_device_mb: float | None = None  # peak allocator memory on CUDA/NPU; None on CPU
+    compile_options: dict[str, Any] = field(default_factory=dict)  # how Decode was compiled (graph side)
+    worker_s: float = 0.0          # from the worker module's import (torch import included) to its record
+    process_s: float | None = None  # from the OS process start (interpreter start-up included); None w/o /proc
+    load_avg_1m: float | None = None  # the machine's 1-minute load average as the record is written
+    cpu_count: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

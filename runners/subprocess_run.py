@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from runners.cli import ERROR_PREFIX
@@ -20,8 +21,8 @@ class WorkerError(RuntimeError):
     """A worker failed or timed out; the message is one line, the worker's own if it gave one."""
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     # `python -m runners.worker` must import this checkout even when cwd is elsewhere.
     parts = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -34,12 +35,15 @@ def _error_line(stderr: str) -> str | None:
 
 
 def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
-               log_dir: Path | None = None, error: type[WorkerError] = WorkerError) -> None:
-    """Runs `python -m module args...`; raises `error` with a one-line message on failure."""
+               log_dir: Path | None = None, error: type[WorkerError] = WorkerError,
+               env: dict[str, str] | None = None) -> float:
+    """Runs `python -m module args...` (with `env` added to this process's environment); returns
+    the wall seconds from spawn to exit; raises `error` with a one-line message on failure."""
     command = [sys.executable, "-m", module, *args]
+    started = time.perf_counter()
     # A new session so a timeout can kill the whole group (Inductor may fork compile workers).
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_child_env(), start_new_session=True)
+                            env=_child_env(env), start_new_session=True)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -47,6 +51,7 @@ def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this child, by its id
         stdout, stderr = proc.communicate()
+    seconds = time.perf_counter() - started
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{name}.stdout.log").write_text(stdout)
@@ -59,3 +64,4 @@ def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
             tail = [line for line in stderr.splitlines() if line.strip()]
             message = f"exit status {proc.returncode}" + (f": {tail[-1].strip()}" if tail else "")
         raise error(f"the {name} worker failed: {message}")
+    return seconds

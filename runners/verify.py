@@ -1,13 +1,18 @@
 """verify(): the original model eagerly vs the adapted model with compiled Decode.
 
-Each side runs in its own fresh process (runners.worker), one after the other so they do
-not compete for cores; the order does not matter for the figures. Tokens are compared for every step, logits step by step (tiny
+Each side runs in `runs` fresh processes (runners.worker), one at a time so they do not
+compete for cores, alternating adapted / original so that a drift of the machine (heat, other
+load) touches both sides alike. Every figure is reported as the median of the runs with their
+[min, max]; tokens must be identical across the runs of a side, and run 1 of each side is the
+one compared step by step. Tokens are compared for every step, logits step by step (tiny
 random models repeat tokens, so equal tokens alone prove little: lesson 7), and the
 compiled side must show no graph break, no recompile after warm-up and no hit limit.
 """
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -24,6 +29,15 @@ MIN_STEPS = 32
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
 DEFAULT_LOGITS_ATOL = 1e-2
+DEFAULT_RUNS = 3
+# A timing figure whose slowest run exceeds its fastest by this factor is flagged: on a quiet machine
+# repeated runs agree far better; a wider spread means contention (or a figure too small to time).
+SPREAD = 1.5
+STEADY_FIGURES = ("prefill_ms", "tpot_ms", "generation_s")
+# Greedy sequences must match exactly to pass; below this difflib ratio they are also called dissimilar.
+DEFAULT_SIMILARITY = 0.95
+# What the graph side's worker logs to logs/<name>.compile.log (and to its stderr log).
+COMPILE_TORCH_LOGS = "graph_breaks,recompiles"
 
 
 class VerificationError(WorkerError):
@@ -53,7 +67,7 @@ class VerifyResult:
     logits_max_abs_diff_per_step: list[float]  # index 0: Prefill; index k: Decode step k-1
     logits_finite: bool
     logits_atol: float
-    eager: SideTimings
+    eager: SideTimings      # each figure the median over the runs (decode_ms_min/max: over all steps of all runs)
     graph: SideTimings
     decode_speedup: float  # eager median / graph median; > 1 means graph mode is faster
     graph_breaks: int
@@ -61,9 +75,24 @@ class VerifyResult:
     recompiles: int
     recompile_reasons: list[str]
     recompile_limit_hit: bool
-    original: WorkerResult
+    original: WorkerResult  # run 1 of each side: its tokens and logits are the ones compared
     adapted: WorkerResult
     problems: list[str] = field(default_factory=list)
+    # Repeated runs and the fuller comparison (added fields; older sessions lack them).
+    runs: int = 1
+    figures: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # side -> figure -> stats
+    decode_speedup_range: dict[str, float] = field(default_factory=dict)  # {"median","min","max"}
+    decode_ms_per_step: dict[str, list[list[float]]] = field(default_factory=dict)  # side -> runs -> steps
+    tokens_identical_across_runs: dict[str, bool] = field(default_factory=dict)
+    logits_max_abs_diff_across_runs: dict[str, float] = field(default_factory=dict)  # vs run 1 of the side
+    tokens_compared: int = 0
+    tokens_differing: int = 0      # positions (all sequences) where graph run 1 differs from eager run 1
+    similarity: float = 1.0        # lowest difflib.SequenceMatcher ratio over the sequences
+    similarity_threshold: float = DEFAULT_SIMILARITY
+    graphs_after_warmup: int = 0   # the most any graph run compiled after warm-up
+    compile_logs: list[str] = field(default_factory=list)  # file names in the log folder
+    variables: dict[str, Any] = field(default_factory=dict)  # what was held fixed
+    unstable_figures: list[str] = field(default_factory=list)  # "side.figure" whose runs spread > SPREAD
 
     @property
     def passed(self) -> bool:
@@ -75,16 +104,88 @@ class VerifyResult:
         return data
 
 
-def _timings(result: WorkerResult) -> SideTimings:
-    steady = result.decode_ms[1:] or result.decode_ms
+def _steady(result: WorkerResult) -> list[float]:
+    return result.decode_ms[1:] or result.decode_ms
+
+
+def _timings(results: list[WorkerResult]) -> SideTimings:
+    steps = [ms for r in results for ms in _steady(r)]
     return SideTimings(
-        prefill_ms=result.prefill_ms,
-        decode_ms_per_token=statistics.median(steady),
-        decode_ms_min=min(steady),
-        decode_ms_max=max(steady),
-        warmup_s=result.warmup_s,
-        load_s=result.load_s,
+        prefill_ms=statistics.median(r.prefill_ms for r in results),
+        decode_ms_per_token=statistics.median(statistics.median(_steady(r)) for r in results),
+        decode_ms_min=min(steps),
+        decode_ms_max=max(steps),
+        warmup_s=statistics.median(r.warmup_s for r in results),
+        load_s=statistics.median(r.load_s for r in results),
     )
+
+
+def _stats(values: list[float | None]) -> dict[str, Any]:
+    known = [v for v in values if v is not None]
+    if not known:
+        return {"median": None, "min": None, "max": None, "runs": values}
+    return {"median": statistics.median(known), "min": min(known), "max": max(known), "runs": values}
+
+
+def run_figures(result: WorkerResult, outer_s: float) -> dict[str, float | None]:
+    """One process's figures. tpot: median Decode ms over steps 2..N (step 1 is the warm-up)."""
+    tpot = statistics.median(_steady(result))
+    batch = result.batch or len(result.tokens)
+    return {
+        "prefill_ms": result.prefill_ms,
+        "tpot_ms": tpot,
+        "forward_tokens_per_s": batch * 1e3 / tpot,
+        "generation_tokens_per_s": (batch * result.new_tokens / result.generation_s
+                                    if result.generation_s else None),
+        "generation_s": result.generation_s or None,
+        "load_s": result.load_s,
+        "warmup_s": result.warmup_s,
+        "load_warmup_s": result.load_s + result.warmup_s,
+        "process_s": result.process_s if result.process_s is not None else result.worker_s,
+        "process_outer_s": outer_s,
+        "peak_rss_mb": result.peak_rss_mb,
+        "peak_device_mb": result.peak_device_mb,
+        "load_avg_1m": result.load_avg_1m,  # a condition, not a result: above cpu_count, others competed
+    }
+
+
+def _figures(results: list[WorkerResult], outer: list[float]) -> dict[str, dict[str, Any]]:
+    per_run = [run_figures(r, s) for r, s in zip(results, outer)]
+    return {name: _stats([run[name] for run in per_run]) for name in per_run[0]}
+
+
+def _similarity(a: list[list[int]], b: list[list[int]]) -> tuple[int, int, float]:
+    """(positions compared, positions differing, lowest SequenceMatcher ratio) over the sequences."""
+    compared = differing = 0
+    ratios = []
+    for ra, rb in zip(a, b):
+        compared += max(len(ra), len(rb))
+        differing += sum(x != y for x, y in zip(ra, rb)) + abs(len(ra) - len(rb))
+        ratios.append(difflib.SequenceMatcher(None, ra, rb, autojunk=False).ratio())
+    return compared, differing, min(ratios, default=0.0)
+
+
+def _variables(original: WorkerResult, adapted: WorkerResult, backend: str, runs: int) -> dict[str, Any]:
+    env = adapted.env
+    return {
+        "model": {"eager": original.model, "graph": adapted.model},
+        "dtype": adapted.dtype,
+        "device": env.get("device"),
+        "torch": env.get("torch"),
+        "torch_npu": env.get("torch_npu"),
+        "cann": env.get("cann"),
+        "python": env.get("python"),
+        "threads": env.get("threads"),
+        "cpu_count": adapted.cpu_count,
+        "batch": adapted.batch,
+        "prompt_len": adapted.prompt_len,
+        "decode_steps": adapted.steps,
+        "new_tokens": adapted.new_tokens,
+        "max_seq_len": adapted.max_seq_len,
+        "backend": backend,
+        "backend_options": adapted.compile_options,
+        "runs": runs,
+    }
 
 
 def _first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:
@@ -110,42 +211,75 @@ def _problems(result: VerifyResult) -> list[str]:
     if result.recompiles:
         first = result.recompile_reasons[0] if result.recompile_reasons else "reason unknown"
         problems.append(f"{result.recompiles} recompile(s) after warm-up, first: {first}")
-    new_graphs = result.adapted.graphs_after_warmup
+    new_graphs = result.graphs_after_warmup
     if new_graphs and not result.recompiles:
         # No guard failed, yet something compiled: a code path first reached after warm-up
         # (e.g. a length threshold, lesson 4) — a fresh capture on a capture/replay backend.
         problems.append(f"{new_graphs} new graph(s) compiled after warm-up without a recompile")
     if result.recompile_limit_hit:
         problems.append("Dynamo hit recompile_limit: Decode fell back to eager")
+    for side, same in result.tokens_identical_across_runs.items():
+        if not same:
+            problems.append(f"the {side} side chose different tokens in different runs: not deterministic")
+    if result.similarity < result.similarity_threshold:
+        problems.append(f"token sequences only {result.similarity:.3f} similar to eager "
+                        f"(threshold {result.similarity_threshold:g})")
     return problems
 
 
-def _run_side(side: str, folder: Path, backend: str, steps: int, work: Path,
-              timeout_s: float, log_dir: Path | None) -> tuple[WorkerResult, torch.Tensor]:
-    out, logits = work / f"{side}.json", work / f"{side}.logits.pt"
-    run_worker("runners.worker",
-               ["--side", side, "--folder", str(folder), "--steps", str(steps),
-                "--backend", backend, "--out", str(out), "--logits", str(logits)],
-               name=side, timeout_s=timeout_s, log_dir=log_dir, error=VerificationError)
-    return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits)
+def run_name(side: str, run: int) -> str:
+    """Run 1 keeps the plain side name (its files are where they always were)."""
+    return side if run == 0 else f"{side}.run{run + 1}"
+
+
+def _torch_logs() -> str:
+    asked = [part for part in os.environ.get("TORCH_LOGS", "").split(",") if part.strip()]
+    return ",".join(dict.fromkeys(asked + COMPILE_TORCH_LOGS.split(",")))
+
+
+def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
+              timeout_s: float, log_dir: Path | None) -> tuple[WorkerResult, torch.Tensor, float]:
+    name = run_name(side, run)
+    out, logits = work / f"{name}.json", work / f"{name}.logits.pt"
+    args = ["--side", side, "--folder", str(folder), "--steps", str(steps),
+            "--backend", backend, "--out", str(out), "--logits", str(logits)]
+    env = None
+    if side == "adapted":
+        args += ["--compile-log", str(work / f"{name}.compile.log")]
+        env = {"TORCH_LOGS": _torch_logs()}
+    seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
+                         error=VerificationError, env=env)
+    return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
 
 
 def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int = MIN_STEPS,
            timeout_s: float = 600, log_dir: Path | None = None,
-           logits_atol: float = DEFAULT_LOGITS_ATOL) -> VerifyResult:
-    """Runs both sides (each under `timeout_s`) and compares them; see VerifyResult.problems."""
+           logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
+           similarity: float = DEFAULT_SIMILARITY) -> VerifyResult:
+    """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
+    VerifyResult.problems."""
     if steps < MIN_STEPS:
         raise ValueError(f"verify needs at least {MIN_STEPS} Decode steps (got {steps}): "
                          "some hazards only fire past a length (lesson 4)")
+    if runs < 1:
+        raise ValueError(f"verify needs at least 1 run per side (got {runs})")
+    if not 0.0 <= similarity <= 1.0:
+        raise ValueError(f"the similarity threshold is a ratio in [0, 1] (got {similarity:g})")
     backend, reason = resolve(backend_name)  # fails fast, before any process starts
     original_dir, adapted_dir = Path(original_dir).resolve(), Path(adapted_dir).resolve()
     log_dir = Path(log_dir).resolve() if log_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="graphmode-verify-") as tmp:
         work = log_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
-        adapted, graph_logits = _run_side("adapted", adapted_dir, backend.name, steps, work, timeout_s, log_dir)
-        original, eager_logits = _run_side("original", original_dir, backend.name, steps, work, timeout_s, log_dir)
+        sides: dict[str, list[tuple[WorkerResult, torch.Tensor, float]]] = {"adapted": [], "original": []}
+        for run in range(runs):
+            # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
+            for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
+                sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir))
+    adapted_runs = [r for r, _, _ in sides["adapted"]]
+    original_runs = [r for r, _, _ in sides["original"]]
+    adapted, graph_logits = adapted_runs[0], sides["adapted"][0][1]
+    original, eager_logits = original_runs[0], sides["original"][0][1]
 
     if eager_logits.shape != graph_logits.shape:
         raise VerificationError(f"the sides' logits have different shapes: original "
@@ -153,7 +287,17 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     per_step = (eager_logits - graph_logits).abs().flatten(1).amax(dim=1)
     finite = bool(torch.isfinite(eager_logits).all() and torch.isfinite(graph_logits).all())
     first = _first_divergence(original.tokens, adapted.tokens)
-    eager, graph = _timings(original), _timings(adapted)
+    eager, graph = _timings(original_runs), _timings(adapted_runs)
+    compared, differing, ratio = _similarity(original.tokens, adapted.tokens)
+    across = {}
+    for side, key in (("original", "eager"), ("adapted", "graph")):
+        first_logits = sides[side][0][1]
+        across[key] = max((float((l - first_logits).abs().max().nan_to_num(nan=float("inf")))
+                           for _, l, _ in sides[side][1:] if l.shape == first_logits.shape),
+                          default=0.0)
+    tpots = {key: [statistics.median(_steady(r)) for r in results]
+             for key, results in (("eager", original_runs), ("graph", adapted_runs))}
+    worst = max(adapted_runs, key=lambda r: (r.graph_breaks, r.recompiles))
     result = VerifyResult(
         original_dir=str(original_dir), adapted_dir=str(adapted_dir),
         backend=backend.name, backend_reason=reason, steps=steps,
@@ -164,10 +308,33 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         logits_finite=finite, logits_atol=logits_atol,
         eager=eager, graph=graph,
         decode_speedup=eager.decode_ms_per_token / graph.decode_ms_per_token,
-        graph_breaks=adapted.graph_breaks, break_reasons=adapted.break_reasons,
-        recompiles=adapted.recompiles, recompile_reasons=adapted.recompile_reasons,
-        recompile_limit_hit=adapted.recompile_limit_hit,
+        # The worst run's: one run that recompiles is enough to fail.
+        graph_breaks=worst.graph_breaks, break_reasons=worst.break_reasons,
+        recompiles=worst.recompiles, recompile_reasons=worst.recompile_reasons,
+        recompile_limit_hit=any(r.recompile_limit_hit for r in adapted_runs),
         original=original, adapted=adapted,
+        runs=runs,
+        figures={"eager": _figures(original_runs, [s for _, _, s in sides["original"]]),
+                 "graph": _figures(adapted_runs, [s for _, _, s in sides["adapted"]])},
+        decode_speedup_range={
+            "median": eager.decode_ms_per_token / graph.decode_ms_per_token,
+            # Bounds from the extreme runs: the slowest graph run against the fastest eager one, and back.
+            "min": min(tpots["eager"]) / max(tpots["graph"]),
+            "max": max(tpots["eager"]) / min(tpots["graph"]),
+        },
+        decode_ms_per_step={"eager": [r.decode_ms for r in original_runs],
+                            "graph": [r.decode_ms for r in adapted_runs]},
+        tokens_identical_across_runs={"eager": all(r.tokens == original.tokens for r in original_runs),
+                                      "graph": all(r.tokens == adapted.tokens for r in adapted_runs)},
+        logits_max_abs_diff_across_runs=across,
+        tokens_compared=compared, tokens_differing=differing,
+        similarity=ratio, similarity_threshold=similarity,
+        graphs_after_warmup=max(r.graphs_after_warmup for r in adapted_runs),
+        compile_logs=[f"{run_name('adapted', run)}.compile.log" for run in range(runs)] if log_dir else [],
+        variables=_variables(original, adapted, backend.name, runs),
     )
+    result.unstable_figures = [
+        f"{side}.{name}" for side, figures in result.figures.items() for name in STEADY_FIGURES
+        if figures[name]["min"] and figures[name]["max"] > SPREAD * figures[name]["min"]]
     result.problems = _problems(result)
     return result

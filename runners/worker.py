@@ -17,9 +17,16 @@ every step and makes Dynamo recompile (lesson 3).
 """
 from __future__ import annotations
 
+import time
+
+STARTED = time.perf_counter()  # at this module's import, before torch's: the worker's own clock
+
 import argparse
 import json
-import time
+import logging
+import os
+import resource
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from runners.backends import Backend, resolve
+from runners.backends import Backend, compile_options, resolve
 from runners.cli import WorkerFailure, call_user, run_main
 from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from runners.env_info import environment
@@ -45,6 +52,7 @@ class Trace:
     tokens: list[torch.Tensor] = field(default_factory=list)  # (B, 1) fed to each Decode step
     decode_ms: list[float] = field(default_factory=list)
     prefill_ms: float = 0.0
+    generation: "Generation | None" = None
 
     def keep_logits(self, logits: torch.Tensor) -> torch.Tensor:
         # A copy: a CUDA-graph replay overwrites its output buffers on the next call.
@@ -72,7 +80,39 @@ def run_original(harness: ModuleType, model: torch.nn.Module, prompt: torch.Tens
             lambda: harness.decode(model, token, state), backend.synchronize))
         trace.decode_ms.append(seconds * 1e3)
         trace.keep_logits(logits)
+    trace.generation = call_user("harness.prefill/decode (timed generation)", folder, lambda: timed_generation(
+        lambda: harness.prefill(model, prompt),
+        lambda token, state, step: harness.decode(model, token, state), prompt, steps, backend))
     return trace
+
+
+@dataclass
+class Generation:
+    """One whole greedy generation, warm, timed end to end by one wall clock."""
+    seconds: float           # Prefill + every Decode step + the greedy choices between them
+    new_tokens: int          # per sequence: one from Prefill, one from each Decode step
+    tokens: list[list[int]]  # (B, new_tokens) greedy tokens; the first `steps` must equal the trace's
+
+
+def timed_generation(prefill: Callable[[], tuple[torch.Tensor, Any]],
+                     decode: Callable[[torch.Tensor, Any, int], tuple[torch.Tensor, Any]],
+                     prompt: torch.Tensor, steps: int, backend: Backend) -> Generation:
+    """Prefill then `steps` Decode steps, as a user's loop runs them, after the first pass has
+    warmed everything up (graph side: compiled). prefill() -> (logits, state); decode(token, state,
+    step) -> (logits, state); logits are (B, V) next-token logits."""
+    chosen: list[torch.Tensor] = []
+
+    def loop() -> None:
+        logits, state = prefill()
+        for step in range(steps):
+            token = logits.argmax(-1, keepdim=True)
+            chosen.append(token)
+            # .clone(): a CUDA-graph replay overwrites its outputs on the next call.
+            logits, state = decode(token.clone(), state, step)
+        chosen.append(logits.argmax(-1, keepdim=True))
+
+    _, seconds = timed(loop, backend.synchronize)
+    return Generation(seconds=seconds, new_tokens=steps + 1, tokens=torch.cat(chosen, dim=1).cpu().tolist())
 
 
 def _is_stance_recompile(exc: BaseException) -> bool:
@@ -166,6 +206,16 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                     out, seconds = call_user("compiled model.decode", folder, call)
             trace.decode_ms.append(seconds * 1e3)
             trace.keep_logits(next_token_logits(out))
+
+        def generation_step(token: torch.Tensor, state: None, step: int) -> tuple[torch.Tensor, None]:
+            input_pos = torch.tensor([prompt_len + step], device=device)
+            with torch.compiler.set_stance(stance):
+                return next_token_logits(step_fn(token, input_pos)), None
+
+        trace.generation = call_user("model.prefill/compiled model.decode (timed generation)", folder,
+                                     lambda: timed_generation(
+                                         lambda: (next_token_logits(model.prefill(prompt, prefill_pos)), None),
+                                         generation_step, prompt, steps, backend))
         return AdaptedRun(
             trace=trace, graph_breaks=graph_breaks, break_reasons=break_reasons,
             fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
@@ -188,7 +238,55 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the adapted side compiles with it; the original side only takes its device")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--logits", type=Path)
+    parser.add_argument("--compile-log", type=Path,
+                        help="write Dynamo's graph_breaks and recompiles log records here (enable them with "
+                             "TORCH_LOGS=graph_breaks,recompiles)")
     return parser.parse_args(argv)
+
+
+# The artifact loggers behind TORCH_LOGS=graph_breaks,recompiles (torch 2.13), plus the
+# recompile_limit warning. A handler on each sees its records even where propagation is off
+# (CompileWatch turns it off for recompiles so they are not printed twice).
+COMPILE_LOGGERS = ("torch._dynamo.symbolic_convert.__graph_breaks", "torch._dynamo.exc.__graph_breaks",
+                   "torch._dynamo.convert_frame.__graph_breaks", "torch._dynamo.guards.__recompiles",
+                   "torch._dynamo.convert_frame")
+
+
+def _log_compiles_to(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s"))
+    handler.setLevel(logging.DEBUG)
+    with path.open("w", encoding="utf-8") as header:
+        header.write(f"# TORCH_LOGS={os.environ.get('TORCH_LOGS', '')!r}; loggers: {', '.join(COMPILE_LOGGERS)}\n")
+    handler.stream.close()
+    handler.stream = path.open("a", encoding="utf-8")
+    for name in COMPILE_LOGGERS:
+        logging.getLogger(name).addHandler(handler)
+
+
+def process_seconds() -> float | None:
+    """Wall time since the OS started this process (interpreter start-up and imports included),
+    from /proc (10 ms resolution); None where /proc is not there."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        start_ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, starttime
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_memory(device: str) -> dict[str, float | None]:
+    """Peak resident memory of this process, and peak memory the allocator handed out on the device."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    device_mb = None
+    if device == "cuda" and torch.cuda.is_available():
+        device_mb = torch.cuda.max_memory_allocated() / 2**20
+    elif device == "npu" and "torch_npu" in sys.modules:
+        device_mb = torch.npu.max_memory_allocated() / 2**20
+    return {"peak_rss_mb": rss_mb, "peak_device_mb": device_mb}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         raise WorkerFailure(f"--steps must be at least 1, got {args.steps}")
     backend, _ = resolve(args.backend)
     folder = args.folder.resolve()
+    if args.compile_log:
+        _log_compiles_to(args.compile_log)
 
     started = time.perf_counter()
     harness = load_harness(folder)
@@ -217,6 +317,12 @@ def main(argv: list[str] | None = None) -> None:
             adapted = run_adapted(model, prompt, args.steps, backend, folder)
             trace = adapted.trace
 
+    generation = trace.generation
+    if generation.tokens and [row[:args.steps] for row in generation.tokens] != torch.cat(trace.tokens, dim=1).tolist():
+        raise WorkerFailure("the timed generation pass chose other tokens than the first pass of the same process "
+                            "(state left over from the first pass?)")
+    parameter = next(model.parameters(), None)
+    memory = peak_memory(backend.device)
     result = WorkerResult(
         side=args.side,
         backend=backend.name if adapted else "eager",
@@ -230,6 +336,14 @@ def main(argv: list[str] | None = None) -> None:
         prompt_len=prompt.shape[1],
         max_seq_len=limit,
         recompile_limit=torch._dynamo.config.recompile_limit,
+        batch=prompt.shape[0],
+        model=f"{type(model).__module__}.{type(model).__qualname__}",
+        dtype=str(parameter.dtype).removeprefix("torch.") if parameter is not None else "",
+        generation_s=generation.seconds,
+        new_tokens=generation.new_tokens,
+        peak_rss_mb=memory["peak_rss_mb"],
+        peak_device_mb=memory["peak_device_mb"],
+        compile_options=compile_options(backend, adapted.fullgraph) if adapted else {},
     )
     if adapted:
         result.graph_breaks = adapted.graph_breaks
@@ -244,11 +358,16 @@ def main(argv: list[str] | None = None) -> None:
         result.graphs_after_warmup = adapted.graphs_after_warmup
         result.stance_failures = adapted.stance_failures
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result.to_dict(), indent=2))
     if args.logits:
         args.logits.parent.mkdir(parents=True, exist_ok=True)
         torch.save(torch.stack(trace.logits), args.logits)
+    # Last, so that they cover everything this process did but exit.
+    result.worker_s = time.perf_counter() - STARTED
+    result.process_s = process_seconds()
+    result.load_avg_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    result.cpu_count = os.cpu_count() or 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result.to_dict(), indent=2))
 
 
 if __name__ == "__main__":

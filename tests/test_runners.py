@@ -184,7 +184,12 @@ def test_worker_original_side(tmp_path):
     assert logits.shape == (steps + 1, 1, vocab) and torch.isfinite(logits).all()
     # Each fed token is the greedy choice from the previous call's logits.
     assert result["tokens"][0] == logits[:steps, 0].argmax(-1).tolist()
-    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads"}
+    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads", "torch_npu", "cann"}
+    # The timed second generation repeats the first pass's tokens and adds the last step's choice.
+    assert result["new_tokens"] == steps + 1 and result["generation_s"] > 0
+    assert result["batch"] == 1 and result["dtype"] == "float32" and result["model"] == "model.Transformer"
+    assert result["peak_rss_mb"] > 0 and result["peak_device_mb"] is None
+    assert result["worker_s"] > result["load_s"] and result["process_s"] >= result["worker_s"] - 0.05
     assert (tmp_path / "logs" / "original.stderr.log").exists()
 
 
@@ -215,10 +220,13 @@ def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
         "        return self(tokens, input_pos) * (1 + 0 * self.calls)\n")))
     steps = torch._dynamo.config.recompile_limit + 3
     out = tmp_path / "a.json"
+    compile_log = tmp_path / "adapted.compile.log"
     run_worker("runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
-                                  "--backend", "aot_eager", "--out", str(out)],
-               name="adapted", timeout_s=180)
+                                  "--backend", "aot_eager", "--out", str(out), "--compile-log", str(compile_log)],
+               name="adapted", timeout_s=180, env={"TORCH_LOGS": "graph_breaks,recompiles"})
     result = json.loads(out.read_text())
+    # The compile log keeps Dynamo's own recompile records (the watch's counting is unaffected).
+    assert compile_log.read_text().count("Recompiling function") >= result["recompiles"]
     assert result["graph_breaks"] == 0 and result["fullgraph"] is True
     assert result["recompiles"] >= 1 and result["graphs_after_warmup"] >= 1
     assert len(result["stance_failures"]) == 1  # the stance caught the first one, then stood down
@@ -254,7 +262,7 @@ def test_probe_failure_is_a_one_line_error(tmp_path):
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory, adapted):
     logs = tmp_path_factory.mktemp("verify-logs")
-    return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs), logs
+    return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs, runs=1), logs
 
 
 @pytest.mark.slow

@@ -32,8 +32,8 @@ def home(tmp_path: Path) -> Path:
 
 def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp_path, home):
     before = fingerprint(EXAMPLE)
-    done = graphmode("adapt", str(EXAMPLE), "--yes", "--backend", "inductor", "--out", str(tmp_path / "out"),
-                     home=home, cwd=tmp_path)
+    done = graphmode("adapt", str(EXAMPLE), "--yes", "--backend", "inductor", "--runs", "2",
+                     "--out", str(tmp_path / "out"), home=home, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "out" / "legacy_llm"
     report = json.loads((run / "report.json").read_text())
@@ -41,7 +41,34 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert report["backend"] == "inductor" and report["warmup_s"] > 0
     assert set(report["decode_ms_per_token"]) == {"eager", "graph"} and report["decode_speedup"] > 0
     assert report["baseline"]["recompiles"] > 0, "the unmodified code must show why it needed adapting"
-    assert "Result: verified" in (run / "report.md").read_text()
+    # Repeated runs: every figure per side as median [min, max], the old scalars being the medians.
+    assert report["runs"] == 2 and set(report["figures"]) == {"eager", "graph"}
+    for side in ("eager", "graph"):
+        figures = report["figures"][side]
+        for name in ("prefill_ms", "tpot_ms", "forward_tokens_per_s", "generation_tokens_per_s", "load_s",
+                     "warmup_s", "load_warmup_s", "process_s", "peak_rss_mb"):
+            f = figures[name]
+            assert f["min"] <= f["median"] <= f["max"] and len(f["runs"]) == 2, (side, name, f)
+        assert figures["tpot_ms"]["median"] == report["decode_ms_per_token"][side]
+        assert figures["prefill_ms"]["median"] == report["prefill_ms"][side]
+    assert report["figures"]["graph"]["warmup_s"]["median"] == report["warmup_s"]
+    assert report["decode_speedup_range"]["median"] == report["decode_speedup"]
+    assert report["tokens_identical_across_runs"] == {"eager": True, "graph": True}
+    assert report["tokens_differing"] == 0 and report["similarity"] == 1.0 and report["similarity_threshold"] == 0.95
+    variables = report["variables"]
+    assert variables["model"] == "Transformer" and variables["dtype"] == "float32" and variables["batch"] == 1
+    assert variables["prompt_len"] == 8 and variables["new_tokens"] == 33 and variables["runs"] == 2
+    assert variables["torch_npu"] is None and variables["torch"].startswith("2.")
+    assert variables["backend_options"] == {"backend": "inductor", "fullgraph": True, "dynamic": False}
+    assert report["decode_chart"] == "decode_ms_per_step.png"
+    assert (run / "decode_ms_per_step.png").read_bytes()[:4] == b"\x89PNG"
+    assert report["compile_logs"] == ["logs/adapted.compile.log", "logs/adapted.run2.compile.log"]
+    assert all((run / log).is_file() for log in report["compile_logs"])
+    text = (run / "report.md").read_text()
+    assert "Result: verified" in text
+    for heading in ("## Fixed variables", "## Steady state", "## Start-up cost", "## Output validation",
+                    "## Limits of this conclusion", "](decode_ms_per_step.png)", "](logs/adapted.compile.log)"):
+        assert heading in text, heading
     assert "C1." in (run / "design.md").read_text()
     assert "+++ b/model.py" in (run / "changes.diff").read_text()
     assert "def decode(self, tokens, input_pos)" in (run / "adapted" / "model.py").read_text()
@@ -50,7 +77,8 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
 
 def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     out = tmp_path / "out"
-    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--out", str(out), home=home, cwd=tmp_path)
+    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+                        home=home, cwd=tmp_path)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
     run = out / "legacy_llm"
