@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
                             "[min, max] (default 3)")
     adapt.add_argument("--similarity", type=float, default=0.95,
                        help="lowest acceptable difflib ratio of the graph side's tokens against eager's (default 0.95)")
+    adapt.add_argument("--compile-cache", default="", metavar="DIR|off",
+                       help="inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or "
+                            "'off' (every run compiles cold); default: a fresh one in the run folder, so run 1 "
+                            "compiles cold and the report shows the warm-up later runs save")
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -132,7 +136,7 @@ def _adapt(args: argparse.Namespace) -> int:
 
     state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
                      backend=backend.name, steps=args.steps, runs=args.runs,
-                     similarity=args.similarity, auto_approve=args.yes)
+                     similarity=args.similarity, compile_cache=args.compile_cache, auto_approve=args.yes)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
     with open_checkpointer() as checkpointer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -223,9 +224,19 @@ def verify(state: RunState) -> dict:
     log_dir = Path(state.run_dir) / "logs"
     result = _probe(lambda: run_verification(
         Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
-        runs=state.runs, similarity=state.similarity,
+        runs=state.runs, similarity=state.similarity, compile_cache=_compile_cache(state),
     ))
     return {"verification": result.to_dict()}
+
+
+def _compile_cache(state: RunState) -> Path | None:
+    if state.compile_cache == "off":
+        return None
+    if state.compile_cache:
+        return Path(state.compile_cache).expanduser().resolve()
+    cache = Path(state.run_dir) / "compile-cache"
+    shutil.rmtree(cache, ignore_errors=True)  # a leftover from an earlier run would make run 1 look warm
+    return cache
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -325,4 +336,5 @@ def report_json(state: RunState) -> dict:
         "decode_ms_per_step": v.get("decode_ms_per_step", {}),
         "compile_logs": [f"logs/{name}" for name in v.get("compile_logs", [])],
         "unstable_figures": v.get("unstable_figures", []),
+        "compile_cache": v.get("compile_cache", {}),
     }

@@ -31,6 +31,9 @@ class RunState(BaseModel):
     steps: int = 32
     runs: int = 3  # fresh processes per side in verify; figures are their median [min, max]
     similarity: float = 0.95  # lowest acceptable difflib ratio of graph tokens against eager
+    # Inductor's on-disk compile cache for the graph runs: "" = a fresh one in the run folder (run 1
+    # compiles cold, later runs read it), "off" = every run compiles cold, else a folder kept across sessions.
+    compile_cache: str = ""
     auto_approve: bool = False
 
     # analyze

@@ -93,6 +93,8 @@ class VerifyResult:
     compile_logs: list[str] = field(default_factory=list)  # file names in the log folder
     variables: dict[str, Any] = field(default_factory=dict)  # what was held fixed
     unstable_figures: list[str] = field(default_factory=list)  # "side.figure" whose runs spread > SPREAD
+    # The compile cache the graph side used, and the warm-up it saved: run 1 fills it, runs 2..N read it.
+    compile_cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -238,7 +240,8 @@ def _torch_logs() -> str:
 
 
 def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
-              timeout_s: float, log_dir: Path | None) -> tuple[WorkerResult, torch.Tensor, float]:
+              timeout_s: float, log_dir: Path | None,
+              compile_cache: Path | None) -> tuple[WorkerResult, torch.Tensor, float]:
     name = run_name(side, run)
     out, logits = work / f"{name}.json", work / f"{name}.logits.pt"
     args = ["--side", side, "--folder", str(folder), "--steps", str(steps),
@@ -246,7 +249,9 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
     env = None
     if side == "adapted":
         args += ["--compile-log", str(work / f"{name}.compile.log")]
-        env = {"TORCH_LOGS": _torch_logs()}
+        # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
+        cache = compile_cache if compile_cache is not None else work / f"{name}.compile-cache"
+        env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
@@ -255,9 +260,10 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
 def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int = MIN_STEPS,
            timeout_s: float = 600, log_dir: Path | None = None,
            logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
-           similarity: float = DEFAULT_SIMILARITY) -> VerifyResult:
+           similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
-    VerifyResult.problems."""
+    VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
+    caches (run 1 fills it when it starts empty); None gives every run its own empty one."""
     if steps < MIN_STEPS:
         raise ValueError(f"verify needs at least {MIN_STEPS} Decode steps (got {steps}): "
                          "some hazards only fire past a length (lesson 4)")
@@ -275,7 +281,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         for run in range(runs):
             # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
-                sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir))
+                sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
+                                             compile_cache))
     adapted_runs = [r for r, _, _ in sides["adapted"]]
     original_runs = [r for r, _, _ in sides["original"]]
     adapted, graph_logits = adapted_runs[0], sides["adapted"][0][1]
@@ -336,5 +343,12 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     result.unstable_figures = [
         f"{side}.{name}" for side, figures in result.figures.items() for name in STEADY_FIGURES
         if figures[name]["min"] and figures[name]["max"] > SPREAD * figures[name]["min"]]
+    warmups = [r.warmup_s for r in adapted_runs]
+    result.compile_cache = {
+        "dir": str(compile_cache) if compile_cache is not None else None,
+        "first_run_warmup_s": warmups[0],
+        "later_runs_warmup_s": statistics.median(warmups[1:]) if runs > 1 else None,
+        "saved_s": warmups[0] - statistics.median(warmups[1:]) if runs > 1 and compile_cache is not None else None,
+    }
     result.problems = _problems(result)
     return result

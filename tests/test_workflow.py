@@ -61,6 +61,10 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert variables["torch_npu"] is None and variables["torch"].startswith("2.")
     assert variables["backend_options"] == {"backend": "inductor", "fullgraph": True, "dynamic": False}
     assert report["decode_chart"] == "decode_ms_per_step.png"
+    # Run 1 fills a fresh compile cache in the run folder; run 2 reads it, and the report says what that saved.
+    cache = report["compile_cache"]
+    assert Path(cache["dir"]) == run / "compile-cache" and any((run / "compile-cache").iterdir())
+    assert cache["first_run_warmup_s"] > 0 and cache["saved_s"] is not None
     assert (run / "decode_ms_per_step.png").read_bytes()[:4] == b"\x89PNG"
     assert report["compile_logs"] == ["logs/adapted.compile.log", "logs/adapted.run2.compile.log"]
     assert all((run / log).is_file() for log in report["compile_logs"])
