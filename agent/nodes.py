@@ -13,6 +13,7 @@ from langgraph.types import interrupt
 
 from agent.errors import UserError
 from agent.knowledge import skill
+from agent.chart import decode_chart
 from agent.output import render, write_adapted_tree, write_atomic
 from agent.state import Change, RunState
 from transforms.codemods import CODEMODS, Options
@@ -252,42 +253,6 @@ def report(state: RunState) -> dict:
     path = run_dir / "report.md"
     write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart))
     return {"report_path": str(path)}
-
-
-def decode_chart(verification: dict, path: Path) -> str | None:
-    """A PNG of Decode ms per step, every run of each side; the file name, or None without data."""
-    per_step = verification.get("decode_ms_per_step") or {}
-    if not any(per_step.values()):
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: write files only
-    import matplotlib.pyplot as plt
-
-    styles = {"eager": ("tab:blue", "eager original"), "graph": ("tab:orange", f"graph ({verification['backend']})")}
-    fig, (whole, steady) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    for side, runs in per_step.items():
-        color, label = styles.get(side, ("tab:gray", side))
-        for n, steps in enumerate(runs):
-            kwargs = {"color": color, "alpha": 0.85 if n == 0 else 0.45, "linewidth": 1.4 if n == 0 else 0.9,
-                      "label": f"{label}, {len(runs)} run(s)" if n == 0 else None}
-            whole.plot(range(1, len(steps) + 1), steps, marker="o", markersize=2.5, **kwargs)
-            steady.plot(range(2, len(steps) + 1), steps[1:], marker="o", markersize=2.5, **kwargs)
-    whole.set_yscale("log")
-    whole.set_title("Every Decode step (step 1 = warm-up/compile)", fontsize=10)
-    steady.set_yscale("log")
-    steady.set_title("Steady state: steps 2..N", fontsize=10)
-    for ax in (whole, steady):
-        ax.set_xlabel("Decode step")
-        ax.set_ylabel("ms per step (log scale)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Decode ms/step, {verification.get('runs', 1)} fresh process(es) per side", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path.name
 
 
 def report_json(state: RunState) -> dict:
