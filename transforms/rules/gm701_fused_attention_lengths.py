@@ -5,7 +5,7 @@ import ast
 
 from transforms.rules.astutil import method_call_name, name_of
 from transforms.rules.base import Rule
-from transforms.rules.idioms import local_assignments, per_function
+from transforms.rules.idioms import names_assigned, per_function
 
 FUSED_ATTENTION_OPS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 LENGTH_KEYWORDS = frozenset({"actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen"})
@@ -36,18 +36,9 @@ def _is_list(node: ast.expr, lists: set[str]) -> bool:
 
 
 @per_function
-def list_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+def list_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
     """Local names assigned only lists (so `lens = x.tolist(); ...(actual_seq_lengths=lens)` is a list)."""
-    names: set[str] = set()
-    assigned = local_assignments(func)
-    changed = True
-    while changed:
-        changed = False
-        for name, values in assigned.items():
-            if name not in names and all(_is_list(v, names) for v in values):
-                names.add(name)
-                changed = True
-    return names
+    return names_assigned(func, _is_list, every=True)
 
 
 class FusedAttentionLengths(Rule):

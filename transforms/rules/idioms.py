@@ -90,19 +90,26 @@ def local_assignments(func: Function) -> dict[str, list[ast.expr]]:
     return found
 
 
-@per_function
-def tensor_names(func: Function) -> frozenset[str]:
-    """Local names of func assigned, at least once, from a tensor-producing expression."""
+def names_assigned(func: Function, is_kind: Callable[[ast.expr, set[str]], bool], *, every: bool) -> frozenset[str]:
+    """Local names whose assigned values are of a kind (`every`: all of them, else at least one), where a
+    value may refer to names already found: grown to a fixed point, so `a = x.sum(); b = a * 2` finds both."""
     assigned = local_assignments(func)
+    quantifier = all if every else any
     names: set[str] = set()
     changed = True
     while changed:
         changed = False
         for name, values in assigned.items():
-            if name not in names and any(produces_tensor(v, names) for v in values):
+            if name not in names and quantifier(is_kind(v, names) for v in values):
                 names.add(name)
                 changed = True
     return frozenset(names)
+
+
+@per_function
+def tensor_names(func: Function) -> frozenset[str]:
+    """Local names of func assigned, at least once, from a tensor-producing expression."""
+    return names_assigned(func, produces_tensor, every=False)
 
 
 def keyword(call: ast.Call, name: str) -> ast.keyword | None:
