@@ -11,21 +11,37 @@ naming what is missing and how to get it), its synchronisation, and `compile(fn,
 **knobs)` / `compile_decode(fn, **knobs)`. The NPU backends' configuration is built and checked by
 runners/npu_config.py without torch_npu; torch_npu itself is imported only inside their
 availability checks and compile functions, never when this module is imported.
+
+Compile caches: given a `--compile-cache` folder (knob `compile_cache`, else $GRAPHMODE_COMPILE_CACHE,
+which runners/verify.py sets for the graph runs), npugraph_ex and ge compile Decode through
+torch_npu's own `cache_compile` (npu_config.py names the real functions) instead of torch.compile;
+where it cannot apply they warn (CompileCacheUnused) and compile without it.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import shutil
 import sys
+import types
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
 from runners.npu_config import (
+    CACHE_COMPILE_SUBDIR,
+    GE_CACHE_COMPILE,
+    NPUGRAPH_EX_CACHE_COMPILE,
     TORCH_NPU_VERSION,
     apply_config_fields,
+    compile_cache_setting,
+    ge_cache_compile_kwargs,
     ge_compiler_config_fields,
+    npugraph_ex_cache_compile_kwargs,
     npugraph_ex_dynamic,
     npugraph_ex_options,
     task_queue_advice,
@@ -171,8 +187,65 @@ def _npu_synchronize() -> None:
         torch.npu.synchronize()
 
 
+class CompileCacheUnused(UserWarning):
+    """A compile-cache folder was given but cache_compile cannot compile this function."""
+
+
+# It always traces with fullgraph=True (torch.compile(func, backend=cache_backend, fullgraph=True,
+# ...), _cache_compiler.py L498): a Decode with graph breaks would fail there.
+_NEEDS_FULLGRAPH = "always compiles with fullgraph=True, and this Decode has graph breaks"
+
+
+def cache_compile_problem(fn: Callable[..., Any], fullgraph: bool) -> str | None:
+    """None when torch_npu's cache_compile can compile `fn`, else why not (both variants share these
+    checks: dynamo/torchair/inference/_cache_compiler.py L699-703 and L498, npugraph_ex's L663-667)."""
+    if not fullgraph:
+        return _NEEDS_FULLGRAPH
+    if not isinstance(fn, types.MethodType):
+        return f"caches only a bound method of a torch.nn.Module (model.decode), got {type(fn).__name__} {fn!r}"
+    if not isinstance(fn.__self__, torch.nn.Module):
+        return f"caches only a method of a torch.nn.Module, got a method of {type(fn.__self__).__name__}"
+    return None
+
+
+def model_cache_dir(base: str, fn: Callable[..., Any]) -> str:
+    """base/cache_compile/<key>: one folder per model code, Python and torch.
+
+    cache_compile's own key is the module's repr, the config and the deterministic level
+    (get_cache_bin, torchair/inference/_cache_compiler.py L203-235), not the code: a Decode edited
+    between two runs of the same layers would load the old compiled code, and guards are skipped
+    once loaded. Keying the folder on the source files of the model's classes rules that out.
+    """
+    digest = hashlib.sha256(f"{sys.version}|{torch.__version__}".encode())
+    files = {getattr(sys.modules.get(type(m).__module__), "__file__", None)
+             for m in fn.__self__.modules()} - {None}
+    for name in sorted(files):
+        digest.update(name.encode())
+        try:
+            digest.update(Path(name).read_bytes())
+        except OSError:  # a frozen or vanished module: its name still keys the folder
+            pass
+    return os.path.join(base, CACHE_COMPILE_SUBDIR, digest.hexdigest()[:16])
+
+
+def _cache_dir_for(name: str, api: str, fn: Callable[..., Any], fullgraph: bool,
+                   compile_cache: str | os.PathLike[str] | None) -> str | None:
+    """The folder to hand `api`, or None: no cache asked for, or (with a warning) one that
+    cannot apply here, so the flag is never dropped silently."""
+    base = compile_cache_setting(compile_cache)
+    if base is None:
+        return None
+    problem = cache_compile_problem(fn, fullgraph)
+    if problem is not None:
+        warnings.warn(f"{name}: the compile cache {base} is not used for this Decode: {api} {problem}; "
+                      "compiling with torch.compile, without an NPU compile cache", CompileCacheUnused,
+                      stacklevel=4)
+        return None
+    return model_cache_dir(base, fn)
+
+
 NPUGRAPH_EX_KNOBS = ("frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
-                     "seq_lengths_as_list", "options")
+                     "seq_lengths_as_list", "options", "compile_cache")
 
 
 def npugraph_ex_compile_kwargs(*, frozen_parameter: bool | None = None, capture_limit: int | None = None,
@@ -191,26 +264,41 @@ def npugraph_ex_compile_kwargs(*, frozen_parameter: bool | None = None, capture_
     }
 
 
-def _npugraph_ex_compile(fn: Callable[..., Any], fullgraph: bool, **knobs: Any) -> Compiled:
+def _npugraph_ex_compile(fn: Callable[..., Any], fullgraph: bool, *,
+                         compile_cache: str | os.PathLike[str] | None = None, **knobs: Any) -> Compiled:
     kwargs = npugraph_ex_compile_kwargs(**knobs)  # checked before torch_npu is touched
+    cache_dir = _cache_dir_for("npugraph_ex", NPUGRAPH_EX_CACHE_COMPILE, fn, fullgraph, compile_cache)
     importlib.import_module("torch_npu")  # registers the "npugraph_ex" Dynamo backend
+    if cache_dir is not None:
+        # torch.npu.npugraph_ex is torch_npu.npu.npugraph_ex (torch_npu/npu/__init__.py L200); its
+        # cache_compile builds the npugraph_ex CompilerConfig from the same options= dict.
+        inference = importlib.import_module("torch_npu.npu.npugraph_ex.inference")
+        return inference.cache_compile(fn, **npugraph_ex_cache_compile_kwargs(cache_dir, kwargs))
     return torch.compile(fn, fullgraph=fullgraph, **kwargs)
 
 
-GE_KNOBS = ("frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields")
+GE_KNOBS = ("frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields",
+            "compile_cache")
 
 
 def _ge_compile(fn: Callable[..., Any], fullgraph: bool, *, frozen_parameter: bool | None = None,
                 tiling_schedule_optimize: bool | None = None, topology_sorting_strategy: str | None = None,
-                fields: Mapping[str, Any] | None = None) -> Compiled:
+                fields: Mapping[str, Any] | None = None,
+                compile_cache: str | os.PathLike[str] | None = None) -> Compiled:
     # GE compiles static graphs only: dynamic=False always (a graph with a -1 dim is dynamic GE).
     config_fields = ge_compiler_config_fields(
         frozen_parameter=frozen_parameter, tiling_schedule_optimize=tiling_schedule_optimize,
         topology_sorting_strategy=topology_sorting_strategy, extra=fields)
+    cache_dir = _cache_dir_for("ge", GE_CACHE_COMPILE, fn, fullgraph, compile_cache)
     importlib.import_module("torch_npu")  # torchair needs torch.npu
     import torchair
 
     config = apply_config_fields(torchair.CompilerConfig(), config_fields)
+    if cache_dir is not None:
+        # The same config object: cache_compile hashes its options into the cache key
+        # (_cache_compiler.py L204-206) and compiles with it (CacheBackend, L389-410).
+        inference = importlib.import_module("torchair.inference")
+        return inference.cache_compile(fn, config=config, **ge_cache_compile_kwargs(cache_dir))
     return torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=config),
                          dynamic=False, fullgraph=fullgraph)
 
@@ -270,13 +358,35 @@ def resolve(name: str) -> tuple[Backend, str]:
     return backend, f"{name} was asked for by name and is available here."
 
 
-def compile_options(backend: Backend, fullgraph: bool) -> dict[str, Any]:
-    """The torch.compile arguments `backend.compile(fn, fullgraph)` uses (no knobs), for reports."""
+def _cache_report(api: str, cache_kwargs: dict[str, Any], fullgraph: bool,
+                  compile_cache: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """The "cache_compile" entry of compile_options: None when no cache was asked for."""
+    base = compile_cache_setting(compile_cache)
+    if base is None:
+        return None
+    # The worker compiles model.decode, a bound nn.Module method: only fullgraph can rule it out.
+    problem = None if fullgraph else _NEEDS_FULLGRAPH
+    report: dict[str, Any] = {"api": api, "cache_dir": os.path.join(base, CACHE_COMPILE_SUBDIR, "<model key>")}
+    if problem is not None:
+        return {**report, "used": False, "why": f"{api} {problem}"}
+    return {**report, "used": True, **{k: v for k, v in cache_kwargs.items() if k != "cache_dir"}}
+
+
+def compile_options(backend: Backend, fullgraph: bool,
+                    compile_cache: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The compile arguments `backend.compile(fn, fullgraph)` uses (no knobs), for reports. The NPU
+    backends add "cache_compile": None without a compile cache (`compile_cache`, else
+    $GRAPHMODE_COMPILE_CACHE), else the cache_compile call used instead of torch.compile."""
     if backend.name == "cudagraphs":
         return {"backend": "inductor", "mode": "reduce-overhead", "fullgraph": fullgraph, "dynamic": False}
     if backend.name == "npugraph_ex":
-        return {**npugraph_ex_compile_kwargs(), "fullgraph": fullgraph}
+        kwargs = npugraph_ex_compile_kwargs()
+        cache = _cache_report(NPUGRAPH_EX_CACHE_COMPILE, npugraph_ex_cache_compile_kwargs("", kwargs),
+                              fullgraph, compile_cache)
+        return {**kwargs, "fullgraph": fullgraph, "cache_compile": cache}
     if backend.name == "ge":
+        cache = _cache_report(GE_CACHE_COMPILE, {"config": "<compiler_config>", **ge_cache_compile_kwargs("")},
+                              fullgraph, compile_cache)
         return {"backend": "torchair.get_npu_backend(compiler_config=CompilerConfig())", "fullgraph": fullgraph,
-                "dynamic": False, "compiler_config": ge_compiler_config_fields()}
+                "dynamic": False, "compiler_config": ge_compiler_config_fields(), "cache_compile": cache}
     return {"backend": backend.name, "fullgraph": fullgraph, "dynamic": False}

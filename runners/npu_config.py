@@ -14,6 +14,10 @@ built, checked and tested on any host.
 
 NPUGRAPH_EX_OPTIONS and GE_FIELDS mirror the real classes; tests/test_npu_backends.py (marker
 `npu_api`) checks them against torch_npu 2.13.0's own classes, key by key.
+
+- compile caches: `ge_cache_compile_kwargs` / `npugraph_ex_cache_compile_kwargs` are the keyword
+  arguments of the real `cache_compile` functions (see the notes above them), and
+  `compile_cache_setting` reads the `--compile-cache` folder the verifier hands the worker.
 """
 from __future__ import annotations
 
@@ -268,3 +272,63 @@ def task_queue_advice(environ: Mapping[str, str] | None = None) -> str:
     return (f"npugraph_ex supports only {TASK_QUEUE_VAR}=0 or 1 and cann-recipes-infer runs it with "
             f"{TASK_QUEUE_VAR}=1; here it is {now}: export {TASK_QUEUE_VAR}=1 before starting the process "
             "(graphmode does not change it for you).")
+
+
+
+# --- compile caches (`--compile-cache DIR|off`) -------------------------------------------------
+# The verifier gives the graph runs one shared folder: inductor reads it as TORCHINDUCTOR_CACHE_DIR,
+# which is set for every graph run (an empty per-run folder under "off", so inductor is always
+# cold). The NPU backends need to tell "off" apart, since under "off" they must not go through
+# cache_compile at all (it forces fullgraph and skips guards once loaded), so the folder reaches
+# them in a variable of its own, set only when a cache is asked for (runners/verify.py).
+COMPILE_CACHE_VAR = "GRAPHMODE_COMPILE_CACHE"
+CACHE_COMPILE_SUBDIR = "cache_compile"  # the NPU caches' part of the shared folder (beside inductor's)
+COMPILE_CACHE_OFF = "off"
+
+# The real entry points (torch_npu 2.13.0; paths inside the wheel):
+# - GE: torch_npu/dynamo/torchair/inference/__init__.py L12-32 `cache_compile(func, *, config=None,
+#   dynamic=True, cache_dir=None, global_rank=None, tp_rank=None, pp_rank=None, **kwargs)`, which
+#   forwards to inference/_cache_compiler.py L679-726 (adds `backend`, `custom_decompositions`,
+#   `ge_cache=False`; any other keyword is swallowed by its **kwargs and ignored).
+# - npugraph_ex: torch_npu/npu/npugraph_ex/inference/__init__.py L4-12 (`torch.npu.npugraph_ex.
+#   inference.cache_compile(func, *, dynamic=True, cache_dir=None, global_rank=None, tp_rank=None,
+#   pp_rank=None, **kwargs)`): `options=` goes through the same `_process_kwargs_options` as
+#   torch.compile's, onto a fresh npugraph_ex CompilerConfig with mode "npugraph_ex", then to
+#   dynamo/npugraph_ex/inference/_cache_compiler.py L644-685.
+GE_CACHE_COMPILE = "torchair.inference.cache_compile"
+NPUGRAPH_EX_CACHE_COMPILE = "torch.npu.npugraph_ex.inference.cache_compile"
+
+
+def compile_cache_setting(value: str | os.PathLike[str] | None = None,
+                          environ: Mapping[str, str] | None = None) -> str | None:
+    """The compile-cache folder to use, or None for none: `value` as given ("off" or "": none),
+    else $GRAPHMODE_COMPILE_CACHE (unset or empty: none). The folder is made absolute because
+    cache_compile keys nothing on the working directory."""
+    if value is None:
+        value = (os.environ if environ is None else environ).get(COMPILE_CACHE_VAR, "")
+    value = os.fspath(value)
+    if value in ("", COMPILE_CACHE_OFF):
+        return None
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def ge_cache_compile_kwargs(cache_dir: str) -> dict[str, Any]:
+    """Keyword arguments (besides func and config) for torchair.inference.cache_compile.
+
+    dynamic=False: its default is True (inference/__init__.py L16), and GE is static-only here.
+    ge_cache=True: also hands GE's own compiled-graph cache the same folder
+    ("ge.graph_compiler_cache_dir", _cache_compiler.py L482, used by the generated code in
+    _ge_concrete_graph/fx2ge_converter.py L1383-1388), so a warm run skips the GE graph build and
+    not only Dynamo's trace (cann-recipes-infer passes the same). No `fullgraph`: cache_compile
+    always compiles with fullgraph=True (_cache_compiler.py L498) and would swallow it unread.
+    """
+    return {"dynamic": False, "cache_dir": cache_dir, "ge_cache": True}
+
+
+def npugraph_ex_cache_compile_kwargs(cache_dir: str, compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments (besides func) for torch.npu.npugraph_ex.inference.cache_compile, from
+    the checked `npugraph_ex_compile_kwargs(...)`: the same dynamic and options as torch.compile.
+    Its dynamic also defaults to True (torch_npu/npu/npugraph_ex/inference/__init__.py L4), so it
+    is always passed."""
+    return {"dynamic": compile_kwargs["dynamic"], "cache_dir": cache_dir,
+            "options": dict(compile_kwargs["options"])}

@@ -8,13 +8,17 @@ loaded, and nothing that is validated is stubbed.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import types
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -22,8 +26,9 @@ import pytest
 import torch
 
 from runners import backends
-from runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
+from runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
 from runners.npu_config import (
+    COMPILE_CACHE_VAR,
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
     TORCH_NPU_VERSION,
@@ -31,6 +36,8 @@ from runners.npu_config import (
     apply_config_fields,
     check_ge_fields,
     check_npugraph_ex_options,
+    compile_cache_setting,
+    ge_cache_compile_kwargs,
     ge_compiler_config_fields,
     npugraph_ex_options,
     task_queue_advice,
@@ -70,9 +77,9 @@ def test_registry_names_devices_and_knobs():
         "npugraph_ex": "npu", "ge": "npu"}
     assert set(backends.get("npugraph_ex").knobs) == {
         "frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
-        "seq_lengths_as_list", "options"}
+        "seq_lengths_as_list", "options", "compile_cache"}
     assert set(backends.get("ge").knobs) == {
-        "frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields"}
+        "frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields", "compile_cache"}
     assert backends.get("inductor").knobs == ()
 
 
@@ -252,9 +259,91 @@ def test_tables_are_well_formed():
                     check({key: value})
 
 
+# --- compile caches (cache_compile), decided without torch_npu ---------------------------------
+
+class _TinyDecoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def decode(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.proj(t), dim=-1)
+
+
+def test_compile_cache_setting_follows_the_flag_and_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(COMPILE_CACHE_VAR, raising=False)
+    assert compile_cache_setting() is None
+    assert compile_cache_setting("off") is None and compile_cache_setting("") is None
+    assert compile_cache_setting(tmp_path) == str(tmp_path)
+    assert compile_cache_setting("rel") == os.path.abspath("rel")
+    monkeypatch.setenv(COMPILE_CACHE_VAR, str(tmp_path))
+    assert compile_cache_setting() == str(tmp_path)
+    assert compile_cache_setting("off") is None  # the knob wins over the environment
+    monkeypatch.setenv(COMPILE_CACHE_VAR, "off")  # what runners/verify.py sets under --compile-cache off
+    assert compile_cache_setting() is None
+
+
+def test_cache_compile_applies_only_to_a_whole_graph_nn_module_method():
+    model = _TinyDecoder()
+    assert backends.cache_compile_problem(model.decode, fullgraph=True) is None
+    assert "graph breaks" in backends.cache_compile_problem(model.decode, fullgraph=False)
+    assert "bound method of a torch.nn.Module" in backends.cache_compile_problem(lambda t: t, fullgraph=True)
+    assert "method of a torch.nn.Module, got a method of" in backends.cache_compile_problem(
+        types.MethodType(lambda self, t: t, object()), fullgraph=True)
+
+
+def test_model_cache_dir_is_keyed_on_the_model_code(tmp_path):
+    model = _TinyDecoder()
+    folder = backends.model_cache_dir(str(tmp_path), model.decode)
+    assert Path(folder).parent == tmp_path / "cache_compile"
+    assert backends.model_cache_dir(str(tmp_path), _TinyDecoder().decode) == folder  # same code, same folder
+    other = types.ModuleType("graphmode_other_model")
+    (tmp_path / "other.py").write_text("# another model\n")
+    other.__file__ = str(tmp_path / "other.py")
+    sys.modules[other.__name__] = other
+    try:
+        Other = type("Other", (_TinyDecoder,), {"__module__": other.__name__})
+        assert backends.model_cache_dir(str(tmp_path), Other().decode) != folder
+    finally:
+        del sys.modules[other.__name__]
+
+
+@no_torch_npu
+@pytest.mark.parametrize("name", ["npugraph_ex", "ge"])
+def test_a_cache_that_cannot_apply_is_announced_not_dropped(name, tmp_path):
+    # The decision comes before torch_npu is imported, so it shows here; the compile then needs torch_npu.
+    with pytest.warns(CompileCacheUnused, match=rf"{name}: the compile cache .* is not used .*graph breaks"):
+        with pytest.raises(ModuleNotFoundError, match="torch_npu"):
+            backends.get(name).compile(_TinyDecoder().decode, fullgraph=False, compile_cache=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a usable target and "off": nothing to announce
+        for cache, decode in (("off", lambda t: t), (tmp_path, _TinyDecoder().decode)):
+            with pytest.raises(ModuleNotFoundError, match="torch_npu"):
+                backends.get(name).compile(decode, fullgraph=True, compile_cache=cache)
+
+
+def test_compile_options_report_the_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(COMPILE_CACHE_VAR, raising=False)
+    ge, npx = backends.get("ge"), backends.get("npugraph_ex")
+    assert backends.compile_options(ge, True)["cache_compile"] is None
+    assert backends.compile_options(npx, True, "off")["cache_compile"] is None
+    monkeypatch.setenv(COMPILE_CACHE_VAR, str(tmp_path))
+    assert backends.compile_options(ge, True)["cache_compile"] == {
+        "api": "torchair.inference.cache_compile", "cache_dir": str(tmp_path / "cache_compile" / "<model key>"),
+        "used": True, "config": "<compiler_config>", "dynamic": False, "ge_cache": True}
+    assert backends.compile_options(npx, True)["cache_compile"] == {
+        "api": "torch.npu.npugraph_ex.inference.cache_compile",
+        "cache_dir": str(tmp_path / "cache_compile" / "<model key>"),
+        "used": True, "dynamic": False, "options": {"frozen_parameter": True}}
+    unused = backends.compile_options(npx, False)["cache_compile"]
+    assert unused["used"] is False and "graph breaks" in unused["why"]
+    assert "cache_compile" not in backends.compile_options(backends.get("inductor"), True)
+
+
 # --- against the real torch_npu 2.13.0 classes (opt-in: pytest -m npu_api) ---------------------
 
-_NEEDED = ("torch_npu/dynamo/npugraph_ex/", "torch_npu/dynamo/torchair/")
+# npu/npugraph_ex/: torch.npu.npugraph_ex, whose inference.cache_compile is the public npugraph_ex cache.
+_NEEDED = ("torch_npu/dynamo/npugraph_ex/", "torch_npu/dynamo/torchair/", "torch_npu/npu/npugraph_ex/")
 
 
 @pytest.fixture(scope="module")
@@ -443,6 +532,60 @@ _REAL_API_CHECK = textwrap.dedent('''
                                           topology_sorting_strategy="StableRDFS")(x)
     seen["ge"]["matches_eager"] = bool(torch.allclose(y, step(x)))
     out["compile"] = seen
+
+    # 7. Compile caches. npugraph_ex: our backend hands Decode to the real
+    # torch.npu.npugraph_ex.inference.cache_compile (loaded from the wheel under its real name; it
+    # imports only npugraph_ex), which returns the real LazyCompiledModel: nothing compiles until
+    # the first call, which needs an NPU. GE: torchair.inference imports protobuf-generated GE IR
+    # modules, so a recorder takes that call (running the real _check_config_support first, as the
+    # real CacheBackend does, _cache_compiler.py L399-400); the test checks the keywords it got
+    # against the real signatures, parsed from the sources with ast.
+    import importlib.util, os, tempfile
+    spec = importlib.util.spec_from_file_location(
+        "torch_npu.npu.npugraph_ex.inference", dynamo + "/../npu/npugraph_ex/inference/__init__.py")
+    public = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(public)
+    sys.modules[spec.name] = public
+    from npugraph_ex.inference._cache_compiler import CompiledModel
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def decode(self, t):
+            return torch.softmax(self.proj(t), dim=-1)
+
+    model, root = Tiny(), tempfile.mkdtemp()
+    cache = out["cache"] = {}
+    lazy = backends.get("npugraph_ex").compile(model.decode, fullgraph=True, compile_cache=root, capture_limit=8)
+    placeholder = sys.modules.pop("torch_npu")  # get_cache_bin would ask a loaded torch_npu (L202-203)
+    cache_bin = CompiledModel.get_cache_bin(lazy.func, config=lazy.config, dynamic=lazy.dynamic,
+                                            cache_dir=lazy.cache_dir)
+    sys.modules["torch_npu"] = placeholder
+    cache["npugraph_ex"] = {
+        "type": type(lazy).__module__ + "." + type(lazy).__name__, "func_is_decode": lazy.func == model.decode,
+        "dynamic": lazy.dynamic, "cache_bin": os.path.relpath(cache_bin, root),
+        "mode": lazy.config.mode.value, "capture_limit": lazy.config.capture_limit.value,
+        "frozen_parameter": lazy.config.frozen_parameter.value, "nothing_written": os.listdir(root) == []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = backends.get("npugraph_ex").compile(step, fullgraph=True, compile_cache=root)
+    cache["npugraph_ex_fallback"] = {"warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+                                     "torch_compile": getattr(plain, "_torchdynamo_orig_callable", None) is step}
+
+    def cache_compile(func, **kwargs):
+        _check_config_support(kwargs["config"])
+        cache["ge"] = {"func_is_decode": func == model.decode, "kwargs": sorted(kwargs),
+                       "dynamic": kwargs["dynamic"], "ge_cache": kwargs.get("ge_cache"),
+                       "cache_dir": os.path.relpath(kwargs["cache_dir"], root),
+                       "config": type(kwargs["config"]).__module__ + "." + type(kwargs["config"]).__name__,
+                       "local": kwargs["config"].as_dict()[0]}
+        return func
+
+    sys.modules["torchair.inference"] = types.ModuleType("torchair.inference")
+    sys.modules["torchair.inference"].cache_compile = cache_compile
+    backends.get("ge").compile(model.decode, fullgraph=True, compile_cache=root, tiling_schedule_optimize=True)
     print(json.dumps(out))
 ''')
 
@@ -502,3 +645,89 @@ def test_compile_calls_reach_the_real_option_processing(real_api):
     assert ge["local"]["mode"] == "max-autotune" and ge["local"]["ge.tiling_schedule_optimize"] == "1"
     assert ge["local"]["frozen_parameter"] == "1" and ge["local"]["ge.topoSortingMode"] == "3"
     print(f"npu_api subprocess: {real_api['seconds']:.1f} s")
+
+
+# --- compile caches against the real sources ----------------------------------------------------
+
+def _real_function(path: Path, name: str) -> tuple[inspect.Signature, ast.FunctionDef]:
+    """The signature of top-level function `name` in `path`, parsed (not imported: torchair's
+    inference package needs protobuf and torchair's C extension). Defaults are their source text."""
+    tree = ast.parse(path.read_text(), str(path))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    args, kind = node.args, inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [kind.empty] * (len(positional) - len(args.defaults)) + [ast.unparse(d) for d in args.defaults]
+    params = [kind(a.arg, kind.POSITIONAL_ONLY if a in args.posonlyargs else kind.POSITIONAL_OR_KEYWORD, default=d)
+              for a, d in zip(positional, defaults)]
+    if args.vararg:
+        params.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
+    params += [kind(a.arg, kind.KEYWORD_ONLY, default=kind.empty if d is None else ast.unparse(d))
+               for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg:
+        params.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(params), node
+
+
+def _named(signature: inspect.Signature) -> set[str]:
+    """Keywords a function names (a keyword only its **kwargs takes is swallowed unread)."""
+    return {p.name for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _forwards_kwargs(node: ast.FunctionDef, callee: str) -> bool:
+    return any(isinstance(c, ast.Call) and ast.unparse(c.func) == callee
+               and any(k.arg is None and ast.unparse(k.value) == "kwargs" for k in c.keywords)
+               for c in ast.walk(node))
+
+
+@pytest.mark.npu_api
+def test_ge_cache_compile_call_matches_the_real_signature(real_api, torch_npu_sources):
+    call = real_api["cache"]["ge"]
+    assert call["kwargs"] == sorted({"config", *ge_cache_compile_kwargs("/c")}) == [
+        "cache_dir", "config", "dynamic", "ge_cache"]
+    # torchair.inference.cache_compile (inference/__init__.py L12-32) names config/dynamic/cache_dir
+    # and passes the rest on in **kwargs to _cache_compiler.cache_compile (L679-726), which must
+    # name every keyword we pass: there an unknown one would be swallowed silently.
+    public, public_node = _real_function(torch_npu_sources / "torchair/inference/__init__.py", "cache_compile")
+    inner, _ = _real_function(torch_npu_sources / "torchair/inference/_cache_compiler.py", "cache_compile")
+    public.bind(object(), **dict.fromkeys(call["kwargs"]))
+    inner.bind(object(), **dict.fromkeys(call["kwargs"]))
+    assert set(call["kwargs"]) - _named(public) <= {"ge_cache"} and _forwards_kwargs(public_node, "_cache_compile")
+    assert set(call["kwargs"]) <= _named(inner)
+    assert public.parameters["dynamic"].default == "True"  # why dynamic=False is always passed
+    # What we hand it: Decode itself, a static graph, GE's own graph cache on, our real CompilerConfig.
+    assert call["func_is_decode"] and call["dynamic"] is False and call["ge_cache"] is True
+    assert call["config"] == "torchair.configs.compiler_config.CompilerConfig"
+    assert call["local"]["ge.tiling_schedule_optimize"] == "1" and call["local"]["frozen_parameter"] == "1"
+    assert Path(call["cache_dir"]).parent == Path("cache_compile")
+
+
+@pytest.mark.npu_api
+def test_npugraph_ex_cache_compile_runs_the_real_function(real_api, torch_npu_sources):
+    lazy = real_api["cache"]["npugraph_ex"]
+    assert lazy["type"] == "npugraph_ex.inference._cache_compiler.LazyCompiledModel" and lazy["func_is_decode"]
+    assert lazy["mode"] == "npugraph_ex" and lazy["capture_limit"] == "8" and lazy["frozen_parameter"] is True
+    assert lazy["dynamic"] is False and lazy["nothing_written"]  # lazy: compiles and writes on the first call
+    # <--compile-cache>/cache_compile/<model key>/<Class>_<static|dynamic>_aclgraphcache_<md5>/<method>/compiled_module
+    # (npugraph_ex/inference/_cache_compiler.py L216-220)
+    parts = Path(lazy["cache_bin"]).parts
+    assert parts[0] == "cache_compile" and parts[3:] == ("decode", "compiled_module"), parts
+    assert parts[2].startswith("Tiny_static_aclgraphcache_")
+    # The public function: options= goes through the strict _process_kwargs_options (L10), not **kwargs alone.
+    public, node = _real_function(torch_npu_sources.parent / "npu/npugraph_ex/inference/__init__.py", "cache_compile")
+    assert {"dynamic", "cache_dir"} <= _named(public) and public.parameters["dynamic"].default == "True"
+    assert any(isinstance(c, ast.Call) and ast.unparse(c) == "compiler_config._process_kwargs_options(compile_config, kwargs)"
+               for c in ast.walk(node))
+    fallback = real_api["cache"]["npugraph_ex_fallback"]
+    assert fallback["torch_compile"] and len(fallback["warnings"]) == 1  # plain torch.compile, announced
+    assert fallback["warnings"][0].startswith("CompileCacheUnused: npugraph_ex: the compile cache")
+
+
+@pytest.mark.npu_api
+def test_cache_compile_constraints_we_check_are_the_real_ones(torch_npu_sources):
+    for path in ("torchair/inference/_cache_compiler.py", "npugraph_ex/inference/_cache_compiler.py"):
+        source = (torch_npu_sources / path).read_text()
+        assert 'raise ValueError(f"Only method can be cached now, got {func}")' in source, path
+        assert 'raise ValueError(f"Only torch.nn.Module method can be cached now, got {func}")' in source, path
+        assert "torch.compile(func, backend=cache_backend, fullgraph=True, dynamic=dynamic)" in source, path
+        assert "os.getenv('TORCHAIR_CACHE_HOME', os.path.join(os.getcwd(), \".torchair_cache\"))" in source, path
