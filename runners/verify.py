@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from runners.backends import resolve
+from runners.npu_config import COMPILE_CACHE_VAR
 from runners.results import WorkerResult
 from runners.subprocess_run import WorkerError, run_worker
 
@@ -251,7 +252,9 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
         args += ["--compile-log", str(work / f"{name}.compile.log")]
         # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
         cache = compile_cache if compile_cache is not None else work / f"{name}.compile-cache"
-        env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+        env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+               # The NPU backends' cache_compile folder (runners/backends.py); "off" overrides an inherited one.
+               COMPILE_CACHE_VAR: str(compile_cache) if compile_cache is not None else "off"}
     seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
