@@ -25,7 +25,9 @@ def test_codemod_fixture(case):
     result = adapt_source(case.read_text(), case.name, {codemod}, OPTIONS)
     assert result.adapted == expected
     assert [x for m in result.manual for x in (str(m.line), m.codemod)] == _expected_manual(case)
-    if _expected_manual(case):
+    # A partial match leaves its file untouched: such cases have an .out.py equal to the .in.py. An advisory
+    # item (a path deliberately left as it was, such as a FlashAttention class) comes with a changed file.
+    if _expected_manual(case) and not case.name.startswith("advisory_"):
         assert not result.changed, "a partial match must leave the file untouched"
 
 
@@ -48,8 +50,8 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
 
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     result = adapt_source(source, "model.py", None, Options(entry_class="Transformer"))
-    # Every codemod but the Meta-style slice rewrites (examples/meta_llama has those idioms).
-    expected = [c.NAME for c in CHAIN if c.NAME not in ("sliced_tables", "sliced_kv_cache")]
+    # Every codemod but the Meta-style slice rewrites (examples/meta_llama) and the Cache-API one.
+    expected = [c.NAME for c in CHAIN if c.NAME not in ("sliced_tables", "sliced_kv_cache", "cache_object")]
     assert result.applied == expected and not result.manual
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]
     assert unfixed == []

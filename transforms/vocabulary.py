@@ -26,3 +26,13 @@ def is_position_name(name: str, annotation: str | None) -> bool:
     if annotation == "int":
         return name in POSITION_PARAM_NAMES or bool(_POSITION_LIKE.search(name))
     return name in POSITION_PARAM_NAMES and annotation is None
+
+# transformers' Cache API (4.36 and later): the cache is an object passed in and out of forward, written with
+# `past_key_value.update(key, value, layer_idx, cache_kwargs)` and measured with these methods.
+CACHE_OBJECT_WRITE = "update"
+CACHE_OBJECT_LENGTHS = frozenset({"get_usable_length", "get_seq_length"})
+# transformers' helpers (modeling_attn_mask_utils) that build the additive 4-D causal mask for
+# (batch, 1, new tokens, past + new tokens) from a 2-D padding mask and the past length.
+LIBRARY_MASK_HELPERS = frozenset({"_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa"})
+# Parameter names of the token input, for entry points that take every argument by keyword.
+TOKEN_PARAM_NAMES = frozenset({"input_ids", "tokens", "token_ids", "idx"})

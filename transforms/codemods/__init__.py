@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
+from transforms.codemods.cache_object import CacheObject
 from transforms.codemods.hoist_item import HoistItem
 from transforms.codemods.sliced_kv_cache import SlicedKVCache
 from transforms.codemods.sliced_tables import SlicedTables
@@ -15,7 +16,7 @@ from transforms.codemods.static_rotary import StaticRotary
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
 # been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    HoistItem, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, SlicedKVCache, StaticPositions,
+    HoistItem, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject, SlicedKVCache, StaticPositions,
     SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}

@@ -8,13 +8,19 @@ that Decode feeds one token per sequence and leaves optional arguments at their 
     if past_key_values is None: X  -> X       (Decode passes no cache argument)
 
 Only `decode` is compiled, so Dynamo never sees Prefill's shapes or paths.
+
+A `forward` whose parameters all have defaults (Hugging Face's `input_ids=None, position_ids=None, ...`)
+gets entries that call it by keyword instead: `forward(input_ids=..., position_ids=input_pos.unsqueeze(0),
+use_cache=False, return_dict=False)[0]`, once the cache lives in buffers. Every branch on those Python
+values is settled while Dynamo traces, so no copy is needed.
 """
 from __future__ import annotations
 
 import libcst as cst
 
 from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import find_method, is_docstring, names_in
+from transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
+from transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
 
@@ -135,9 +141,15 @@ class SplitDecode(GraphCodemod):
         required = [p.name.value for p in params[1:] if p.default is None]
         omitted = {p.name.value: p.default for p in params[1:] if p.default is not None}
         if not required:
-            self.record_manual(forward, "every parameter of `forward` has a default, so the token input is not "
-                                        "known; write `prefill`/`decode` by hand")
-            return updated_node
+            entries = self._keyword_entries(forward, params)
+            if entries is None:
+                self.record_manual(forward, "every parameter of `forward` has a default and the token and position "
+                                            "inputs are not known (or the cache is not in buffers yet); write "
+                                            "`prefill`/`decode` by hand")
+                return updated_node
+            self.record_edit(forward.name, "`prefill` and `decode` entry points added; they call `forward` with "
+                                           "Decode's keywords")
+            return _add_after_forward(updated_node, entries)
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward
@@ -175,13 +187,52 @@ class SplitDecode(GraphCodemod):
         prefill, decode = entries
         decode = decode.with_changes(body=decode.body.with_changes(
             body=[decode.body.body[0], *bindings, *decode_body]))
-        blank = [cst.EmptyLine(indent=False)]
-        new_body = []
-        for stmt in updated_node.body.body:
-            new_body.append(stmt)
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
-                new_body += [prefill.with_changes(leading_lines=blank), decode.with_changes(leading_lines=blank)]
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=new_body))
+        return _add_after_forward(updated_node, [prefill, decode])
+
+    def _keyword_entries(self, forward: cst.FunctionDef, params: list[cst.Param]) -> list[cst.FunctionDef] | None:
+        """Entries for a forward whose parameters all have defaults (Hugging Face style): they pass the tokens and
+        positions by keyword and leave the rest at their defaults; Dynamo settles every branch on those Python
+        values while tracing, so no body needs copying. Only once the cache lives in buffers: the entries pass
+        no cache in and take none out."""
+        names = [p.name.value for p in params[1:]]
+        tokens = next((n for n in names if n in TOKEN_PARAM_NAMES), None)
+        position = next((n for n in _POSITION_KEYWORDS if n in names), None)
+        if tokens is None or position is None or not self._cache_in_buffers:
+            return None
+        keywords = [f"{tokens}={tokens}", f"{position}={_POSITION_KEYWORDS[position]}"]
+        keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
+        call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
+        signature = f"self, {tokens}, {POSITION_TENSOR}"
+        return list(cst.parse_statement(
+            "class Entries:\n"
+            f"    def prefill({signature}):\n"
+            f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
+            f"        return {call}\n"
+            f"\n"
+            f"    def decode({signature}):\n"
+            f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
+            f"\n"
+            f"        `forward` with Decode's keywords: the branches it takes on them are settled while tracing.\n"
+            f"        The cache lives in buffers, so none goes in or out; the logits come back.\n"
+            f'        """\n'
+            f"        return {call}\n"
+        ).body.body)
+
+
+# How the keyword entries pass the position tensor, by the name forward gives it.
+_POSITION_KEYWORDS = {"cache_position": POSITION_TENSOR, "position_ids": f"{POSITION_TENSOR}.unsqueeze(0)"}
+# Fixed by the keyword entries: the cache is in buffers, and a tuple's first item is the logits.
+_DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
+
+
+def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:
+    blank = [cst.EmptyLine(indent=False)]
+    new_body = []
+    for stmt in cls.body.body:
+        new_body.append(stmt)
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
+            new_body += [entry.with_changes(leading_lines=blank) for entry in entries]
+    return cls.with_changes(body=cls.body.with_changes(body=new_body))
 
 
 _CACHE_WORDS = ("present", "past", "cache", "kv")

@@ -98,7 +98,7 @@ def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, 
     return None
 
 
-def _first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) -> str | None:
+def first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) -> str | None:
     code = code_of(init)
     return next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
 
@@ -127,8 +127,8 @@ class StaticKVCacheCodemod(BufferCodemod):
             return None
         seq_dim = keys[3] if keys[3] > 0 else keys[3] + 4
         init = find_method(cls, "__init__")
-        heads = _first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
-        head_dim = _first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
+        heads = first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
+        head_dim = first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
         if position_param(method) is None or heads is None or head_dim is None:
             self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
                                             "names no head count and head size (self.n_kv_heads, self.head_dim)")

@@ -14,9 +14,11 @@ from transforms.rules.gm104_print import PrintInStep
 from transforms.rules.gm201_tensor_creation import TensorCreatedInForward
 from transforms.rules.gm301_growing_kv_cache import GrowingKVCache
 from transforms.rules.gm302_position_slice import PositionSlice
+from transforms.rules.gm303_cache_object import CacheObject
 from transforms.rules.gm401_shape_branch import ShapeBranch
 from transforms.rules.gm402_tensor_branch import TensorBranch
 from transforms.rules.gm501_int_position import IntPosition
+from transforms.rules.gm502_library_mask import LibraryMask
 from transforms.rules.gm601_random_ops import RandomOps
 from transforms.rules.gm602_logging import LoggingInStep
 from transforms.rules.gm701_fused_attention_lengths import FusedAttentionLengths
@@ -28,9 +30,9 @@ from transforms.rules.gm804_low_limits import LowLimit
 RULES: tuple[type[Rule], ...] = (
     HostSync, TensorToPython, CopyToHost, PrintInStep,
     TensorCreatedInForward,
-    GrowingKVCache, PositionSlice,
+    GrowingKVCache, PositionSlice, CacheObject,
     ShapeBranch, TensorBranch,
-    IntPosition,
+    IntPosition, LibraryMask,
     RandomOps, LoggingInStep,
     FusedAttentionLengths,
     GEDynamic, NpugraphExFullgraph, WholeModelCompiled, LowLimit,

@@ -11,6 +11,12 @@ SEQUENCE_LENGTH_NAMES = frozenset({"seqlen", "seq_len", "q_len", "query_length",
 PREFILL_FLAGS = frozenset({"is_prefill", "prefill", "is_first_step", "use_cache_prefill"})
 
 
+def _only_raises(node: ast.If) -> bool:
+    """`if q_len != n: raise ...`: a shape check, not a path. Shapes are constants to a static graph, so
+    Dynamo settles the check while tracing and nothing of it reaches the graph."""
+    return not node.orelse and all(stmt.__class__ is ast.Raise for stmt in node.body)
+
+
 class ShapeBranch(Rule):
     CODE = "GM401"
     MESSAGE = (
@@ -22,7 +28,7 @@ class ShapeBranch(Rule):
     STEP_ONLY = True
 
     def visit_If(self, node: ast.If) -> None:
-        if not self.in_step_code(node):
+        if not self.in_step_code(node) or _only_raises(node):
             return
         hits = names_in(node.test) & (SEQUENCE_LENGTH_NAMES | PREFILL_FLAGS)
         if hits:

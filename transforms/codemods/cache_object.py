@@ -1,0 +1,377 @@
+"""Replaces a cache *object* passed through `forward` (transformers' Cache API) by buffers the model owns.
+
+Since transformers 4.36 the attention modules write and measure a cache object:
+
+    kv_seq_len = key_states.shape[-2]
+    if past_key_value is not None:
+        kv_seq_len += past_key_value.get_usable_length(kv_seq_len, self.layer_idx)
+    ...
+    if past_key_value is not None:
+        cache_kwargs = {"sin": sin, "cos": cos}
+        key_states, value_states = past_key_value.update(key_states, value_states, self.layer_idx, cache_kwargs)
+
+and the model's forward builds the 4-D mask for the grown length with a library helper:
+
+    attention_mask = _prepare_4d_causal_attention_mask(
+        attention_mask, (batch_size, seq_length), inputs_embeds, past_key_values_length, sliding_window=W)
+
+The three change together or not at all, since a static cache without a mask over the whole buffer would
+let attention read slots not written yet:
+
+- the write becomes `key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)`,
+  a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
+- the length read from the cache becomes `GRAPHMODE_MAX_SEQ_LEN`: attention reads the whole buffer;
+- the helper call becomes rows of one mask buffer built at the maximum length (same sliding window),
+  picked by `position_ids`.
+
+FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
+cannot hide the unwritten slots of a static cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
+    insert_after_imports, self_attributes
+from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
+    KV_HEAD_ATTRIBUTES, first_self_attribute
+from transforms.cstutil import code_of, dotted_name, find_method, names_in, single_assignment
+from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS
+
+MASK_BUILDER = "graphmode_causal_mask"
+MASK_BUILDER_SOURCE = f'''
+def {MASK_BUILDER}(max_seq_len, sliding_window=None):
+    """The additive causal mask for every position, built once (added by graphmode).
+
+    Row p holds 0 where position p may attend and the float32 minimum elsewhere, as transformers'
+    mask helpers fill it; with a sliding window, p sees only the last `sliding_window` positions.
+    Columns past p are hidden, which also hides the slots a static cache has not written yet.
+    """
+    visible = torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).tril()
+    if sliding_window is not None:
+        visible = visible.triu(1 - sliding_window)
+    return torch.zeros(max_seq_len, max_seq_len).masked_fill(~visible, torch.finfo(torch.float32).min)
+'''
+# Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
+_SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
+# How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
+_MASK_ROWS = {"cache_position": "[cache_position][None, None]", "position_ids": "[position_ids][:, None]"}
+
+
+def _comment(text: str) -> cst.EmptyLine:
+    return cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {text}"))
+
+
+def _calls_on(node: cst.CSTNode, receivers: set[str], methods: set[str]) -> list[cst.Call]:
+    """Calls `R.m(...)` under node, R a Name in receivers and m in methods."""
+    found: list[cst.Call] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            func = call.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+                    and func.value.value in receivers and func.attr.value in methods:
+                found.append(call)
+
+    node.visit(_Collector())
+    return found
+
+
+def _is_not_none(test: cst.BaseExpression, name: str) -> bool:
+    return (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and test.left.value == name
+            and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None")
+
+
+def _guarded_block(stmt: cst.BaseStatement, cache: str) -> list[cst.BaseStatement] | None:
+    """The body of `if <cache> is not None:` (without else), else None."""
+    if isinstance(stmt, cst.If) and stmt.orelse is None and _is_not_none(stmt.test, cache) \
+            and isinstance(stmt.body, cst.IndentedBlock):
+        return list(stmt.body.body)
+    return None
+
+
+def _write(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
+    """`K, V = <cache>.update(K, V, ...)` -> ("K", "V")."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    target, call = assign.targets[0].target, assign.value
+    if len(assign.targets) != 1 or not isinstance(target, cst.Tuple) or len(target.elements) != 2 \
+            or not _calls_on(call, {cache}, {CACHE_OBJECT_WRITE}) or dotted_name(call.func) != f"{cache}.update":
+        return None
+    names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
+    args = [a.value.value for a in call.args[:2] if a.keyword is None and isinstance(a.value, cst.Name)]
+    return (names[0], names[1]) if len(names) == 2 and names == args else None
+
+
+def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
+    """The write alone, or `if cache is not None:` holding the write and assignments only it reads."""
+    found = _write(stmt, cache)
+    if found:
+        return found
+    block = _guarded_block(stmt, cache)
+    if block is None:
+        return None
+    writes = [w for w in (_write(s, cache) for s in block) if w]
+    helpers = [s for s in block if not _write(s, cache)]
+    if len(writes) != 1:
+        return None
+    write_stmt = next(s for s in block if _write(s, cache))
+    for helper in helpers:  # e.g. `cache_kwargs = {...}`, read by the write and nothing else
+        assigned = single_assignment(helper)
+        if assigned is None or assigned[0] not in names_in(write_stmt):
+            return None
+    return writes[0]
+
+
+def _raises_only(stmt: cst.BaseStatement) -> bool:
+    """`if <check>: raise ...`: a sanity check that the rewrite may drop with the block it guards."""
+    return isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock) and all(
+        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
+        for s in stmt.body.body)
+
+
+def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
+    """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"."""
+    block = _guarded_block(stmt, cache)
+    if not block or not all(_raises_only(s) for s in block[:-1]):
+        return None
+    last = block[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1
+            and isinstance(last.body[0], cst.AugAssign) and isinstance(last.body[0].operator, cst.AddAssign)
+            and isinstance(last.body[0].target, cst.Name)):
+        return None
+    value = last.body[0].value
+    if isinstance(value, cst.Call) and _calls_on(value, {cache}, set(CACHE_OBJECT_LENGTHS)) \
+            and dotted_name(value.func) in {f"{cache}.{m}" for m in CACHE_OBJECT_LENGTHS}:
+        return last.body[0].target.value
+    return None
+
+
+def _helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
+    """`X = _prepare_4d_causal_attention_mask(...)` (or the sdpa variant) -> ("X", the call)."""
+    assigned = single_assignment(stmt)
+    if assigned and isinstance(assigned[1], cst.Call):
+        name = dotted_name(assigned[1].func)
+        if name and name.rsplit(".", 1)[-1] in LIBRARY_MASK_HELPERS:
+            return assigned[0], assigned[1]
+    return None
+
+
+@dataclass
+class _Plan:
+    """Every rewrite of the file, by node identity in the tree analysed."""
+
+    replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    drop: set[cst.CSTNode] = field(default_factory=set)
+    init_lines: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # class -> lines for __init__
+    writes: int = 0
+    masks: int = 0
+    windows: set[str] = field(default_factory=set)
+    incomplete: bool = False  # a cache or mask was recognised but could not be rewritten
+
+
+class CacheObject(GraphCodemod):
+    NAME = "cache_object"
+    TITLE = "Replace the cache object by preallocated buffers and a mask built once"
+    DESCRIPTION = (
+        f"Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
+        f"API), it writes a `{CACHE_CLASS}` of `({MAX_BATCH_CONSTANT}, kv heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` "
+        "buffers instead, with `index_copy_` at the positions; the length read from the cache "
+        f"(`get_usable_length`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; and the "
+        "4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` becomes rows of one buffer built "
+        "once (same sliding window), picked by `position_ids`. Every Decode step then has the same shapes and "
+        "addresses. `past_key_values` is no longer read or written: callers pass `position_ids` (the prefill/decode "
+        "entries do), the rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
+    )
+    SKILL = "static-kv-cache"
+    FIXES = frozenset({"GM303", "GM502"})
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        plan = _Plan()
+        for cls in classes.values():
+            for method in cls.body.body:
+                if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
+                    self._plan_cache(classes, cls, method, plan)
+                    self._plan_mask(cls, method, plan)
+        if plan.writes == 0:
+            self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
+            return tree
+        # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
+        problem = None
+        if plan.incomplete:
+            problem = "an attention path above could not be rewritten"
+        elif plan.masks == 0:
+            problem = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
+        elif len(plan.windows) > 1:
+            problem = "the masks use different sliding windows"
+        if problem:
+            self.edits.clear()
+            self.record_manual(next(iter(plan.replace)), f"the cache object was not replaced: {problem}")
+            return tree
+        module = tree.visit(_Apply(plan))
+        module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
+            if not defined_at_top(module, MASK_BUILDER) else module
+        if not defined_at_top(module, CACHE_CLASS):
+            module = insert_after_imports(module, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
+        return ensure_size_constants(module, self.options)
+
+    # -- the cache writes and lengths, in attention methods -----------------------------------------
+    def _plan_cache(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, method: cst.FunctionDef,
+                    plan: _Plan) -> None:
+        params = {p.name.value for p in method.params.params}
+        caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE})
+                  if len(c.args) >= 2}
+        if not caches:
+            return
+        where = f"{cls.name.value}.{method.name.value}"
+        if len(caches) > 1:
+            self.record_manual(method, f"`{where}` writes more than one cache object")
+            plan.incomplete = True
+            return
+        cache = caches.pop()
+        if "flash" in cls.name.value.lower():
+            self.record_manual(method, f"`{where}` is a FlashAttention path: its kernels take a 2-D padding mask "
+                                       "and cannot hide unwritten slots of a static cache; it keeps the cache object "
+                                       "(use the eager or sdpa attention with the adapted model)")
+            return
+        slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        owner = self._cache_owner(classes, cls)
+        body = list(method.body.body)
+        write_at = [i for i, s in enumerate(body) if _write_statement(s, cache)]
+        length_at = [i for i, s in enumerate(body) if _length_statement(s, cache)]
+        every_use = _calls_on(method, {cache}, {CACHE_OBJECT_WRITE, *CACHE_OBJECT_LENGTHS})
+        problem = None
+        if slots is None:
+            problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
+        elif owner is None:
+            problem = (f"no `__init__` in `{cls.name.value}` or its bases in this file names the KV head count and "
+                       "head size (self.num_key_value_heads, self.head_dim)")
+        elif len(write_at) != 1 or len(every_use) != len(write_at) + len(length_at):
+            problem = (f"`{cache}` is written or measured in a form not recognised (expected one "
+                       f"`k, v = {cache}.update(k, v, ...)` and `n += {cache}.get_usable_length(...)`)")
+        if problem:
+            self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
+            plan.incomplete = True
+            return
+        keys, values = _write_statement(body[write_at[0]], cache)
+        write = body[write_at[0]]
+        plan.replace[write] = cst.parse_statement(
+            f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n"
+        ).with_changes(leading_lines=[*write.leading_lines, _comment(
+            "written in place into the preallocated cache; attention reads the whole buffer.")])
+        self.record_edit(write, f"`{cache}.update` replaced by `self.kv_cache.update` at `{slots}`")
+        plan.writes += 1
+        for index in length_at:
+            stmt = body[index]
+            name = _length_statement(stmt, cache)
+            leading = list(stmt.leading_lines)
+            previous = body[index - 1] if index else None
+            assigned = single_assignment(previous) if previous is not None else None
+            if assigned and assigned[0] == name and not names_in(assigned[1]) & {name}:
+                plan.drop.add(previous)  # `n = k.shape[-2]`, overwritten now
+                leading = list(previous.leading_lines)
+                self.record_edit(previous, f"`{name} = ...` dropped: the cache length is fixed now")
+            plan.replace[stmt] = cst.parse_statement(f"{name} = {MAX_SEQ_LEN_CONSTANT}\n").with_changes(
+                leading_lines=[*leading, _comment("attention reads every slot of the static cache.")])
+            self.record_edit(stmt, f"`{name}` is `{MAX_SEQ_LEN_CONSTANT}` instead of a length read from `{cache}`")
+        init_owner = owner.name.value
+        if init_owner not in plan.init_lines:
+            init = find_method(owner, "__init__")
+            heads = first_self_attribute(init, KV_HEAD_ATTRIBUTES)
+            head_dim = first_self_attribute(init, HEAD_DIM_ATTRIBUTES)
+            plan.init_lines[init_owner] = [cst.parse_statement(
+                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
+                f"self.{head_dim}, seq_dim=2)\n")]
+
+    @staticmethod
+    def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef) -> cst.ClassDef | None:
+        """The class (this one or a same-file base) whose __init__ names the KV head count and head size."""
+        seen: set[str] = set()
+        current: cst.ClassDef | None = cls
+        while current is not None and current.name.value not in seen:
+            seen.add(current.name.value)
+            init = find_method(current, "__init__")
+            if init is not None and first_self_attribute(init, KV_HEAD_ATTRIBUTES) \
+                    and first_self_attribute(init, HEAD_DIM_ATTRIBUTES):
+                return current
+            bases = [b.value.value for b in current.bases if isinstance(b.value, cst.Name)]
+            current = next((classes[b] for b in bases if b in classes), None)
+        return None
+
+    # -- the mask, in the model's forward ------------------------------------------------------------
+    def _plan_mask(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        calls: list[tuple[cst.SimpleStatementLine, str, cst.Call]] = []
+
+        class _Collector(cst.CSTVisitor):
+            def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
+                found = _helper_call(stmt)
+                if found:
+                    calls.append((stmt, *found))
+
+        method.visit(_Collector())
+        if not calls:
+            return
+        params = {p.name.value for p in method.params.params}
+        position = next((p for p in _MASK_ROWS if p in params), None)
+        init = find_method(cls, "__init__")
+        buffer = "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask"
+        windows: set[str] = set()
+        rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
+        for stmt, target, call in calls:
+            positional = [a.value for a in call.args if a.keyword is None]
+            keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+            shape = positional[1] if len(positional) > 1 else None
+            window = keywords.get("sliding_window")
+            problem = None
+            if position is None or init is None:
+                problem = "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
+            elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
+                problem = "the call does not pass the input shape as `(batch, length)`"
+            elif window is not None and names_in(window) - {"self"}:
+                problem = "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+            if problem:
+                self.record_manual(stmt, f"`{code_of(call.func)}` builds the mask, but {problem}; build a mask buffer "
+                                         "by hand")
+                plan.incomplete = True
+                return
+            batch, length = (code_of(e.value) for e in shape.elements)
+            windows.add(code_of(window) if window is not None else "")
+            rows = (f"{target} = self.{buffer}{_MASK_ROWS[position]}.expand({batch}, 1, {length}, "
+                    f"{MAX_SEQ_LEN_CONSTANT})\n")
+            rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
+                "rows of the causal mask built once at the maximum length, picked by position.")])
+        if len(windows) > 1:
+            self.record_manual(calls[0][0], "the mask helpers of this method use different sliding windows; build "
+                                            "the mask buffers by hand")
+            plan.incomplete = True
+            return
+        for stmt, _, call in calls:
+            self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
+        plan.replace.update(rewrites)
+        plan.masks += len(rewrites)
+        window = windows.pop()
+        plan.windows.add(window)
+        argument = f", sliding_window={window}" if window else ""
+        plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
+            f'self.register_buffer("{buffer}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}{argument}), persistent=False)\n'))
+
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def on_leave(self, original_node, updated_node):
+        if original_node in self.plan.drop:
+            return cst.RemoveFromParent()
+        if original_node in self.plan.replace:
+            return self.plan.replace[original_node]
+        if isinstance(updated_node, cst.ClassDef) and updated_node.name.value in self.plan.init_lines:
+            return append_to_init(updated_node, self.plan.init_lines[updated_node.name.value],
+                                  "preallocated for Decode at the maximum length.")
+        return updated_node
