@@ -1,6 +1,7 @@
 """`graphmode`: the command line.
 
-    graphmode adapt PATH [--yes] [--backend NAME] [--out DIR] [--runs N]   design, confirm, implement, verify, report
+    graphmode adapt PATH [--yes] [--backend NAME] [--out DIR] [--runs N] [--batch-buckets 1,2,4,8]
+                                                                design, confirm, implement, verify, report
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif]            static findings only; no model runs
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or "
                             "'off' (every run compiles cold); default: a fresh one in the run folder, so run 1 "
                             "compiles cold and the report shows the warm-up later runs save")
+    adapt.add_argument("--batch-buckets", metavar="1,2,4,8",
+                       help="batch sizes a server pads its batches to: the static buffers are sized for the "
+                            "largest, and verify pads the prompt to each, checks the real rows are unchanged and "
+                            "reports each bucket's captures, warm-up and memory")
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -126,6 +131,7 @@ def _adapt(args: argparse.Namespace) -> int:
         raise UserError(f"--runs {args.runs}: each side needs at least 1 run")
     if not 0.0 <= args.similarity <= 1.0:
         raise UserError(f"--similarity {args.similarity:g}: a ratio between 0 and 1")
+    buckets = _batch_buckets(args.batch_buckets)
     try:
         backend, why = resolve(args.backend)
     except BackendUnavailable as error:
@@ -136,12 +142,25 @@ def _adapt(args: argparse.Namespace) -> int:
 
     state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
                      backend=backend.name, steps=args.steps, runs=args.runs,
-                     similarity=args.similarity, compile_cache=args.compile_cache, auto_approve=args.yes)
+                     similarity=args.similarity, compile_cache=args.compile_cache, batch_buckets=buckets,
+                     auto_approve=args.yes)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _batch_buckets(text: str | None) -> list[int]:
+    """--batch-buckets as sorted sizes; [] when not given."""
+    from runners.batch_buckets import parse_buckets
+
+    if text is None:
+        return []
+    try:
+        return parse_buckets(text)
+    except ValueError as error:
+        raise UserError(f"--batch-buckets {text!r}: {error}") from None
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -257,10 +276,20 @@ def _describe(step: str, change: dict) -> str:
         return (f"tokens equal: {v['tokens_equal']}, graph breaks {v['graph_breaks']}, recompiles "
                 f"{v['recompiles']}, Decode {v['eager']['decode_ms_per_token']:.3f} -> "
                 f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s), "
-                f"median of {v.get('runs', 1)} run(s) per side")
+                f"median of {v.get('runs', 1)} run(s) per side" + _describe_buckets(v.get("bucket_sweep", {})))
     if step == "report":
         return str(change.get("report_path"))
     return ""
+
+
+def _describe_buckets(sweep: dict) -> str:
+    buckets = sweep.get("buckets", [])
+    if not buckets:
+        return ""
+    unchanged = all(b["tokens_equal"] for b in buckets)
+    return (f"; batch buckets {','.join(str(b['bucket']) for b in buckets)}: real rows "
+            f"{'unchanged' if unchanged else 'CHANGED'} by padding, "
+            f"{sum(b['captures'] for b in buckets)} capture(s)")
 
 
 def _scan(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ def analyze(state: RunState) -> dict:
     sources = _declared_sources(target)
     findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
     baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=Path(state.run_dir) / "logs"))
+    _check_batch_fits(state.batch_buckets, baseline)
     findings = _with_runtime_findings(findings, baseline, sources)
     return {
         "sources": sources,
@@ -39,6 +40,14 @@ def analyze(state: RunState) -> dict:
         "findings": [f.to_dict() for f in findings],
         "baseline": baseline,
     }
+
+
+def _check_batch_fits(buckets: list[int], baseline: dict) -> None:
+    """The harness batch must fit a bucket; said now rather than after every verification run."""
+    batch = (baseline.get("prompt_shape") or [1])[0]
+    if buckets and batch > max(buckets):
+        raise UserError(f"--batch-buckets {','.join(map(str, buckets))}: the harness prompt has a batch of {batch}, "
+                        f"larger than the largest bucket; add a bucket of at least {batch}")
 
 
 def _declared_sources(target: Path) -> list[str]:
@@ -146,7 +155,9 @@ def design(state: RunState) -> dict:
 
 
 def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
-    options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class)
+    # With batch buckets, the static buffers must hold the largest one.
+    options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
+                      max_batch_size=max(state.batch_buckets, default=Options.max_batch_size))
     target = Path(state.target)
     return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -226,6 +237,7 @@ def verify(state: RunState) -> dict:
     result = _probe(lambda: run_verification(
         Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
         runs=state.runs, similarity=state.similarity, compile_cache=_compile_cache(state),
+        batch_buckets=state.batch_buckets or None,
     ))
     return {"verification": result.to_dict()}
 
@@ -302,4 +314,8 @@ def report_json(state: RunState) -> dict:
         "compile_logs": [f"logs/{name}" for name in v.get("compile_logs", [])],
         "unstable_figures": v.get("unstable_figures", []),
         "compile_cache": v.get("compile_cache", {}),
+        # Batch buckets (added): one entry per bucket run; [] without --batch-buckets.
+        "batch_buckets": v.get("bucket_sweep", {}).get("buckets", []),
+        "batch_buckets_skipped": v.get("bucket_sweep", {}).get("skipped", []),
+        "batch_buckets_padding": v.get("bucket_sweep", {}).get("padding"),
     }

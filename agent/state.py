@@ -34,6 +34,9 @@ class RunState(BaseModel):
     # Inductor's on-disk compile cache for the graph runs: "" = a fresh one in the run folder (run 1
     # compiles cold, later runs read it), "off" = every run compiles cold, else a folder kept across sessions.
     compile_cache: str = ""
+    # Batch sizes to pad the prompt to in verify (one capture each); [] = none. The static buffers are
+    # then sized for the largest.
+    batch_buckets: list[int] = Field(default_factory=list)
     auto_approve: bool = False
 
     # analyze

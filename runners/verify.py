@@ -7,6 +7,10 @@ load) touches both sides alike. Every figure is reported as the median of the ru
 one compared step by step. Tokens are compared for every step, logits step by step (tiny
 random models repeat tokens, so equal tokens alone prove little: lesson 7), and the
 compiled side must show no graph break, no recompile after warm-up and no hit limit.
+
+With batch buckets, one more graph-side process (runners/batch_buckets.py) pads the prompt to each
+bucket and checks the real rows against graph run 1; its per-bucket captures are expected and are
+kept apart from the recompiles above.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 
 from runners.backends import resolve
+from runners.batch_buckets import BucketSweep
 from runners.npu_config import COMPILE_CACHE_VAR
 from runners.results import WorkerResult
 from runners.subprocess_run import WorkerError, run_worker
@@ -96,6 +101,8 @@ class VerifyResult:
     unstable_figures: list[str] = field(default_factory=list)  # "side.figure" whose runs spread > SPREAD
     # The compile cache the graph side used, and the warm-up it saved: run 1 fills it, runs 2..N read it.
     compile_cache: dict[str, Any] = field(default_factory=dict)
+    # The batch-bucket sweep (runners.batch_buckets.BucketSweep as a dict); empty without buckets.
+    bucket_sweep: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -227,6 +234,22 @@ def _problems(result: VerifyResult) -> list[str]:
     if result.similarity < result.similarity_threshold:
         problems.append(f"token sequences only {result.similarity:.3f} similar to eager "
                         f"(threshold {result.similarity_threshold:g})")
+    return problems + _bucket_problems(result.bucket_sweep.get("buckets", []), result.logits_atol)
+
+
+def _bucket_problems(buckets: list[dict[str, Any]], atol: float) -> list[str]:
+    """Padding must leave the real rows alone, and each bucket must stay one capture once warm."""
+    problems = []
+    for b in buckets:
+        name = f"batch bucket {b['bucket']} ({b['padded_rows']} padded row(s))"
+        if not b["tokens_equal"]:
+            problems.append(f"{name}: the real rows' tokens differ from the unpadded run from Decode step "
+                            f"{b['first_divergent_step']}")
+        if not b["logits_max_abs_diff"] <= atol:  # `not <=` so that NaN fails too
+            problems.append(f"{name}: the real rows' logits differ from the unpadded run by up to "
+                            f"{b['logits_max_abs_diff']:.3g} (tolerance {atol:g})")
+        if b["graphs_after_warmup"]:
+            problems.append(f"{name}: {b['graphs_after_warmup']} graph(s) compiled after its warm-up")
     return problems
 
 
@@ -238,6 +261,27 @@ def run_name(side: str, run: int) -> str:
 def _torch_logs() -> str:
     asked = [part for part in os.environ.get("TORCH_LOGS", "").split(",") if part.strip()]
     return ",".join(dict.fromkeys(asked + COMPILE_TORCH_LOGS.split(",")))
+
+
+BUCKETS_RUN = "adapted.buckets"
+
+
+def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], work: Path, timeout_s: float,
+                 log_dir: Path | None, partial_graph: bool) -> BucketSweep:
+    """The bucket sweep in one more fresh graph-side process, against graph run 1's logits."""
+    out = work / f"{BUCKETS_RUN}.json"
+    args = ["--side", "adapted", "--folder", str(folder), "--steps", str(steps), "--backend", backend,
+            "--out", str(out), "--batch-buckets", ",".join(map(str, buckets)),
+            "--reference", str(work / f"{run_name('adapted', 0)}.logits.pt"),
+            "--compile-log", str(work / f"{BUCKETS_RUN}.compile.log")]
+    if partial_graph:
+        args.append("--partial-graph")
+    # Its own empty inductor cache: every bucket compiles cold, so the buckets' warm-ups compare.
+    env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(work / f"{BUCKETS_RUN}.compile-cache"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    run_worker("runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
+               error=VerificationError, env=env)
+    return BucketSweep.from_dict(json.loads(out.read_text()))
 
 
 def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
@@ -263,10 +307,12 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
 def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int = MIN_STEPS,
            timeout_s: float = 600, log_dir: Path | None = None,
            logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
-           similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None) -> VerifyResult:
+           similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None,
+           batch_buckets: list[int] | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
-    caches (run 1 fills it when it starts empty); None gives every run its own empty one."""
+    caches (run 1 fills it when it starts empty); None gives every run its own empty one.
+    `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py)."""
     if steps < MIN_STEPS:
         raise ValueError(f"verify needs at least {MIN_STEPS} Decode steps (got {steps}): "
                          "some hazards only fire past a length (lesson 4)")
@@ -286,6 +332,9 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
                                              compile_cache))
+        # After the runs, so it disturbs neither their alternation nor their figures.
+        sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
+                             partial_graph=sides["adapted"][0][0].graph_breaks > 0) if batch_buckets else None
     adapted_runs = [r for r, _, _ in sides["adapted"]]
     original_runs = [r for r, _, _ in sides["original"]]
     adapted, graph_logits = adapted_runs[0], sides["adapted"][0][1]
@@ -340,7 +389,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         tokens_compared=compared, tokens_differing=differing,
         similarity=ratio, similarity_threshold=similarity,
         graphs_after_warmup=max(r.graphs_after_warmup for r in adapted_runs),
-        compile_logs=[f"{run_name('adapted', run)}.compile.log" for run in range(runs)] if log_dir else [],
+        compile_logs=([f"{run_name('adapted', run)}.compile.log" for run in range(runs)]
+                      + ([f"{BUCKETS_RUN}.compile.log"] if sweep else [])) if log_dir else [],
         variables=_variables(original, adapted, backend.name, runs),
     )
     result.unstable_figures = [
@@ -353,5 +403,6 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         "later_runs_warmup_s": statistics.median(warmups[1:]) if runs > 1 else None,
         "saved_s": warmups[0] - statistics.median(warmups[1:]) if runs > 1 and compile_cache is not None else None,
     }
+    result.bucket_sweep = sweep.to_dict() if sweep else {}
     result.problems = _problems(result)
     return result

@@ -2,6 +2,8 @@
 
     python -m runners.worker --side {original,adapted} --folder DIR --steps N \
         --backend NAME --out RESULT.json [--logits LOGITS.pt]
+    python -m runners.worker --side adapted --folder DIR --steps N --backend NAME \
+        --out SWEEP.json --batch-buckets 1,2,4 --reference LOGITS.pt [--partial-graph]
 
 A fresh process per side gives each side a freshly, identically seeded model (forward may
 have first-call side effects, lesson 6) and empty Dynamo caches and counters.
@@ -10,6 +12,8 @@ have first-call side effects, lesson 6) and empty Dynamo caches and counters.
 - adapted:  model.prefill eagerly, then Decode through backend.compile(model.decode).
   Step 0 is the warm-up (compile); every later step runs under the "fail_on_recompile"
   stance so a recompile is an event we see, not a silent slowdown (lesson 2).
+- adapted with --batch-buckets: the batch-bucket sweep instead (runners/batch_buckets.py): the
+  prompt padded to each bucket, its real rows checked against the unpadded run's logits.
 
 Greedy choice and logits copies happen outside the timed regions. Every Decode step gets
 a fresh (B, 1) token tensor from argmax: a (1, 1) slice of a growing tensor changes stride
@@ -25,8 +29,6 @@ import argparse
 import json
 import logging
 import os
-import resource
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -35,10 +37,12 @@ from typing import Any, Callable
 import torch
 
 from runners.backends import Backend, compile_options, resolve
+from runners.batch_buckets import parse_buckets, run_sweep
 from runners.cli import WorkerFailure, call_user, run_main
 from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from runners.env_info import environment
 from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits
+from runners.memory import peak_memory
 from runners.results import WorkerResult
 from runners.timing import timed
 
@@ -241,7 +245,35 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile-log", type=Path,
                         help="write Dynamo's graph_breaks and recompiles log records here (enable them with "
                              "TORCH_LOGS=graph_breaks,recompiles)")
+    parser.add_argument("--batch-buckets", type=_buckets_arg, metavar="1,2,4",
+                        help="adapted side: run the batch-bucket sweep instead, writing its record to --out")
+    parser.add_argument("--reference", type=Path,
+                        help="with --batch-buckets: the unpadded graph run's logits (its --logits file)")
+    parser.add_argument("--partial-graph", action="store_true",
+                        help="with --batch-buckets: compile with fullgraph=False (Decode has graph breaks)")
     return parser.parse_args(argv)
+
+
+def _buckets_arg(text: str) -> list[int]:
+    try:
+        return parse_buckets(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def bucket_sweep(args: argparse.Namespace, backend: Backend, folder: Path, model: torch.nn.Module,
+                 prompt: torch.Tensor) -> None:
+    """The batch-bucket sweep in this fresh process; its record goes to --out."""
+    if args.side != "adapted":
+        raise WorkerFailure("--batch-buckets runs on the adapted side only")
+    if args.reference is None:
+        raise WorkerFailure("--batch-buckets needs --reference LOGITS.pt, the unpadded graph run's logits")
+    reference = torch.load(args.reference)
+    with torch.inference_mode():
+        sweep = run_sweep(model, prompt, args.batch_buckets, args.steps, backend, folder, reference,
+                          fullgraph=not args.partial_graph)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(sweep.to_dict(), indent=2))
 
 
 # The artifact loggers behind TORCH_LOGS=graph_breaks,recompiles (torch 2.13), plus the
@@ -277,18 +309,6 @@ def process_seconds() -> float | None:
         return None
 
 
-def peak_memory(device: str) -> dict[str, float | None]:
-    """Peak resident memory of this process, and peak memory the allocator handed out on the device."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
-    device_mb = None
-    if device == "cuda" and torch.cuda.is_available():
-        device_mb = torch.cuda.max_memory_allocated() / 2**20
-    elif device == "npu" and "torch_npu" in sys.modules:
-        device_mb = torch.npu.max_memory_allocated() / 2**20
-    return {"peak_rss_mb": rss_mb, "peak_device_mb": device_mb}
-
-
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     if args.steps < 1:
@@ -307,6 +327,10 @@ def main(argv: list[str] | None = None) -> None:
     if prompt.shape[1] + args.steps > limit:
         raise WorkerFailure(f"prompt ({prompt.shape[1]}) + steps ({args.steps}) exceeds the harness "
                             f"MAX_SEQ_LEN ({limit}); lower --steps or raise MAX_SEQ_LEN")
+
+    if args.batch_buckets:
+        bucket_sweep(args, backend, folder, model, prompt)
+        return
 
     # inference_mode works with torch.compile on torch 2.13 (the tests compile under it).
     with torch.inference_mode():
