@@ -11,13 +11,14 @@ from transforms.codemods.static_kv_cache import StaticKVCacheCodemod
 from transforms.codemods.static_mask import StaticMask
 from transforms.codemods.static_positions import StaticPositions
 from transforms.codemods.static_rotary import StaticRotary
+from transforms.codemods.tensor_branches import TensorBranches
 
 # Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
 # been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    HoistItem, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject, SlicedKVCache, StaticPositions,
-    SplitDecode,
+    HoistItem, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
+    SlicedKVCache, StaticPositions, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

@@ -17,6 +17,8 @@ from transforms.rules.reach import step_qualnames
 GUARD = "not torch.compiler.is_compiling()"
 _COMMENT = "# graphmode: eager runs only; a compiled graph cannot read tensor values or print."
 _SYNCS = ("item", "tolist")
+# `if torch.isnan(x).any(): raise ...` reads a tensor value on the host as surely as `.item()` does.
+_VALUE_TESTS = ("any", "all")
 _LOGGERS = frozenset({"logger", "logging", "log", "_logger", "LOGGER"})
 _LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "warning_once",
                          "info_once"})
@@ -52,7 +54,7 @@ def _is_eager_only(stmt: cst.BaseStatement) -> bool:
     if isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock):
         body = stmt.body.body
         return (
-            _reads_host_value(stmt.test)
+            (_reads_host_value(stmt.test) or any(contains_call(stmt.test, m) for m in _VALUE_TESTS))
             and len(body) == 1
             and isinstance(body[0], cst.SimpleStatementLine)
             and isinstance(body[0].body[0], cst.Raise)
@@ -64,13 +66,13 @@ class HoistItem(GraphCodemod):
     NAME = "hoist_item"
     TITLE = "Run checks and debugging output in eager code only"
     DESCRIPTION = (
-        "Wraps asserts, checks that read tensor values on the host (`if ...item(): raise`) and debugging "
+        "Wraps asserts, checks that read tensor values on the host (`if ...item(): raise`, `if x.isnan().any(): raise`) and debugging "
         "output (`print`, logging, `warnings.warn`) in step code in `if not torch.compiler.is_compiling():`. They "
         "still run in the eager original and in Prefill; the compiled Decode skips them instead of waiting for "
         "the device or breaking its graph."
     )
     SKILL = "host-syncs"
-    FIXES = frozenset({"GM101", "GM104", "GM602"})
+    FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._step_functions = step_qualnames(tree.code)

@@ -59,6 +59,7 @@ class TensorBranch(Rule):
         "or decide in the eager caller"
     )
     SKILL = "refactoring-principles"
+    FIXED_BY = ("tensor_branches", "hoist_item")
     STEP_ONLY = True
 
     def _check(self, node: ast.AST, test: ast.expr, kind: str) -> None:

@@ -1,0 +1,191 @@
+"""Turns a Python branch on a tensor value into a selection on the device, where that keeps its meaning.
+
+    if torch.isinf(hidden).any():                        # reads the device to choose a path
+        limit = torch.finfo(hidden.dtype).max - 1000
+        hidden = hidden.clamp(-limit, limit)
+
+becomes
+
+    limit = torch.finfo(hidden.dtype).max - 1000
+    hidden = torch.where(torch.isinf(hidden).any(), hidden.clamp(-limit, limit), hidden)
+
+Both sides are computed and `torch.where` picks one per element; the condition is a 0-dim tensor, so it
+picks the same side everywhere, as the `if` did. That is the same result only when the body is one update
+of a tensor by an elementwise op of itself (`clamp`, `nan_to_num`, arithmetic with numbers),
+which keeps its shape and dtype; helper assignments before it must be pure (numbers, `finfo`).
+A static part of the test (`x.dtype == torch.float16 and ...`) stays a Python `if`, which Dynamo settles
+while tracing. Any other branch on a tensor value is reported with the reason and left as it is.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from transforms.codemods.base import GraphCodemod
+from transforms.cstutil import code_of, dotted_name, names_in, single_assignment
+from transforms.rules.reach import step_qualnames
+
+# Calls whose result a test can only use after reading tensor data on the host.
+_VALUE_METHODS = frozenset({"any", "all"})
+_VALUE_TORCH = frozenset({"torch.any", "torch.all"})
+# Elementwise updates that keep the shape and dtype of the tensor they update.
+# (Not masked_fill: computed on both sides, its fill value is checked against the dtype and may raise where
+# the branch was never taken.)
+_ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "nan_to_num", "abs", "neg", "relu",
+                                  "tanh", "sigmoid"})
+_PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
+_COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
+
+
+def _value_calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if dotted_name(call.func) in _VALUE_TORCH or (
+                    isinstance(call.func, cst.Attribute) and call.func.attr.value in _VALUE_METHODS and not call.args):
+                found.append(call)
+
+    node.visit(_Collector())
+    return found
+
+
+def _split_test(test: cst.BaseExpression) -> tuple[cst.BaseExpression | None, cst.BaseExpression] | None:
+    """(static part or None, tensor part) for `T`, `not T` and `S and T`; None for anything else."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = test.left, test.right
+        if not _value_calls(left) and _value_calls(right):
+            tensor = _tensor_condition(right)
+            return (left, tensor) if tensor is not None else None
+        return None
+    tensor = _tensor_condition(test)
+    return (None, tensor) if tensor is not None else None
+
+
+def _tensor_condition(test: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The test as a boolean tensor: a value call itself, or `not` of one."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _tensor_condition(test.expression)
+        return None if inner is None else cst.parse_expression(f"torch.logical_not({code_of(inner)})")
+    if isinstance(test, cst.Call) and test in _value_calls(test):
+        return test
+    return None
+
+
+def _updates_itself(name: str, value: cst.BaseExpression, numbers: set[str]) -> bool:
+    """`value` is an elementwise op of `name` with numbers, names bound to numbers, or attributes only."""
+    def is_number(node: cst.BaseExpression) -> bool:
+        if isinstance(node, (cst.Integer, cst.Float)):
+            return True
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            return is_number(node.expression)
+        return isinstance(node, cst.Name) and node.value in numbers
+
+    def is_self(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Name) and node.value == name
+
+    if isinstance(value, cst.BinaryOperation):
+        return (is_self(value.left) and is_number(value.right)) or (is_number(value.left) and is_self(value.right))
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+        return False
+    method = value.func.attr.value
+    if method not in _ELEMENTWISE_METHODS:
+        return False
+    receiver = value.func.value
+    args = [a.value for a in value.args]
+    if is_self(receiver):  # x.clamp(-limit, limit)
+        others = args
+    elif dotted_name(receiver) == "torch" and args and is_self(args[0]):  # torch.clamp(x, -limit, limit)
+        others = args[1:]
+    else:
+        return False
+    return all(is_number(a) for a in others)
+
+
+def _pure_number(value: cst.BaseExpression) -> bool:
+    """An expression whose calls are only `torch.finfo(...)`-like: no tensor work, no host read."""
+    calls: list[cst.Call] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            calls.append(call)
+
+    value.visit(_Collector())
+    return all(dotted_name(c.func) in _PURE_CALLS for c in calls)
+
+
+class TensorBranches(GraphCodemod):
+    NAME = "tensor_branches"
+    TITLE = "Select on the device instead of branching on tensor values"
+    DESCRIPTION = (
+        "An `if` whose test reads a tensor value (`.any()`, `.all()`) and whose body updates one tensor with an "
+        "elementwise op of itself (`clamp`, `nan_to_num`, arithmetic with numbers) becomes "
+        "`x = torch.where(test, updated, x)`: both sides are computed on the device and one is selected, so "
+        "Decode no longer waits for the device to choose a path and the graph does not break. Results are "
+        "identical; the update now runs every step. A static part of the test stays a Python `if`."
+    )
+    SKILL = "refactoring-principles"
+    FIXES = frozenset({"GM402"})
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._step_functions = step_qualnames(tree.code)
+        return super().transform_module_impl(tree)
+
+    def _in_step_code(self, node: cst.CSTNode) -> bool:
+        parts = self.qualname(node).split(".")
+        return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):
+        if not _value_calls(original_node.test) or not self._in_step_code(original_node):
+            return updated_node
+        if _only_raises(original_node):
+            return updated_node  # a check that raises runs in eager code only (hoist_item)
+        rewritten = self._rewrite(original_node)
+        if isinstance(rewritten, str):
+            self.record_manual(original_node, f"`if {code_of(original_node.test)}:` decides on a tensor value, but "
+                                              f"{rewritten}; select with `torch.where`/`masked_fill` by hand, or "
+                                              "decide in the eager caller")
+            return updated_node
+        self.record_edit(original_node, f"`if {code_of(original_node.test)}:` became a `torch.where` selection")
+        return rewritten
+
+    def _rewrite(self, node: cst.If) -> cst.BaseStatement | cst.FlattenSentinel | str:
+        """The selection, or why the branch cannot become one."""
+        split = _split_test(node.test)
+        if split is None:
+            return "its test mixes the tensor value with other conditions in a form not recognised"
+        if node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+            return "it has an else branch"
+        static, tensor = split
+        *helpers, last = node.body.body
+        numbers: set[str] = set()
+        for helper in helpers:
+            assigned = single_assignment(helper)
+            if assigned is None or not _pure_number(assigned[1]) or _value_calls(assigned[1]):
+                return f"its body does more than compute numbers before one update (`{_statement_text(helper)}`)"
+            numbers.add(assigned[0])
+        assigned = single_assignment(last)
+        if assigned is None or not _updates_itself(assigned[0], assigned[1], numbers):
+            return (f"`{_statement_text(last)}` is not an elementwise update of a tensor by itself and numbers, "
+                    "so the two sides may differ in shape, dtype or kind")
+        name, value = assigned
+        select = cst.parse_statement(f"{name} = torch.where({code_of(tensor)}, {code_of(value)}, {name})\n")
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(test=code_of(node.test))))
+        body = [h.with_changes(leading_lines=[]) for h in helpers] + [select]
+        if static is not None:
+            return node.with_changes(test=static, body=node.body.with_changes(body=body),
+                                     leading_lines=[*node.leading_lines, comment])
+        body[0] = body[0].with_changes(leading_lines=[*node.leading_lines, comment])
+        return cst.FlattenSentinel(body)
+
+
+def _only_raises(node: cst.If) -> bool:
+    return node.orelse is None and isinstance(node.body, cst.IndentedBlock) and all(
+        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
+        for s in node.body.body)
+
+
+def _statement_text(stmt: cst.BaseStatement) -> str:
+    """The statement's code without its comments and indentation."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return "; ".join(code_of(small).strip() for small in stmt.body)
+    return code_of(stmt).strip().splitlines()[0]
