@@ -276,9 +276,9 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
             "--compile-log", str(work / f"{BUCKETS_RUN}.compile.log")]
     if partial_graph:
         args.append("--partial-graph")
-    # Its own empty inductor cache: every bucket compiles cold, so the buckets' warm-ups compare.
+    # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
     env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(work / f"{BUCKETS_RUN}.compile-cache"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", COMPILE_CACHE_VAR: "off"}
     run_worker("runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
                error=VerificationError, env=env)
     return BucketSweep.from_dict(json.loads(out.read_text()))
