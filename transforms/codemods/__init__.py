@@ -4,6 +4,7 @@ from __future__ import annotations
 from transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from transforms.codemods.cache_object import CacheObject
 from transforms.codemods.hoist_item import HoistItem
+from transforms.codemods.host_scalars import HostScalars
 from transforms.codemods.sliced_kv_cache import SlicedKVCache
 from transforms.codemods.sliced_tables import SlicedTables
 from transforms.codemods.split_decode import SplitDecode
@@ -18,7 +19,7 @@ from transforms.codemods.tensor_branches import TensorBranches
 # been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     HoistItem, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
-    SlicedKVCache, StaticPositions, SplitDecode,
+    SlicedKVCache, StaticPositions, HostScalars, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

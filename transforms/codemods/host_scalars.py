@@ -1,0 +1,115 @@
+"""Keeps a scalar read with `.item()` as a tensor when it only feeds tensor arithmetic.
+
+    scale = self.logit_scale.exp().item()      # waits for the device, copies one number to the host
+    logits = logits * scale
+
+becomes
+
+    scale = self.logit_scale.exp()             # a 0-dim tensor, computed on the device
+    logits = logits * scale
+
+A 0-dim tensor in arithmetic with a tensor promotes like the Python number it replaces (it counts as a
+scalar), so the result has the same values and dtype; Decode no longer waits for the device mid-step and
+Dynamo no longer breaks its graph there. Only step code is touched, and only when every use of the name
+is an operand of `+ - * / **` next to something that is not a number literal. A name also used as a
+Python number (a slice bound, `range`, an `if`, a format string) is reported with the line of that use:
+it must be computed in the eager caller and passed in, or the code rewritten to index with a tensor.
+"""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider
+
+from transforms.codemods.base import GraphCodemod
+from transforms.cstutil import code_of, single_assignment
+from transforms.rules.reach import step_qualnames
+
+_ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
+_COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."
+
+
+def _item_source(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`E.item()` -> E."""
+    if isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value == "item":
+        return value.func.value
+    return None
+
+
+def _is_number_literal(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    return isinstance(node, cst.UnaryOperation) and _is_number_literal(node.expression)
+
+
+class HostScalars(GraphCodemod):
+    NAME = "host_scalars"
+    TITLE = "Keep scalars read with `.item()` on the device"
+    DESCRIPTION = (
+        "`x = t.item()` in step code, where `x` only feeds tensor arithmetic, becomes `x = t`: a 0-dim tensor "
+        "promotes like the number it replaces, so values and dtypes stay the same, and Decode no longer waits "
+        "for the device mid-step nor breaks its graph there."
+    )
+    SKILL = "host-syncs"
+    FIXES = frozenset({"GM101"})
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._step_functions = step_qualnames(tree.code)
+        return super().transform_module_impl(tree)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
+        if self.qualname(original_node) not in self._step_functions or not isinstance(original_node.body,
+                                                                                      cst.IndentedBlock):
+            return updated_node
+        replace: dict[cst.CSTNode, cst.CSTNode] = {}
+        for stmt in original_node.body.body:
+            assigned = single_assignment(stmt)
+            source = _item_source(assigned[1]) if assigned else None
+            if source is None:
+                continue
+            name = assigned[0]
+            problem = self._non_tensor_use(original_node, stmt, name)
+            if problem:
+                self.record_manual(stmt, f"`{name} = {code_of(assigned[1]).strip()}` waits for the device, and "
+                                         f"`{name}` is used as a Python number ({problem}); compute it in the eager "
+                                         "caller and pass it in, or index with a tensor instead")
+                continue
+            new = stmt.with_changes(body=[stmt.body[0].with_changes(value=source)], leading_lines=[
+                *stmt.leading_lines, cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT))])
+            replace[stmt] = new
+            self.record_edit(stmt, f"`{name}` stays a tensor instead of `.item()`")
+        if not replace:
+            return updated_node
+        body = [replace.get(original, new) for original, new in zip(original_node.body.body, updated_node.body.body)]
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+
+    def _non_tensor_use(self, function: cst.FunctionDef, assignment: cst.BaseStatement, name: str) -> str | None:
+        """Why `name` cannot stay a tensor (the first use that needs a number), or None."""
+        uses: list[cst.Name] = []
+        assignments: list[cst.CSTNode] = []
+
+        class _Collector(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                if node.value == name:
+                    uses.append(node)
+
+            def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+                if isinstance(node.target, cst.Name) and node.target.value == name:
+                    assignments.append(node)
+
+        function.body.visit(_Collector())
+        if len(assignments) != 1:
+            return "it is assigned more than once"
+        target = assignments[0].target
+        reads = [u for u in uses if u is not target]
+        if not reads:
+            return "it is never read"
+        for use in reads:
+            parent = self.get_metadata(ParentNodeProvider, use)
+            if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, _ARITHMETIC)):
+                line = self._lines(use)[0]
+                return f"line {line}"
+            other = parent.right if parent.left is use else parent.left
+            if _is_number_literal(other):
+                return f"line {self._lines(use)[0]}, with a number literal"
+        return None
