@@ -353,6 +353,8 @@ class CacheObject(GraphCodemod):
             return
         for stmt, _, call in calls:
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
+        rewrites.update(self._past_from_cache(method, params))
+        rewrites.update(self._positions_required(method, position))
         plan.replace.update(rewrites)
         plan.masks += len(rewrites)
         window = windows.pop()
@@ -360,6 +362,50 @@ class CacheObject(GraphCodemod):
         argument = f", sliding_window={window}" if window else ""
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
             f'self.register_buffer("{buffer}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}{argument}), persistent=False)\n'))
+
+
+    def _past_from_cache(self, method: cst.FunctionDef, params: set[str]) -> dict[cst.CSTNode, cst.CSTNode]:
+        """`past = past_key_values.get_usable_length(n)` -> `past = 0`: nothing writes the cache object now."""
+        found: dict[cst.CSTNode, cst.CSTNode] = {}
+        codemod = self
+
+        class _Collector(cst.CSTVisitor):
+            def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
+                assigned = single_assignment(stmt)
+                if assigned and isinstance(assigned[1], cst.Call) and isinstance(assigned[1].func, cst.Attribute) \
+                        and isinstance(assigned[1].func.value, cst.Name) and assigned[1].func.value.value in params \
+                        and assigned[1].func.attr.value in CACHE_OBJECT_LENGTHS:
+                    found[stmt] = cst.parse_statement(f"{assigned[0]} = 0\n").with_changes(leading_lines=[
+                        *stmt.leading_lines, _comment("the cache object is not written any more (the KV cache "
+                                                      "lives in buffers), so it holds no past.")])
+                    codemod.record_edit(stmt, f"`{assigned[0]}` is 0: the cache object stays empty")
+
+        method.visit(_Collector())
+        return found
+
+    def _positions_required(self, method: cst.FunctionDef, position: str) -> dict[cst.CSTNode, cst.CSTNode]:
+        """`if position_ids is None: position_ids = torch.arange(past, past + n)` counted positions from the
+        cache; with buffers nothing counts them, so callers must pass them (the entry points do)."""
+        found: dict[cst.CSTNode, cst.CSTNode] = {}
+        codemod = self
+
+        class _Collector(cst.CSTVisitor):
+            def visit_If(self, node: cst.If) -> None:
+                test = node.test
+                if (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
+                        and test.left.value == position and len(test.comparisons) == 1
+                        and isinstance(test.comparisons[0].operator, cst.Is)
+                        and code_of(test.comparisons[0].comparator) == "None"
+                        and "torch.arange" in code_of(node.body)):
+                    body = cst.parse_statement(
+                        f'raise ValueError("pass `{position}`: the KV cache lives in static buffers (graphmode), '
+                        f'so positions are not counted from a cache")\n')
+                    found[node] = node.with_changes(body=node.body.with_changes(body=[body.with_changes(
+                        leading_lines=[_comment("positions used to be counted from the cache object.")])]))
+                    codemod.record_edit(node, f"`{position}` is required: it was counted from the cache object")
+
+        method.visit(_Collector())
+        return found
 
 
 class _Apply(cst.CSTTransformer):
