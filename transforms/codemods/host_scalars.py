@@ -14,14 +14,20 @@ Dynamo no longer breaks its graph there. Only step code is touched, and only whe
 is an operand of `+ - * / **` next to something that is not a number literal. A name also used as a
 Python number (a slice bound, `range`, an `if`, a format string) is reported with the line of that use:
 it must be computed in the eager caller and passed in, or the code rewritten to index with a tensor.
+`int(t)`, `float(t)` and `t.tolist()` of a tensor are reported the same way and left as they are: as a
+tensor, `int` would no longer truncate and a list would no longer be a list.
 """
 from __future__ import annotations
+
+import ast
+import textwrap
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from transforms.codemods.base import GraphCodemod
 from transforms.cstutil import code_of, single_assignment
+from transforms.rules.idioms import produces_tensor, tensor_names
 from transforms.rules.reach import step_qualnames
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
@@ -62,10 +68,18 @@ class HostScalars(GraphCodemod):
                                                                                       cst.IndentedBlock):
             return updated_node
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
+        tensors: frozenset[str] | None = None
         for stmt in original_node.body.body:
             assigned = single_assignment(stmt)
             source = _item_source(assigned[1]) if assigned else None
             if source is None:
+                conversion = _conversion(assigned[1]) if assigned else None
+                if conversion is not None:
+                    tensors = _tensor_names(original_node) if tensors is None else tensors
+                    if _is_tensor(conversion[1], tensors):
+                        self.record_manual(stmt, f"`{assigned[0]} = {code_of(assigned[1]).strip()}` waits for the "
+                                                 f"device and makes a Python {conversion[0]}; compute it in the eager "
+                                                 "caller and pass it in, or keep working on the tensor")
                 continue
             name = assigned[0]
             problem = self._non_tensor_use(original_node, stmt, name)
@@ -113,3 +127,25 @@ class HostScalars(GraphCodemod):
             if _is_number_literal(other):
                 return f"line {self._lines(use)[0]}, with a number literal"
         return None
+
+
+def _conversion(value: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
+    """`int(E)` / `float(E)` -> ("int", E); `E.tolist()` -> ("list", E)."""
+    if not isinstance(value, cst.Call):
+        return None
+    if isinstance(value.func, cst.Name) and value.func.value in ("int", "float") and len(value.args) == 1 \
+            and value.args[0].keyword is None and not value.args[0].star:
+        return value.func.value, value.args[0].value
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "tolist" and not value.args:
+        return "list", value.func.value
+    return None
+
+
+def _tensor_names(function: cst.FunctionDef) -> frozenset[str]:
+    """The rules' guess at which local names hold tensors (transforms.rules.idioms), on this function."""
+    tree = ast.parse(textwrap.dedent(code_of(function.with_changes(decorators=[]))))
+    return tensor_names(tree.body[0])
+
+
+def _is_tensor(expression: cst.BaseExpression, tensors: frozenset[str]) -> bool:
+    return produces_tensor(ast.parse(code_of(expression).strip(), mode="eval").body, tensors)
