@@ -13,6 +13,8 @@ import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
+from transforms.rules.reach import step_qualnames
+
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
 MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
 
@@ -85,3 +87,16 @@ class GraphCodemod(VisitorBasedCodemodCommand):
                 names.append(current.name.value)
             current = self.get_metadata(ParentNodeProvider, current, None)
         return ".".join(reversed(names))
+
+
+class StepCodemod(GraphCodemod):
+    """A codemod that only touches code a model step reaches (`forward`, `decode`, ... and what they call in
+    the same file; transforms.rules.reach), as the rules only report there."""
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._step_functions = step_qualnames(tree.code)
+        return super().transform_module_impl(tree)
+
+    def in_step_code(self, node: cst.CSTNode) -> bool:
+        parts = self.qualname(node).split(".")
+        return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))

@@ -10,9 +10,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.codemods.base import GraphCodemod
+from transforms.codemods.base import StepCodemod
 from transforms.cstutil import code_of, contains_call, dotted_name
-from transforms.rules.reach import step_qualnames
 
 GUARD = "not torch.compiler.is_compiling()"
 _COMMENT = "# graphmode: eager runs only; a compiled graph cannot read tensor values or print."
@@ -62,7 +61,7 @@ def _is_eager_only(stmt: cst.BaseStatement) -> bool:
     return False
 
 
-class HoistItem(GraphCodemod):
+class HoistItem(StepCodemod):
     NAME = "hoist_item"
     TITLE = "Run checks and debugging output in eager code only"
     DESCRIPTION = (
@@ -74,14 +73,6 @@ class HoistItem(GraphCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._step_functions = step_qualnames(tree.code)
-        return super().transform_module_impl(tree)
-
-    def _in_step_code(self, node: cst.CSTNode) -> bool:
-        qualname = self.qualname(node)
-        parts = qualname.split(".")
-        return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
 
     def _already_guarded(self, node: cst.CSTNode) -> bool:
         current = self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
@@ -92,7 +83,7 @@ class HoistItem(GraphCodemod):
         return False
 
     def _guard(self, original: cst.BaseStatement, updated: cst.BaseStatement) -> cst.BaseStatement:
-        if not _is_eager_only(original) or not self._in_step_code(original) or self._already_guarded(original):
+        if not _is_eager_only(original) or not self.in_step_code(original) or self._already_guarded(original):
             return updated
         self.record_edit(original, "runs only when not compiling")
         AddImportsVisitor.add_needed_import(self.context, "torch")

@@ -25,10 +25,9 @@ import textwrap
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from transforms.codemods.base import GraphCodemod
+from transforms.codemods.base import StepCodemod
 from transforms.cstutil import code_of, single_assignment
 from transforms.rules.idioms import produces_tensor, tensor_names
-from transforms.rules.reach import step_qualnames
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
 _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."
@@ -48,7 +47,7 @@ def _is_number_literal(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.UnaryOperation) and _is_number_literal(node.expression)
 
 
-class HostScalars(GraphCodemod):
+class HostScalars(StepCodemod):
     NAME = "host_scalars"
     TITLE = "Keep scalars read with `.item()` on the device"
     DESCRIPTION = (
@@ -59,13 +58,9 @@ class HostScalars(GraphCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._step_functions = step_qualnames(tree.code)
-        return super().transform_module_impl(tree)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
-        if self.qualname(original_node) not in self._step_functions or not isinstance(original_node.body,
-                                                                                      cst.IndentedBlock):
+        if not self.in_step_code(original_node) or not isinstance(original_node.body, cst.IndentedBlock):
             return updated_node
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
         tensors: frozenset[str] | None = None

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods.base import GraphCodemod
+from transforms.codemods.base import StepCodemod
 from transforms.cstutil import code_of, dotted_name, names_in, single_assignment
-from transforms.rules.reach import step_qualnames
 
 # Calls whose result a test can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all"})
@@ -113,7 +112,7 @@ def _pure_number(value: cst.BaseExpression) -> bool:
     return all(dotted_name(c.func) in _PURE_CALLS for c in calls)
 
 
-class TensorBranches(GraphCodemod):
+class TensorBranches(StepCodemod):
     NAME = "tensor_branches"
     TITLE = "Select on the device instead of branching on tensor values"
     DESCRIPTION = (
@@ -126,16 +125,9 @@ class TensorBranches(GraphCodemod):
     SKILL = "refactoring-principles"
     FIXES = frozenset({"GM402"})
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._step_functions = step_qualnames(tree.code)
-        return super().transform_module_impl(tree)
-
-    def _in_step_code(self, node: cst.CSTNode) -> bool:
-        parts = self.qualname(node).split(".")
-        return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
-        if not _value_calls(original_node.test) or not self._in_step_code(original_node):
+        if not _value_calls(original_node.test) or not self.in_step_code(original_node):
             return updated_node
         if _only_raises(original_node):
             return updated_node  # a check that raises runs in eager code only (hoist_item)
