@@ -198,14 +198,14 @@ class CacheObject(GraphCodemod):
             for method in cls.body.body:
                 if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
                     self._plan_cache(classes, cls, method, plan)
-                    self._plan_mask(cls, method, plan)
+                    self._plan_model(cls, method, plan)
         if plan.writes == 0:
             self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
             return tree
         # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
         problem = None
         if plan.incomplete:
-            problem = "an attention path above could not be rewritten"
+            problem = "an attention path could not be rewritten (see the item for it)"
         elif plan.masks == 0:
             problem = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
         elif len(plan.windows) > 1:
@@ -304,8 +304,8 @@ class CacheObject(GraphCodemod):
             current = next((classes[b] for b in bases if b in classes), None)
         return None
 
-    # -- the mask, in the model's forward ------------------------------------------------------------
-    def _plan_mask(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+    # -- the mask, the past length and the positions, in the model's forward -----------------------
+    def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
         calls: list[tuple[cst.SimpleStatementLine, str, cst.Call]] = []
 
         class _Collector(cst.CSTVisitor):

@@ -65,10 +65,10 @@ class HoistItem(StepCodemod):
     NAME = "hoist_item"
     TITLE = "Run checks and debugging output in eager code only"
     DESCRIPTION = (
-        "Wraps asserts, checks that read tensor values on the host (`if ...item(): raise`, `if x.isnan().any(): raise`) and debugging "
-        "output (`print`, logging, `warnings.warn`) in step code in `if not torch.compiler.is_compiling():`. They "
-        "still run in the eager original and in Prefill; the compiled Decode skips them instead of waiting for "
-        "the device or breaking its graph."
+        "Wraps asserts, checks that read tensor values on the host (`if ...item(): raise`, "
+        "`if x.isnan().any(): raise`) and debugging output (`print`, logging, `warnings.warn`) in step code in "
+        "`if not torch.compiler.is_compiling():`. They still run in the eager original and in Prefill; the "
+        "compiled Decode skips them instead of waiting for the device or breaking its graph."
     )
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
