@@ -36,3 +36,7 @@ CACHE_OBJECT_LENGTHS = frozenset({"get_usable_length", "get_seq_length"})
 LIBRARY_MASK_HELPERS = frozenset({"_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa"})
 # Parameter names of the token input, for entry points that take every argument by keyword.
 TOKEN_PARAM_NAMES = frozenset({"input_ids", "tokens", "token_ids", "idx"})
+# Older Hugging Face models (4.35 and before) build the same mask in a method of the model, defined in the file.
+SAME_FILE_MASK_HELPERS = frozenset({"_prepare_decoder_attention_mask"})
+# Parameters that carry positions as a tensor already (Hugging Face): (batch, new tokens) ids, or cache slots.
+TENSOR_POSITION_PARAMS = frozenset({"position_ids", "cache_position"})

@@ -10,7 +10,16 @@ Since transformers 4.36 the attention modules write and measure a cache object:
         cache_kwargs = {"sin": sin, "cos": cos}
         key_states, value_states = past_key_value.update(key_states, value_states, self.layer_idx, cache_kwargs)
 
-and the model's forward builds the 4-D mask for the grown length with a library helper:
+Before 4.36 the cache is a tuple per layer, grown the same way in the same place:
+
+    kv_seq_len += past_key_value[0].shape[-2]
+    if past_key_value is not None:
+        key_states = torch.cat([past_key_value[0], key_states], dim=2)
+        value_states = torch.cat([past_key_value[1], value_states], dim=2)
+
+and the model's forward builds the 4-D mask for the grown length with a library helper (before 4.36, a
+`self._prepare_decoder_attention_mask(...)` method in the file; with a sliding window, that method's band
+is the file's own and is left to a person):
 
     attention_mask = _prepare_4d_causal_attention_mask(
         attention_mask, (batch_size, seq_length), inputs_embeds, past_key_values_length, sliding_window=W)
@@ -18,7 +27,8 @@ and the model's forward builds the 4-D mask for the grown length with a library 
 The three change together or not at all, since a static cache without a mask over the whole buffer would
 let attention read slots not written yet:
 
-- the write becomes `key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)`,
+- the write (object or tuple) becomes
+  `key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)`,
   a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
 - the length read from the cache becomes `GRAPHMODE_MAX_SEQ_LEN`: attention reads the whole buffer;
 - the helper call becomes rows of one mask buffer built at the maximum length (same sliding window),
@@ -37,9 +47,9 @@ from transforms.codemods._module import append_to_init, defined_at_top, ensure_s
     insert_after_imports, self_attributes
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
-    KV_HEAD_ATTRIBUTES, first_self_attribute
+    KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
 from transforms.cstutil import code_of, dotted_name, find_method, names_in, single_assignment
-from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS
+from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 MASK_BUILDER = "graphmode_causal_mask"
 MASK_BUILDER_SOURCE = f'''
@@ -108,14 +118,27 @@ def _write(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
     return (names[0], names[1]) if len(names) == 2 and names == args else None
 
 
+def _tuple_write(block: list[cst.BaseStatement], cache: str) -> tuple[str, str] | None:
+    """`K = torch.cat([cache[0], K], dim=2)` and `V = torch.cat([cache[1], V], dim=2)` -> ("K", "V")."""
+    cats = [cat_of_past(s) for s in block]
+    if len(cats) != 2 or not all(cats) or any(c[1] != cache or c[3] not in (2, -2) for c in cats) \
+            or sorted(c[2] for c in cats) != [0, 1]:
+        return None
+    keys, values = sorted(cats, key=lambda c: c[2])
+    return keys[0], values[0]
+
+
 def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
-    """The write alone, or `if cache is not None:` holding the write and assignments only it reads."""
+    """The write alone, or `if cache is not None:` holding the write and assignments only it reads; or, for a
+    tuple cache, `if cache is not None:` holding the `torch.cat` pair."""
     found = _write(stmt, cache)
     if found:
         return found
     block = _guarded_block(stmt, cache)
     if block is None:
         return None
+    if _tuple_write(block, cache):
+        return _tuple_write(block, cache)
     writes = [w for w in (_write(s, cache) for s in block) if w]
     helpers = [s for s in block if not _write(s, cache)]
     if len(writes) != 1:
@@ -149,7 +172,29 @@ def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
     if isinstance(value, cst.Call) and _calls_on(value, {cache}, set(CACHE_OBJECT_LENGTHS)) \
             and dotted_name(value.func) in {f"{cache}.{m}" for m in CACHE_OBJECT_LENGTHS}:
         return last.body[0].target.value
+    if code_of(value).replace(" ", "") in {f"{cache}[0].shape[-2]", f"{cache}[0].shape[2]", f"{cache}[0].size(-2)"}:
+        return last.body[0].target.value  # a tuple cache: the keys' length
     return None
+
+
+def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> int:
+    """Reads of the cache (`cache[i]`, `cache.m(...)`) outside the statements the rewrite replaces."""
+    count = 0
+
+    class _Counter(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal count
+            if any(node is r for r in recognised):
+                return False
+            if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == cache:
+                count += 1
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and isinstance(node.func.value, cst.Name) and node.func.value.value == cache:
+                count += 1
+            return True
+
+    method.body.visit(_Counter())
+    return count
 
 
 def _helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
@@ -157,7 +202,7 @@ def _helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
     assigned = single_assignment(stmt)
     if assigned and isinstance(assigned[1], cst.Call):
         name = dotted_name(assigned[1].func)
-        if name and name.rsplit(".", 1)[-1] in LIBRARY_MASK_HELPERS:
+        if name and name.rsplit(".", 1)[-1] in LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS:
             return assigned[0], assigned[1]
     return None
 
@@ -179,17 +224,19 @@ class CacheObject(GraphCodemod):
     NAME = "cache_object"
     TITLE = "Replace the cache object by preallocated buffers and a mask built once"
     DESCRIPTION = (
-        f"Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
-        f"API), it writes a `{CACHE_CLASS}` of `({MAX_BATCH_CONSTANT}, kv heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` "
-        "buffers instead, with `index_copy_` at the positions; the length read from the cache "
-        f"(`get_usable_length`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; and the "
-        "4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` becomes rows of one buffer built "
-        "once (same sliding window), picked by `position_ids`. Every Decode step then has the same shapes and "
-        "addresses. `past_key_values` is no longer read or written: callers pass `position_ids` (the prefill/decode "
-        "entries do), the rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
+        "Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
+        "API) or grows a tuple cache with `torch.cat` while positions come as `position_ids`, it writes a "
+        f"`{CACHE_CLASS}` of `({MAX_BATCH_CONSTANT}, kv heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` buffers instead, "
+        "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
+        f"`past_key_value[0].shape[-2]`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; "
+        "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
+        "`_prepare_decoder_attention_mask`) becomes rows of one buffer built once (same sliding window), picked by "
+        "`position_ids`. Every Decode step then has the same shapes and addresses. `past_key_values` is no longer "
+        "read or written: callers pass `position_ids` (the prefill/decode entries do), the rows of a batch share "
+        "positions (no left padding), and a 2-D padding mask is not applied."
     )
     SKILL = "static-kv-cache"
-    FIXES = frozenset({"GM303", "GM502"})
+    FIXES = frozenset({"GM301", "GM303", "GM502"})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
@@ -205,14 +252,14 @@ class CacheObject(GraphCodemod):
         # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
         problem = None
         if plan.incomplete:
-            problem = "an attention path could not be rewritten (see the item for it)"
+            problem = "another part of it could not be rewritten (see the item for it)"
         elif plan.masks == 0:
             problem = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
         elif len(plan.windows) > 1:
             problem = "the masks use different sliding windows"
         if problem:
             self.edits.clear()
-            self.record_manual(next(iter(plan.replace)), f"the cache object was not replaced: {problem}")
+            self.record_manual(next(iter(plan.replace)), f"the cache was not replaced: {problem}")
             return tree
         module = tree.visit(_Apply(plan))
         module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
@@ -227,6 +274,9 @@ class CacheObject(GraphCodemod):
         params = {p.name.value for p in method.params.params}
         caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE})
                   if len(c.args) >= 2}
+        if any(p in params for p in _SLOT_SOURCES):  # else a tuple cache is static_kv_cache's (int positions)
+            caches |= {p for p in params if p not in caches and any(
+                _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
         if not caches:
             return
         where = f"{cls.name.value}.{method.name.value}"
@@ -245,16 +295,17 @@ class CacheObject(GraphCodemod):
         body = list(method.body.body)
         write_at = [i for i, s in enumerate(body) if _write_statement(s, cache)]
         length_at = [i for i, s in enumerate(body) if _length_statement(s, cache)]
-        every_use = _calls_on(method, {cache}, {CACHE_OBJECT_WRITE, *CACHE_OBJECT_LENGTHS})
+        recognised = [body[i] for i in write_at + length_at]
         problem = None
         if slots is None:
             problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
         elif owner is None:
             problem = (f"no `__init__` in `{cls.name.value}` or its bases in this file names the KV head count and "
                        "head size (self.num_key_value_heads, self.head_dim)")
-        elif len(write_at) != 1 or len(every_use) != len(write_at) + len(length_at):
-            problem = (f"`{cache}` is written or measured in a form not recognised (expected one "
-                       f"`k, v = {cache}.update(k, v, ...)` and `n += {cache}.get_usable_length(...)`)")
+        elif len(write_at) != 1 or _stray_uses(method, cache, recognised):
+            problem = (f"`{cache}` is written or read in a form not recognised (expected one "
+                       f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
+                       f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
         if problem:
             self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
             plan.incomplete = True
@@ -265,7 +316,7 @@ class CacheObject(GraphCodemod):
             f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n"
         ).with_changes(leading_lines=[*write.leading_lines, _comment(
             "written in place into the preallocated cache; attention reads the whole buffer.")])
-        self.record_edit(write, f"`{cache}.update` replaced by `self.kv_cache.update` at `{slots}`")
+        self.record_edit(write, f"`{cache}` writes replaced by `self.kv_cache.update` at `{slots}`")
         plan.writes += 1
         for index in length_at:
             stmt = body[index]
@@ -333,6 +384,8 @@ class CacheObject(GraphCodemod):
                 problem = "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
             elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
                 problem = "the call does not pass the input shape as `(batch, length)`"
+            elif window is not None and code_of(call.func).rsplit(".", 1)[-1] in SAME_FILE_MASK_HELPERS:
+                problem = "the helper is defined in this file with its own sliding-window band"
             elif window is not None and names_in(window) - {"self"}:
                 problem = "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
             if problem:
@@ -401,8 +454,8 @@ class CacheObject(GraphCodemod):
                         f'raise ValueError("pass `{position}`: the KV cache lives in static buffers (graphmode), '
                         f'so positions are not counted from a cache")\n')
                     found[node] = node.with_changes(body=node.body.with_changes(body=[body.with_changes(
-                        leading_lines=[_comment("positions used to be counted from the cache object.")])]))
-                    codemod.record_edit(node, f"`{position}` is required: it was counted from the cache object")
+                        leading_lines=[_comment("positions used to be counted from the cache.")])]))
+                    codemod.record_edit(node, f"`{position}` is required: it was counted from the cache")
 
         method.visit(_Collector())
         return found

@@ -23,6 +23,7 @@ from transforms.codemods._module import (
 )
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from transforms.cstutil import POSITION_TENSOR, code_of, find_method, position_param, torch_call_name
+from transforms.vocabulary import TENSOR_POSITION_PARAMS
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
 HEAD_DIM_ATTRIBUTES = ("head_dim", "head_size", "d_head")
@@ -56,7 +57,7 @@ class {CACHE_CLASS}(torch.nn.Module):
 '''
 
 
-def _cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
+def cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
     """`k = torch.cat([past[0], k], dim=2)` -> ("k", "past", 0, 2)."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
         return None
@@ -91,7 +92,7 @@ def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, 
     for i, stmt in enumerate(body):
         inner = list(stmt.body.body) if isinstance(stmt, cst.If) and stmt.orelse is None \
             and isinstance(stmt.body, cst.IndentedBlock) else body[i : i + 2]
-        cats = [_cat_of_past(s) for s in inner]
+        cats = [cat_of_past(s) for s in inner]
         if len(cats) == 2 and all(cats) and cats[0][1] == cats[1][1] and {cats[0][2], cats[1][2]} == {0, 1}:
             if isinstance(stmt, cst.If) or i + 1 < len(body):
                 return i, sorted(cats, key=lambda c: c[2])
@@ -129,6 +130,9 @@ class StaticKVCacheCodemod(BufferCodemod):
         init = find_method(cls, "__init__")
         heads = first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
         head_dim = first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
+        tensor_positions = any(p.name.value in TENSOR_POSITION_PARAMS for p in method.params.params)
+        if position_param(method) is None and tensor_positions:
+            return None  # positions already come as a tensor (Hugging Face style): cache_object's
         if position_param(method) is None or heads is None or head_dim is None:
             self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
                                             "names no head count and head size (self.n_kv_heads, self.head_dim)")

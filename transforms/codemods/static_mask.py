@@ -53,7 +53,7 @@ from transforms.cstutil import (
     single_assignment,
     torch_call_name,
 )
-from transforms.vocabulary import is_position_name
+from transforms.vocabulary import SAME_FILE_MASK_HELPERS, is_position_name
 
 _FILL_NAMES = frozenset({"float", "torch", "math"})
 
@@ -400,6 +400,8 @@ class StaticMask(BufferCodemod):
         return read
 
     def rewrite_method(self, cls, updated_node, method, body):
+        if method.name.value in SAME_FILE_MASK_HELPERS:
+            return None  # transformers' mask method: cache_object replaces its call sites instead
         build = _find_mask(body, self._read_other(cls, method))
         if isinstance(build, str):
             self.record_manual(next((s for s in body if _mentions_helper(s)), body[0]), build)
