@@ -14,6 +14,7 @@ from langgraph.types import interrupt
 from agent.errors import UserError
 from agent.knowledge import skill
 from agent.chart import decode_chart
+from agent.leftovers import mark_decode_runs
 from agent.output import render, write_adapted_tree, write_atomic
 from agent.state import Change, RunState
 from transforms.codemods import CODEMODS, Options
@@ -258,19 +259,23 @@ CHART = "decode_ms_per_step.png"
 
 def report(state: RunState) -> dict:
     run_dir = Path(state.run_dir)
-    summary = report_json(state)
+    manual = mark_decode_runs(state.manual, state.verification["adapted"].get("decode_lines", {}),
+                              Path(state.target), Path(state.adapted_dir))
+    summary = report_json(state, manual)
     chart = decode_chart(state.verification, run_dir / CHART)
     summary["decode_chart"] = chart
     write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
     path = run_dir / "report.md"
-    write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart))
+    write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart,
+                              manual=manual))
     return {"report_path": str(path)}
 
 
-def report_json(state: RunState) -> dict:
+def report_json(state: RunState, manual: list[dict]) -> dict:
     """The machine-readable report. Its top-level fields are stable; add, never rename."""
     v = state.verification
     eager, graph = v["eager"], v["graph"]
+    traced = any(m["decode_runs"] is not None for m in manual)
     return {
         "graph_breaks": v["graph_breaks"],
         "recompiles": v["recompiles"],
@@ -291,6 +296,11 @@ def report_json(state: RunState) -> dict:
         "changes_applied": state.applied,
         "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
         "manual_items": len(state.manual),
+        # Of those, the ones on lines one traced Decode step of the adapted model runs (added; None: not traced).
+        "manual_items_run_by_decode": sum(bool(m["decode_runs"]) for m in manual) if traced else None,
+        "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
+                                 "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"]}
+                                for m in manual],
         "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
         "env": v["adapted"]["env"],
         "timings": {"eager": eager, "graph": graph},

@@ -44,6 +44,8 @@ class WorkerResult:
     process_s: float | None = None  # from the OS process start (interpreter start-up included); None w/o /proc
     load_avg_1m: float | None = None  # the machine's 1-minute load average as the record is written
     cpu_count: int = 0
+    # Adapted side: {source path relative to the folder: line numbers} one eager Decode step runs.
+    decode_lines: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

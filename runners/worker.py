@@ -42,6 +42,7 @@ from runners.cli import WorkerFailure, call_user, run_main
 from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from runners.env_info import environment
 from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits
+from runners.line_trace import lines_run
 from runners.memory import peak_memory
 from runners.results import WorkerResult
 from runners.timing import timed
@@ -136,6 +137,7 @@ class AdaptedRun:
     recompiles: list[SourceReason]
     recompile_limit_hit: bool
     stance_failures: list[str]
+    decode_lines: dict[str, list[int]] = field(default_factory=dict)  # lines of the sources one Decode runs
 
 
 def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
@@ -160,6 +162,10 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     # position. Prefill is re-run anyway so models with extra Prefill-written state start
     # step 0 from exactly what Prefill left; it rewrites the same values, so the logits
     # recorded above stay valid.
+    # One eager Decode step under a line tracer (same position as explain's below, same harmless write):
+    # which lines of the sources Decode runs, for sorting the findings left for a person.
+    _, decode_lines = call_user("model.decode (line trace)", folder, lambda: lines_run(
+        lambda: model.decode(first_token.clone(), torch.tensor([prompt_len], device=device)), folder))
     started = time.perf_counter()
     graph_breaks, break_reasons = call_user("torch._dynamo.explain(model.decode)", folder, lambda: explain_breaks(
         model.decode, first_token.clone(), torch.tensor([prompt_len], device=device), root=folder))
@@ -225,7 +231,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
             fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
             graphs_at_warmup=graphs_at_warmup, graphs_after_warmup=watch.graphs,
             recompiles=watch.recompiles, recompile_limit_hit=watch.limit_hit or limit_hit_raised,
-            stance_failures=stance_failures)
+            stance_failures=stance_failures, decode_lines=decode_lines)
 
 
 def _reason_text(reason: SourceReason) -> str:
@@ -371,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if adapted:
         result.graph_breaks = adapted.graph_breaks
+        result.decode_lines = adapted.decode_lines
         result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line} for r in adapted.break_reasons]
         result.recompiles = len(adapted.recompiles)
         result.recompile_reasons = [_reason_text(r) for r in adapted.recompiles]

@@ -91,6 +91,13 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     return result
 
 
+def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
+    """Line numbers of the original's unchanged lines in the adapted text."""
+    identity: list[int | None] = list(range(1, original.count("\n") + 2))
+    mapped = _carry_line_map(original, adapted, identity)
+    return {line: index + 1 for index, line in enumerate(mapped) if line is not None}
+
+
 def _carry_line_map(old: str, new: str, to_original: list[int | None]) -> list[int | None]:
     """Original line numbers for the new text: unchanged lines keep theirs, written ones get None."""
     old_lines, new_lines = old.splitlines(), new.splitlines()

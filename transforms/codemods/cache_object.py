@@ -236,7 +236,7 @@ class CacheObject(GraphCodemod):
         "positions (no left padding), and a 2-D padding mask is not applied."
     )
     SKILL = "static-kv-cache"
-    FIXES = frozenset({"GM301", "GM303", "GM502"})
+    FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
