@@ -148,3 +148,10 @@ def self_attribute_name(node: cst.CSTNode) -> str | None:
     if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return node.attr.value
     return None
+
+
+def only_raises(stmt: cst.CSTNode) -> bool:
+    """`if <check>: raise ...` without else: a check, not a path."""
+    return isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock) and all(
+        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
+        for s in stmt.body.body)

@@ -48,7 +48,7 @@ from transforms.codemods._module import append_to_init, defined_at_top, ensure_s
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
-from transforms.cstutil import code_of, dotted_name, find_method, names_in, single_assignment
+from transforms.cstutil import code_of, dotted_name, find_method, names_in, only_raises, single_assignment
 from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 MASK_BUILDER = "graphmode_causal_mask"
@@ -151,17 +151,10 @@ def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | N
     return writes[0]
 
 
-def _raises_only(stmt: cst.BaseStatement) -> bool:
-    """`if <check>: raise ...`: a sanity check that the rewrite may drop with the block it guards."""
-    return isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock) and all(
-        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
-        for s in stmt.body.body)
-
-
 def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
     """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"."""
     block = _guarded_block(stmt, cache)
-    if not block or not all(_raises_only(s) for s in block[:-1]):
+    if not block or not all(only_raises(s) for s in block[:-1]):
         return None
     last = block[-1]
     if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1

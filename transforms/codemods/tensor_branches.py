@@ -21,7 +21,7 @@ from __future__ import annotations
 import libcst as cst
 
 from transforms.codemods.base import StepCodemod
-from transforms.cstutil import code_of, dotted_name, names_in, single_assignment
+from transforms.cstutil import code_of, dotted_name, only_raises, single_assignment
 
 # Calls whose result a test can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all"})
@@ -129,7 +129,7 @@ class TensorBranches(StepCodemod):
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
         if not _value_calls(original_node.test) or not self.in_step_code(original_node):
             return updated_node
-        if _only_raises(original_node):
+        if only_raises(original_node):
             return updated_node  # a check that raises runs in eager code only (hoist_item)
         rewritten = self._rewrite(original_node)
         if isinstance(rewritten, str):
@@ -168,12 +168,6 @@ class TensorBranches(StepCodemod):
                                      leading_lines=[*node.leading_lines, comment])
         body[0] = body[0].with_changes(leading_lines=[*node.leading_lines, comment])
         return cst.FlattenSentinel(body)
-
-
-def _only_raises(node: cst.If) -> bool:
-    return node.orelse is None and isinstance(node.body, cst.IndentedBlock) and all(
-        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
-        for s in node.body.body)
 
 
 def _statement_text(stmt: cst.BaseStatement) -> str:
