@@ -273,6 +273,8 @@ def _describe(step: str, change: dict) -> str:
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
     if step == "verify":
         v = change.get("verification", {})
+        if v.get("ran") is False:
+            return "not run: " + "; ".join(v.get("problems", []))
         return (f"tokens equal: {v['tokens_equal']}, graph breaks {v['graph_breaks']}, recompiles "
                 f"{v['recompiles']}, Decode {v['eager']['decode_ms_per_token']:.3f} -> "
                 f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s), "

@@ -232,14 +232,22 @@ def implement(state: RunState) -> dict:
 # -- verify ----------------------------------------------------------------------------------------
 def verify(state: RunState) -> dict:
     """Original eager against adapted with Decode compiled, each in a fresh process."""
-    from runners.verify import verify as run_verification
+    from runners.verify import AdaptedNotRunnable, verify as run_verification
 
     log_dir = Path(state.run_dir) / "logs"
-    result = _probe(lambda: run_verification(
-        Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
-        runs=state.runs, similarity=state.similarity, compile_cache=_compile_cache(state),
-        batch_buckets=state.batch_buckets or None,
-    ))
+    def run():
+        try:
+            return run_verification(
+                Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
+                runs=state.runs, similarity=state.similarity, compile_cache=_compile_cache(state),
+                batch_buckets=state.batch_buckets or None,
+            )
+        except AdaptedNotRunnable as error:
+            return error  # the adaptation's outcome, not bad input: the report says why and what is left
+
+    result = _probe(run)
+    if isinstance(result, AdaptedNotRunnable):
+        return {"verification": {"ran": False, "passed": False, "problems": [str(result)]}}
     return {"verification": result.to_dict()}
 
 
@@ -259,6 +267,8 @@ CHART = "decode_ms_per_step.png"
 
 def report(state: RunState) -> dict:
     run_dir = Path(state.run_dir)
+    if state.verification.get("ran") is False:
+        return _report_not_run(state, run_dir)
     manual = mark_decode_runs(state.manual, state.verification["adapted"].get("decode_lines", {}),
                               Path(state.target), Path(state.adapted_dir))
     summary = report_json(state, manual)
@@ -268,6 +278,24 @@ def report(state: RunState) -> dict:
     path = run_dir / "report.md"
     write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart,
                               manual=manual))
+    return {"report_path": str(path)}
+
+
+def _report_not_run(state: RunState, run_dir: Path) -> dict:
+    """The adapted model could not be run: what was applied, why it failed, what is left for a person."""
+    manual = [{**m, "decode_runs": None} for m in state.manual]
+    summary = {
+        "passed": False, "ran": False, "problems": state.verification["problems"], "target": state.target,
+        "session_id": state.session_id, "backend": state.backend, "changes_applied": state.applied,
+        "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
+        "manual_items": len(state.manual),
+        "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
+                                 "code": m.get("code") or m.get("codemod"), "decode_runs": None} for m in manual],
+        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
+    }
+    write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
+    path = run_dir / "report.md"
+    write_atomic(path, render("report_not_run.md.j2", state=state, summary=summary, manual=manual))
     return {"report_path": str(path)}
 
 

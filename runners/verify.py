@@ -50,6 +50,11 @@ class VerificationError(WorkerError):
     """A worker failed or timed out; the message is the worker's one-line error."""
 
 
+class AdaptedNotRunnable(VerificationError):
+    """The adapted side could not run at all (no entry points, a rewrite that raises): the verification has
+    no result, but this is a finding about the adaptation, not bad input."""
+
+
 @dataclass
 class SideTimings:
     prefill_ms: float
@@ -300,7 +305,7 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
                # The NPU backends' cache_compile folder (runners/backends.py); "off" overrides an inherited one.
                COMPILE_CACHE_VAR: str(compile_cache) if compile_cache is not None else "off"}
     seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
-                         error=VerificationError, env=env)
+                         error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
 
 

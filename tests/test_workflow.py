@@ -109,8 +109,15 @@ def test_declining_changes_is_reported_honestly(tmp_path, home):
     session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
     # Only the table rewrite: positions stay Python ints, so the adapted model has no decode(tokens, input_pos).
     resumed = graphmode("resume", session, "--approve", "C2", home=home, cwd=tmp_path)
-    assert resumed.returncode == 2
-    assert "prefill" in resumed.stderr and "Traceback" not in resumed.stderr + resumed.stdout
+    # The adaptation's outcome, not bad input: a report that says why, and exit 1 (not verified).
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "Not verified" in resumed.stdout and "Traceback" not in resumed.stderr + resumed.stdout
+    report = json.loads((out / EXAMPLE.name / "report.json").read_text())
+    assert report["passed"] is False and report["ran"] is False
+    assert "model.prefill raised" in report["problems"][0] or "no prefill or decode" in report["problems"][0]
+    assert "static_positions" in report["changes_declined"]
+    text = (out / EXAMPLE.name / "report.md").read_text()
+    assert "could not be run" in text and "Declined:" in text
 
 
 def _line_of(file: str, text: str) -> int:
