@@ -221,8 +221,9 @@ def _problems(result: VerifyResult) -> list[str]:
         problems.append(f"logits differ from eager by up to {result.logits_max_abs_diff:.3g} "
                         f"(tolerance {result.logits_atol:g})")
     if result.graph_breaks:
-        where = ", ".join(f"{r['file']}:{r['line']}" for r in result.break_reasons[:3])
-        problems.append(f"{result.graph_breaks} graph break(s) in Decode" + (f" at {where}" if where else ""))
+        where = ", ".join(dict.fromkeys(f"{r['file']}:{r['line']}" for r in result.break_reasons[:3]))
+        problems.append(f"{result.graph_breaks} graph break(s) in Decode" +
+                        (f" at {where} (lines of the adapted sources)" if where else ""))
     if result.recompiles:
         first = result.recompile_reasons[0] if result.recompile_reasons else "reason unknown"
         problems.append(f"{result.recompiles} recompile(s) after warm-up, first: {first}")
