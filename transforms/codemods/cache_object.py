@@ -34,6 +34,10 @@ let attention read slots not written yet:
 - the helper call becomes rows of one mask buffer built at the maximum length (same sliding window),
   picked by `position_ids`.
 
+In the model's forward, the past length read from the (now never written) cache becomes 0, and the
+fallback that counted positions from it (`if position_ids is None: position_ids = torch.arange(past, ...)`)
+raises instead: callers pass `position_ids`, as the prefill/decode entries do.
+
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
 """
@@ -399,16 +403,15 @@ class CacheObject(GraphCodemod):
             return
         for stmt, _, call in calls:
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
+        plan.masks += len(rewrites)
         rewrites.update(self._past_from_cache(method, params))
         rewrites.update(self._positions_required(method, position))
         plan.replace.update(rewrites)
-        plan.masks += len(rewrites)
         window = windows.pop()
         plan.windows.add(window)
         argument = f", sliding_window={window}" if window else ""
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
             f'self.register_buffer("{buffer}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}{argument}), persistent=False)\n'))
-
 
     def _past_from_cache(self, method: cst.FunctionDef, params: set[str]) -> dict[cst.CSTNode, cst.CSTNode]:
         """`past = past_key_values.get_usable_length(n)` -> `past = 0`: nothing writes the cache object now."""
