@@ -404,6 +404,13 @@ class CacheObject(GraphCodemod):
         for stmt, _, call in calls:
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
         plan.masks += len(rewrites)
+        body = list(method.body.body)
+        for stmt in self._default_masks(method, {target for _, target, _ in calls}):
+            plan.drop.add(stmt)
+            following = body[body.index(stmt) + 1] if body.index(stmt) + 1 < len(body) else None
+            if following in rewrites:  # its comments stay, above the statement that follows it
+                rewrites[following] = rewrites[following].with_changes(
+                    leading_lines=[*stmt.leading_lines, *rewrites[following].leading_lines])
         rewrites.update(self._past_from_cache(method, params))
         rewrites.update(self._positions_required(method, position))
         plan.replace.update(rewrites)
@@ -412,6 +419,23 @@ class CacheObject(GraphCodemod):
         argument = f", sliding_window={window}" if window else ""
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
             f'self.register_buffer("{buffer}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}{argument}), persistent=False)\n'))
+
+    def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
+        """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
+        that 2-D mask, and the rows that replace it do not, so it would be a dead kernel in every step."""
+        found = []
+        for stmt in method.body.body:
+            if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.test, cst.Comparison)
+                    and isinstance(stmt.test.left, cst.Name) and stmt.test.left.value in targets
+                    and len(stmt.test.comparisons) == 1 and isinstance(stmt.test.comparisons[0].operator, cst.Is)
+                    and code_of(stmt.test.comparisons[0].comparator) == "None"
+                    and isinstance(stmt.body, cst.IndentedBlock) and len(stmt.body.body) == 1):
+                continue
+            assigned = single_assignment(stmt.body.body[0])
+            if assigned and assigned[0] == stmt.test.left.value:
+                found.append(stmt)
+                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` is dropped: the mask rows do not read it")
+        return found
 
     def _past_from_cache(self, method: cst.FunctionDef, params: set[str]) -> dict[cst.CSTNode, cst.CSTNode]:
         """`past = past_key_values.get_usable_length(n)` -> `past = 0`: nothing writes the cache object now."""
