@@ -303,7 +303,7 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
     """The machine-readable report. Its top-level fields are stable; add, never rename."""
     v = state.verification
     eager, graph = v["eager"], v["graph"]
-    traced = any(m["decode_runs"] is not None for m in manual)
+    traced = bool(v["adapted"].get("decode_lines"))
     return {
         "graph_breaks": v["graph_breaks"],
         "recompiles": v["recompiles"],

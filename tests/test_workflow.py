@@ -41,6 +41,8 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert report["backend"] == "inductor" and report["warmup_s"] > 0
     assert set(report["decode_ms_per_token"]) == {"eager", "graph"} and report["decode_speedup"] > 0
     assert report["baseline"]["recompiles"] > 0, "the unmodified code must show why it needed adapting"
+    # Decode was traced, and nothing is left for a person on its path (nothing is left at all here).
+    assert report["manual_items"] == 0 and report["manual_items_run_by_decode"] == 0
     # Repeated runs: every figure per side as median [min, max], the old scalars being the medians.
     assert report["runs"] == 2 and set(report["figures"]) == {"eager", "graph"}
     for side in ("eager", "graph"):
