@@ -73,7 +73,6 @@ class HoistItem(StepCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
 
-
     def _already_guarded(self, node: cst.CSTNode) -> bool:
         current = self.get_metadata(cst.metadata.ParentNodeProvider, node, None)
         while current is not None and not isinstance(current, cst.FunctionDef):

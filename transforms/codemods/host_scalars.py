@@ -58,7 +58,6 @@ class HostScalars(StepCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
 
-
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if not self.in_step_code(original_node) or not isinstance(original_node.body, cst.IndentedBlock):
             return updated_node
@@ -77,7 +76,7 @@ class HostScalars(StepCodemod):
                                                  "caller and pass it in, or keep working on the tensor")
                 continue
             name = assigned[0]
-            problem = self._non_tensor_use(original_node, stmt, name)
+            problem = self._non_tensor_use(original_node, name)
             if problem:
                 self.record_manual(stmt, f"`{name} = {code_of(assigned[1]).strip()}` waits for the device, and "
                                          f"`{name}` is used as a Python number ({problem}); compute it in the eager "
@@ -92,7 +91,7 @@ class HostScalars(StepCodemod):
         body = [replace.get(original, new) for original, new in zip(original_node.body.body, updated_node.body.body)]
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
-    def _non_tensor_use(self, function: cst.FunctionDef, assignment: cst.BaseStatement, name: str) -> str | None:
+    def _non_tensor_use(self, function: cst.FunctionDef, name: str) -> str | None:
         """Why `name` cannot stay a tensor (the first use that needs a number), or None."""
         uses: list[cst.Name] = []
         assignments: list[cst.CSTNode] = []

@@ -125,7 +125,6 @@ class TensorBranches(StepCodemod):
     SKILL = "refactoring-principles"
     FIXES = frozenset({"GM402"})
 
-
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
         if not _value_calls(original_node.test) or not self.in_step_code(original_node):
             return updated_node
