@@ -16,9 +16,10 @@ def _is_cache_name(node: ast.expr) -> bool:
 class CacheObject(Rule):
     CODE = "GM303"
     MESSAGE = (
-        "the KV cache is an object that grows on every step (`update` concatenates, `get_usable_length` returns a "
-        "Python int that changes): every Decode step has new shapes and a new constant; preallocate buffers and "
-        "write them at the position"
+        "the KV cache is an object passed through forward (a dynamic cache's `update` concatenates, "
+        "`get_usable_length` returns a Python int that changes): every Decode step has new shapes and a new "
+        "constant; preallocate buffers and write them at the position, or pass a static cache where the library "
+        "has one"
     )
     SKILL = "static-kv-cache"
     FIXED_BY = ("cache_object",)
@@ -29,5 +30,16 @@ class CacheObject(Rule):
         if func.__class__ is not ast.Attribute or not _is_cache_name(func.value):
             return
         write = func.attr == CACHE_OBJECT_WRITE and len(node.args) >= 2
-        if (write or func.attr in CACHE_OBJECT_LENGTHS) and self.in_step_code(node):
+        if (write or func.attr in CACHE_OBJECT_LENGTHS) and self.in_step_code(node) \
+                and not _takes_cache_position(self.enclosing_function(node)):
             self.report(node)
+
+
+def _takes_cache_position(function: ast.AST | None) -> bool:
+    """Code written for static caches (transformers 4.38+ passes `cache_position` to the cache): whether it
+    grows is the caller's choice of cache (`StaticCache` does not), not this code's."""
+    if function is None:
+        return False
+    arguments = function.args
+    names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+    return "cache_position" in names
