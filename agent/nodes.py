@@ -284,19 +284,27 @@ def report(state: RunState) -> dict:
 def _report_not_run(state: RunState, run_dir: Path) -> dict:
     """The adapted model could not be run: what was applied, why it failed, what is left for a person."""
     manual = [{**m, "decode_runs": None} for m in state.manual]
-    summary = {
-        "passed": False, "ran": False, "problems": state.verification["problems"], "target": state.target,
-        "session_id": state.session_id, "backend": state.backend, "changes_applied": state.applied,
-        "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
-        "manual_items": len(state.manual),
-        "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
-                                 "code": m.get("code") or m.get("codemod"), "decode_runs": None} for m in manual],
-        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
-    }
+    summary = {"passed": False, "ran": False, "problems": state.verification["problems"], "backend": state.backend,
+               **_adaptation_fields(state, manual)}
     write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
     path = run_dir / "report.md"
     write_atomic(path, render("report_not_run.md.j2", state=state, summary=summary, manual=manual))
     return {"report_path": str(path)}
+
+
+def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
+    """What every report.json says about the session and the adaptation, verified or not."""
+    return {
+        "target": state.target,
+        "session_id": state.session_id,
+        "changes_applied": state.applied,
+        "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
+        "manual_items": len(state.manual),
+        "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
+                                 "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"]}
+                                for m in manual],
+        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
+    }
 
 
 def report_json(state: RunState, manual: list[dict]) -> dict:
@@ -319,17 +327,10 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "recompile_limit_hit": v["recompile_limit_hit"],
         "first_divergent_step": v["first_divergent_step"],
         "steps": v["steps"],
-        "target": state.target,
-        "session_id": state.session_id,
-        "changes_applied": state.applied,
-        "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
-        "manual_items": len(state.manual),
-        # Of those, the ones on lines one traced Decode step of the adapted model runs (added; None: not traced).
+        **_adaptation_fields(state, manual),
+        # Of the manual items, the ones on lines one traced Decode step of the adapted model runs (added;
+        # None: not traced).
         "manual_items_run_by_decode": sum(bool(m["decode_runs"]) for m in manual) if traced else None,
-        "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
-                                 "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"]}
-                                for m in manual],
-        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
         "env": v["adapted"]["env"],
         "timings": {"eager": eager, "graph": graph},
         "logits_max_abs_diff_per_step": v["logits_max_abs_diff_per_step"],

@@ -364,11 +364,10 @@ def _cache_report(api: str, cache_kwargs: dict[str, Any], fullgraph: bool,
     base = compile_cache_setting(compile_cache)
     if base is None:
         return None
-    # The worker compiles model.decode, a bound nn.Module method: only fullgraph can rule it out.
-    problem = None if fullgraph else _NEEDS_FULLGRAPH
     report: dict[str, Any] = {"api": api, "cache_dir": os.path.join(base, CACHE_COMPILE_SUBDIR, "<model key>")}
-    if problem is not None:
-        return {**report, "used": False, "why": f"{api} {problem}"}
+    # The worker compiles model.decode, a bound nn.Module method: only fullgraph can rule it out.
+    if not fullgraph:
+        return {**report, "used": False, "why": f"{api} {_NEEDS_FULLGRAPH}"}
     return {**report, "used": True, **{k: v for k, v in cache_kwargs.items() if k != "cache_dir"}}
 
 

@@ -27,7 +27,7 @@ import torch
 from runners.backends import Backend
 from runners.cli import WorkerFailure, call_user
 from runners.dynamo_watch import CompileWatch
-from runners.harness import next_token_logits
+from runners.harness import next_token_logits, require_entry_points
 from runners.memory import peak_device_mb, peak_rss_mb, reset_device_peak
 from runners.timing import timed
 
@@ -124,7 +124,8 @@ def run_bucket(model: torch.nn.Module, decode: Callable[..., Any], prompt: torch
     reset_device_peak(backend.device)
     rss_before = peak_rss_mb()
 
-    out = call_user("model.prefill (padded)", folder, lambda: model.prefill(padded, torch.arange(prompt_len, device=device)))
+    out = call_user("model.prefill (padded)", folder,
+                    lambda: model.prefill(padded, torch.arange(prompt_len, device=device)))
     logits = next_token_logits(out)
     real_logits = [logits[:rows].float().cpu().clone()]
     decode_ms: list[float] = []
@@ -175,10 +176,7 @@ def run_sweep(model: torch.nn.Module, prompt: torch.Tensor, buckets: list[int], 
     if rows > max(buckets):
         raise WorkerFailure(f"the harness prompt has a batch of {rows}, larger than the largest bucket "
                             f"({max(buckets)}); add a bucket of at least {rows} to --batch-buckets")
-    missing = [name for name in ("prefill", "decode") if not callable(getattr(model, name, None))]
-    if missing:
-        raise WorkerFailure(f"the adapted model ({type(model).__name__}) has no {' or '.join(missing)} method "
-                            "(prefill/decode(tokens, input_pos)); batch buckets need the adapted model")
+    require_entry_points(model, "batch buckets need the adapted model")
     run = [b for b in buckets if b >= rows]
     # One graph per bucket is by design here: let Dynamo keep them all rather than fall back to eager.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(run) + 1)

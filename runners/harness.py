@@ -125,3 +125,11 @@ def next_token_logits(out: object) -> torch.Tensor:
         raise HarnessError(f"the adapted model must return logits of shape (B, T, V) "
                            f"(or a tuple starting with them); got {shape}")
     return logits[:, -1, :]
+
+
+def require_entry_points(model: torch.nn.Module, hint: str) -> None:
+    """HarnessError unless the model has the adapted contract's prefill/decode(tokens, input_pos)."""
+    missing = [name for name in ("prefill", "decode") if not callable(getattr(model, name, None))]
+    if missing:
+        raise HarnessError(f"the adapted model ({type(model).__name__}) has no {' or '.join(missing)} method "
+                           f"(prefill/decode(tokens, input_pos)); {hint}")

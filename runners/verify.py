@@ -269,6 +269,13 @@ def _torch_logs() -> str:
     return ",".join(dict.fromkeys(asked + COMPILE_TORCH_LOGS.split(",")))
 
 
+def _graph_env(inductor_cache: Path, npu_cache: Path | None) -> dict[str, str]:
+    """A graph-side worker's environment: the compile logs, inductor's on-disk cache, and the NPU backends'
+    cache_compile folder (runners/backends.py; "off" overrides one inherited from the shell)."""
+    return {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", COMPILE_CACHE_VAR: str(npu_cache) if npu_cache is not None else "off"}
+
+
 BUCKETS_RUN = "adapted.buckets"
 
 
@@ -283,10 +290,8 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
     if partial_graph:
         args.append("--partial-graph")
     # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
-    env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(work / f"{BUCKETS_RUN}.compile-cache"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", COMPILE_CACHE_VAR: "off"}
     run_worker("runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
-               error=VerificationError, env=env)
+               error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache", None))
     return BucketSweep.from_dict(json.loads(out.read_text()))
 
 
@@ -301,10 +306,8 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
     if side == "adapted":
         args += ["--compile-log", str(work / f"{name}.compile.log")]
         # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
-        cache = compile_cache if compile_cache is not None else work / f"{name}.compile-cache"
-        env = {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-               # The NPU backends' cache_compile folder (runners/backends.py); "off" overrides an inherited one.
-               COMPILE_CACHE_VAR: str(compile_cache) if compile_cache is not None else "off"}
+        env = _graph_env(compile_cache if compile_cache is not None else work / f"{name}.compile-cache",
+                         compile_cache)
     seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds

@@ -41,7 +41,8 @@ from runners.batch_buckets import parse_buckets, run_sweep
 from runners.cli import WorkerFailure, call_user, run_main
 from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from runners.env_info import environment
-from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits
+from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
+    require_entry_points
 from runners.line_trace import lines_run
 from runners.memory import peak_memory
 from runners.results import WorkerResult
@@ -142,10 +143,7 @@ class AdaptedRun:
 
 def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                 backend: Backend, folder: Path) -> AdaptedRun:
-    missing = [name for name in ("prefill", "decode") if not callable(getattr(model, name, None))]
-    if missing:
-        raise WorkerFailure(f"the adapted model ({type(model).__name__}) has no {' or '.join(missing)} "
-                            f"method (prefill/decode(tokens, input_pos)); is {folder} an adapted folder?")
+    require_entry_points(model, f"is {folder} an adapted folder?")
     device = prompt.device
     prompt_len = prompt.shape[1]
     prefill_pos = torch.arange(prompt_len, device=device)
@@ -156,19 +154,20 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     trace.keep_logits(next_token_logits(out))
     first_token = trace.logits[-1].argmax(-1, keepdim=True).to(device)
 
-    # explain() really runs Decode once at position T, writing the cache at T. That is
-    # harmless: Decode at T reads positions 0..T only, 0..T-1 hold Prefill's values, and T
-    # is rewritten (before it is read) by the real step 0, which has the same token and
+    # The line trace and explain() each really run Decode once at position T, writing the cache
+    # at T. That is harmless: Decode at T reads positions 0..T only, 0..T-1 hold Prefill's values,
+    # and T is rewritten (before it is read) by the real step 0, which has the same token and
     # position. Prefill is re-run anyway so models with extra Prefill-written state start
     # step 0 from exactly what Prefill left; it rewrites the same values, so the logits
     # recorded above stay valid.
-    # One eager Decode step under a line tracer (same position as explain's below, same harmless write):
-    # which lines of the sources Decode runs, for sorting the findings left for a person.
+    probe_pos = torch.tensor([prompt_len], device=device)
+    # One eager step under a line tracer: which lines of the sources Decode runs, for sorting the
+    # findings left for a person.
     _, decode_lines = call_user("model.decode (line trace)", folder, lambda: lines_run(
-        lambda: model.decode(first_token.clone(), torch.tensor([prompt_len], device=device)), folder))
+        lambda: model.decode(first_token.clone(), probe_pos), folder))
     started = time.perf_counter()
     graph_breaks, break_reasons = call_user("torch._dynamo.explain(model.decode)", folder, lambda: explain_breaks(
-        model.decode, first_token.clone(), torch.tensor([prompt_len], device=device), root=folder))
+        model.decode, first_token.clone(), probe_pos, root=folder))
     explain_s = time.perf_counter() - started
     call_user("model.prefill", folder, lambda: model.prefill(prompt, prefill_pos))
 

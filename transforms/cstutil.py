@@ -155,3 +155,17 @@ def only_raises(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock) and all(
         isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
         for s in stmt.body.body)
+
+
+def none_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
+    """`name is None` -> (name, True), `name is not None` -> (name, False); None for anything else."""
+    if not (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and len(test.comparisons) == 1):
+        return None
+    target = test.comparisons[0]
+    if not (isinstance(target.comparator, cst.Name) and target.comparator.value == "None"):
+        return None
+    if isinstance(target.operator, cst.Is):
+        return test.left.value, True
+    if isinstance(target.operator, cst.IsNot):
+        return test.left.value, False
+    return None

@@ -52,7 +52,8 @@ from transforms.codemods._module import append_to_init, defined_at_top, ensure_s
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
-from transforms.cstutil import code_of, dotted_name, find_method, names_in, only_raises, single_assignment
+from transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
+    single_assignment
 from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 MASK_BUILDER = "graphmode_causal_mask"
@@ -94,15 +95,9 @@ def _calls_on(node: cst.CSTNode, receivers: set[str], methods: set[str]) -> list
     return found
 
 
-def _is_not_none(test: cst.BaseExpression, name: str) -> bool:
-    return (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and test.left.value == name
-            and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.IsNot)
-            and isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None")
-
-
 def _guarded_block(stmt: cst.BaseStatement, cache: str) -> list[cst.BaseStatement] | None:
     """The body of `if <cache> is not None:` (without else), else None."""
-    if isinstance(stmt, cst.If) and stmt.orelse is None and _is_not_none(stmt.test, cache) \
+    if isinstance(stmt, cst.If) and stmt.orelse is None and none_test(stmt.test) == (cache, False) \
             and isinstance(stmt.body, cst.IndentedBlock):
         return list(stmt.body.body)
     return None
@@ -115,7 +110,7 @@ def _write(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
     assign = stmt.body[0]
     target, call = assign.targets[0].target, assign.value
     if len(assign.targets) != 1 or not isinstance(target, cst.Tuple) or len(target.elements) != 2 \
-            or not _calls_on(call, {cache}, {CACHE_OBJECT_WRITE}) or dotted_name(call.func) != f"{cache}.update":
+            or not isinstance(call, cst.Call) or dotted_name(call.func) != f"{cache}.{CACHE_OBJECT_WRITE}":
         return None
     names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
     args = [a.value.value for a in call.args[:2] if a.keyword is None and isinstance(a.value, cst.Name)]
@@ -141,18 +136,21 @@ def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | N
     block = _guarded_block(stmt, cache)
     if block is None:
         return None
-    if _tuple_write(block, cache):
-        return _tuple_write(block, cache)
-    writes = [w for w in (_write(s, cache) for s in block) if w]
-    helpers = [s for s in block if not _write(s, cache)]
+    tuple_write = _tuple_write(block, cache)
+    if tuple_write:
+        return tuple_write
+    found_in = [(s, _write(s, cache)) for s in block]
+    writes = [(s, w) for s, w in found_in if w]
     if len(writes) != 1:
         return None
-    write_stmt = next(s for s in block if _write(s, cache))
-    for helper in helpers:  # e.g. `cache_kwargs = {...}`, read by the write and nothing else
+    write_stmt, write = writes[0]
+    for helper, _ in found_in:  # e.g. `cache_kwargs = {...}`, read by the write and nothing else
+        if helper is write_stmt:
+            continue
         assigned = single_assignment(helper)
         if assigned is None or assigned[0] not in names_in(write_stmt):
             return None
-    return writes[0]
+    return write
 
 
 def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
@@ -166,8 +164,7 @@ def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
             and isinstance(last.body[0].target, cst.Name)):
         return None
     value = last.body[0].value
-    if isinstance(value, cst.Call) and _calls_on(value, {cache}, set(CACHE_OBJECT_LENGTHS)) \
-            and dotted_name(value.func) in {f"{cache}.{m}" for m in CACHE_OBJECT_LENGTHS}:
+    if isinstance(value, cst.Call) and dotted_name(value.func) in {f"{cache}.{m}" for m in CACHE_OBJECT_LENGTHS}:
         return last.body[0].target.value
     if code_of(value).replace(" ", "") in {f"{cache}[0].shape[-2]", f"{cache}[0].shape[2]", f"{cache}[0].size(-2)"}:
         return last.body[0].target.value  # a tuple cache: the keys' length
@@ -290,16 +287,16 @@ class CacheObject(GraphCodemod):
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
         owner = self._cache_owner(classes, cls)
         body = list(method.body.body)
-        write_at = [i for i, s in enumerate(body) if _write_statement(s, cache)]
-        length_at = [i for i, s in enumerate(body) if _length_statement(s, cache)]
-        recognised = [body[i] for i in write_at + length_at]
+        writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
+        lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
+        recognised = [body[i] for i in [*writes, *lengths]]
         problem = None
         if slots is None:
             problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
         elif owner is None:
             problem = (f"no `__init__` in `{cls.name.value}` or its bases in this file names the KV head count and "
                        "head size (self.num_key_value_heads, self.head_dim)")
-        elif len(write_at) != 1 or _stray_uses(method, cache, recognised):
+        elif len(writes) != 1 or _stray_uses(method, cache, recognised):
             problem = (f"`{cache}` is written or read in a form not recognised (expected one "
                        f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
                        f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
@@ -307,17 +304,16 @@ class CacheObject(GraphCodemod):
             self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
             plan.incomplete = True
             return
-        keys, values = _write_statement(body[write_at[0]], cache)
-        write = body[write_at[0]]
+        write_index, (keys, values) = next(iter(writes.items()))
+        write = body[write_index]
         plan.replace[write] = cst.parse_statement(
             f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n"
         ).with_changes(leading_lines=[*write.leading_lines, _comment(
             "written in place into the preallocated cache; attention reads the whole buffer.")])
         self.record_edit(write, f"`{cache}` writes replaced by `self.kv_cache.update` at `{slots}`")
         plan.writes += 1
-        for index in length_at:
+        for index, name in lengths.items():
             stmt = body[index]
-            name = _length_statement(stmt, cache)
             leading = list(stmt.leading_lines)
             previous = body[index - 1] if index else None
             assigned = single_assignment(previous) if previous is not None else None
@@ -407,7 +403,7 @@ class CacheObject(GraphCodemod):
         body = list(method.body.body)
         for stmt in self._default_masks(method, {target for _, target, _ in calls}):
             plan.drop.add(stmt)
-            following = body[body.index(stmt) + 1] if body.index(stmt) + 1 < len(body) else None
+            following = next(iter(body[body.index(stmt) + 1:]), None)
             if following in rewrites:  # its comments stay, above the statement that follows it
                 rewrites[following] = rewrites[following].with_changes(
                     leading_lines=[*stmt.leading_lines, *rewrites[following].leading_lines])
@@ -425,14 +421,12 @@ class CacheObject(GraphCodemod):
         that 2-D mask, and the rows that replace it do not, so it would be a dead kernel in every step."""
         found = []
         for stmt in method.body.body:
-            if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.test, cst.Comparison)
-                    and isinstance(stmt.test.left, cst.Name) and stmt.test.left.value in targets
-                    and len(stmt.test.comparisons) == 1 and isinstance(stmt.test.comparisons[0].operator, cst.Is)
-                    and code_of(stmt.test.comparisons[0].comparator) == "None"
-                    and isinstance(stmt.body, cst.IndentedBlock) and len(stmt.body.body) == 1):
+            if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock)
+                    and len(stmt.body.body) == 1):
                 continue
+            tested = none_test(stmt.test)
             assigned = single_assignment(stmt.body.body[0])
-            if assigned and assigned[0] == stmt.test.left.value:
+            if tested and tested[1] and tested[0] in targets and assigned and assigned[0] == tested[0]:
                 found.append(stmt)
                 self.record_edit(stmt, f"the default 2-D `{assigned[0]}` is dropped: the mask rows do not read it")
         return found
@@ -464,12 +458,7 @@ class CacheObject(GraphCodemod):
 
         class _Collector(cst.CSTVisitor):
             def visit_If(self, node: cst.If) -> None:
-                test = node.test
-                if (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
-                        and test.left.value == position and len(test.comparisons) == 1
-                        and isinstance(test.comparisons[0].operator, cst.Is)
-                        and code_of(test.comparisons[0].comparator) == "None"
-                        and "torch.arange" in code_of(node.body)):
+                if none_test(node.test) == (position, True) and "torch.arange" in code_of(node.body):
                     body = cst.parse_statement(
                         f'raise ValueError("pass `{position}`: the KV cache lives in static buffers (graphmode), '
                         f'so positions are not counted from a cache")\n')

@@ -168,23 +168,9 @@ class SplitDecode(GraphCodemod):
             if name in names_in(cst.Module(body=decode_body)) and not _assigned_first(decode_body, name):
                 bindings.append(cst.parse_statement(f"{name} = {cst.Module([]).code_for_node(default)}\n"))
 
-        signature = ", ".join(["self", *required])
-        arguments = ", ".join(required)
-        # Parsed inside a class so the docstrings get the method indentation.
-        entries = cst.parse_statement(
-            "class Entries:\n"
-            f"    def prefill({signature}):\n"
-            f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
-            f"        return self.forward({arguments})\n"
-            f"\n"
-            f"    def decode({signature}):\n"
-            f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
-            f"\n"
-            f"        The body of `forward` with the branches only Prefill takes folded away.\n"
-            f'        """\n'
-            f"        pass\n"
-        ).body.body
-        prefill, decode = entries
+        prefill, decode = _entry_methods(", ".join(["self", *required]), f"self.forward({', '.join(required)})",
+                                         "The body of `forward` with the branches only Prefill takes folded away.",
+                                         "pass")
         decode = decode.with_changes(body=decode.body.with_changes(
             body=[decode.body.body[0], *bindings, *decode_body]))
         return _add_after_forward(updated_node, [prefill, decode])
@@ -202,27 +188,36 @@ class SplitDecode(GraphCodemod):
         keywords = [f"{tokens}={tokens}", f"{position}={_POSITION_KEYWORDS[position]}"]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
-        signature = f"self, {tokens}, {POSITION_TENSOR}"
-        return list(cst.parse_statement(
-            "class Entries:\n"
-            f"    def prefill({signature}):\n"
-            f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
-            f"        return {call}\n"
-            f"\n"
-            f"    def decode({signature}):\n"
-            f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
-            f"\n"
-            f"        `forward` with Decode's keywords: the branches it takes on them are settled while tracing.\n"
-            f"        The cache lives in buffers, so none goes in or out; the logits come back.\n"
-            f'        """\n'
-            f"        return {call}\n"
-        ).body.body)
+        return _entry_methods(f"self, {tokens}, {POSITION_TENSOR}", call,
+                              "`forward` with Decode's keywords: the branches it takes on them are settled while "
+                              "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back.",
+                              f"return {call}")
 
 
 # How the keyword entries pass the position tensor, by the name forward gives it.
 _POSITION_KEYWORDS = {"cache_position": POSITION_TENSOR, "position_ids": f"{POSITION_TENSOR}.unsqueeze(0)"}
 # Fixed by the keyword entries: the cache is in buffers, and a tuple's first item is the logits.
 _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
+
+
+def _entry_methods(signature: str, prefill_call: str, decode_about: str,
+                   decode_statement: str) -> list[cst.FunctionDef]:
+    """`prefill` (returns prefill_call) and `decode` (its docstring says decode_about; its body is
+    decode_statement), parsed inside a class so the docstrings get the method indentation."""
+    about = "".join(f"        {line}\n" for line in decode_about.splitlines())
+    return list(cst.parse_statement(
+        "class Entries:\n"
+        f"    def prefill({signature}):\n"
+        f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
+        f"        return {prefill_call}\n"
+        f"\n"
+        f"    def decode({signature}):\n"
+        f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
+        f"\n"
+        f"{about}"
+        f'        """\n'
+        f"        {decode_statement}\n"
+    ).body.body)
 
 
 def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import builtins
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -509,15 +511,17 @@ def _boolean_diagonal(diagonal: cst.BaseExpression | str) -> str:
     return "" if value == 0 else str(value)
 
 
+@dataclass
 class _BooleanPlan:
     """The method that builds the mask, its name, and each use rewritten: expressions (`a + mask`) by
     their original node, statements (`a += mask`, or any holding a rewritten expression) as a function of
     the updated statement."""
 
-    def __init__(self, method: cst.FunctionDef, name: str) -> None:
-        self.method, self.name = method, name
-        self.expressions: dict[cst.CSTNode, cst.BaseExpression] = {}
-        self.statements: dict[cst.CSTNode, object] = {}
+    method: cst.FunctionDef
+    name: str
+    expressions: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)
+    statements: dict[cst.CSTNode, Callable[[cst.SimpleStatementLine], cst.SimpleStatementLine]] = \
+        field(default_factory=dict)
 
 
 class _ApplyPlan(cst.CSTTransformer):
