@@ -4,7 +4,7 @@
                                                                 design, confirm, implement, verify, report
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
-    graphmode scan PATH... [--format text|json|sarif]            static findings only; no model runs
+    graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
 """
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ import traceback
 import uuid
 from pathlib import Path
 
-from langgraph.types import Command
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 
 from agent.errors import UserError
-from agent.state import RunState
-from agent.workflow import STEPS, build_graph, open_checkpointer, sessions_db
+
+if TYPE_CHECKING:
+    from agent.state import RunState
+# The workflow (langgraph, libcst, pydantic) is imported by the commands that run it, not at start-up:
+# `graphmode scan` needs none of it and must stay fast.
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -84,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="text for people, json (a list of findings) or sarif for tools")
     scan.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     scan.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
+    scan.add_argument("--check-fixes", action="store_true",
+                      help="also run the codemods over each file with findings (slower; imports libcst) and "
+                           "mark autofix exactly on the findings they fix; without it a finding only names the "
+                           "codemods that may fix it")
+    scan.add_argument("--entry-class", metavar="NAME", default=None,
+                      help="with --check-fixes: the model class a harness would build, the one `adapt` gives "
+                           "prefill/decode entries (default: none, so split_decode fixes nothing)")
     return parser
 
 
@@ -125,6 +136,8 @@ def _adapt(args: argparse.Namespace) -> int:
     if not (target / "harness.py").is_file():
         raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
                         "harness.py; see examples/legacy_llm/harness.py)")
+    from agent.state import RunState
+
     if args.steps < 32:
         raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
     if args.runs < 1:
@@ -146,6 +159,8 @@ def _adapt(args: argparse.Namespace) -> int:
                      auto_approve=args.yes)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
+    from agent.workflow import build_graph, open_checkpointer
+
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
@@ -164,6 +179,11 @@ def _batch_buckets(text: str | None) -> list[int]:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from langgraph.types import Command
+
+    from agent.state import RunState
+    from agent.workflow import build_graph, open_checkpointer, sessions_db
+
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
         config = _config(args.session)
@@ -194,6 +214,11 @@ def _config(session: str) -> dict:
 
 def _drive(graph, payload, session: str, interactive: bool) -> int:
     """Streams the workflow with one progress line per step; stops (or asks) at confirmation."""
+    from langgraph.types import Command
+
+    from agent.state import RunState
+    from agent.workflow import STEPS
+
     config = _config(session)
     while True:
         started = time.perf_counter()
@@ -261,9 +286,10 @@ def _finish(state: RunState) -> int:
 def _describe(step: str, change: dict) -> str:
     if step == "analyze":
         base = change.get("baseline", {})
+        figures = base.get("headline") or (f"{base.get('graph_breaks', '?')} graph breaks, "
+                                            f"{base.get('recompiles', '?')} recompiles")
         return (f"{len(change.get('findings', []))} findings in {len(change.get('sources', []))} file(s); the "
-                f"unmodified Decode under Dynamo: {base.get('graph_breaks', '?')} graph breaks, "
-                f"{base.get('recompiles', '?')} recompiles")
+                f"unmodified Decode under Dynamo: {figures}")
     if step == "design":
         return f"{len(change.get('plan', []))} changes planned, {len(change.get('manual', []))} items for a person " \
                f"-> {change.get('design_path')}"
@@ -299,16 +325,18 @@ def _scan(args: argparse.Namespace) -> int:
     from importlib.metadata import PackageNotFoundError, version
 
     from transforms.sarif import to_sarif
-    from transforms.scan import scan_paths
+    from transforms.scan import finding_record, fix_note, may_fix, scan_paths
 
+    if args.entry_class and not args.check_fixes:
+        raise UserError("--entry-class is used only with --check-fixes")
     try:
-        result = scan_paths(args.paths, jobs=args.jobs)
+        result = scan_paths(args.paths, jobs=args.jobs, check_fixes=args.check_fixes, entry_class=args.entry_class)
     except FileNotFoundError as error:
         raise UserError(str(error)) from None
     for problem in result.errors:
         errors.print(f"{problem.path}: error: {problem.message}", soft_wrap=True, markup=False)
     if args.format == "json":
-        print(json.dumps([f.to_dict() for f in result.findings], indent=2))
+        print(json.dumps([finding_record(f, result) for f in result.findings], indent=2))
     elif args.format == "sarif":
         try:
             tool_version = version("graphmode")
@@ -317,10 +345,15 @@ def _scan(args: argparse.Namespace) -> int:
         print(json.dumps(to_sarif(result, tool_version), indent=2))
     else:
         for f in result.findings:
-            fix = " (autofix)" if f.autofix else ""
-            console.print(f"{f.location}: {f.code} {f.message}{fix}", soft_wrap=True, markup=False)
-        fixable = sum(f.autofix for f in result.findings)
-        console.print(f"{len(result.findings)} findings ({fixable} with an automatic fix) in {result.files} files "
+            note = fix_note(f, result)
+            console.print(f"{f.location}: {f.code} {f.message}{f' ({note})' if note else ''}", soft_wrap=True,
+                          markup=False)
+        if result.fixes_checked:
+            fixes = f"{len(result.fixed_by)} fixed by a codemod, checked by running them"
+        else:
+            fixes = (f"{sum(bool(may_fix(f.code)) for f in result.findings)} of a kind a codemod may fix; "
+                     "--check-fixes runs them to tell which they do")
+        console.print(f"{len(result.findings)} findings ({fixes}) in {result.files} files "
                       f"({result.parsed} parsed), {len(result.errors)} could not be scanned, "
                       f"{result.seconds:.2f} s", soft_wrap=True)
     if result.findings:
@@ -329,6 +362,8 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _sessions() -> int:
+    from agent.workflow import build_graph, open_checkpointer, sessions_db
+
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
         table = Table(title=f"Sessions in {sessions_db()}")

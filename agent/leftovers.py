@@ -1,4 +1,8 @@
-"""Which of the items left for a person sit on lines the adapted Decode really runs.
+"""The items left for a person: one per line, and whether the adapted Decode really runs that line.
+
+Findings no change fixes and the spots a codemod recognised only in part can name the same line (a
+GM501 position parameter and the static_positions note on why it was left): the person gets the line
+once, with every reason (`merge_by_line`).
 
 Rules and codemods judge by reading the source; the verifier traces one eager Decode step of the
 adapted model (runners/line_trace.py). An item on a line Decode never runs (a flash-attention path,
@@ -9,6 +13,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from transforms.pipeline import original_to_adapted
+
+
+def merge_by_line(items: list[dict]) -> list[dict]:
+    """One item per (path, line), in the order the lines first appear.
+
+    Each keeps its first item's fields (so `kind`, `code`, `message` still say what the main reason is)
+    and lists under `reasons` every item of that line whose rule or codemod and text differ (the same
+    message twice on one line, at two columns, is one reason); `path` and `line` are the item's own.
+    """
+    merged: dict[tuple[str, int], dict] = {}
+    for item in items:
+        key = (item["path"], item["line"])
+        reason = {k: v for k, v in item.items() if k not in ("path", "line", "reasons")}
+        if key not in merged:
+            merged[key] = {**item, "reasons": [reason]}
+        elif _says(reason) not in {_says(r) for r in merged[key]["reasons"]}:
+            merged[key]["reasons"].append(reason)
+    return list(merged.values())
+
+
+def _says(reason: dict) -> tuple[str, str]:
+    """What a reason says: its rule code or codemod, and its text."""
+    return reason.get("code") or reason.get("codemod") or "", reason.get("message") or reason.get("reason") or ""
 
 
 def mark_decode_runs(manual: list[dict], decode_lines: dict[str, list[int]], target: Path,

@@ -14,7 +14,7 @@ from langgraph.types import interrupt
 from agent.errors import UserError
 from agent.knowledge import skill
 from agent.chart import decode_chart
-from agent.leftovers import mark_decode_runs
+from agent.leftovers import mark_decode_runs, merge_by_line
 from agent.output import render, write_adapted_tree, write_atomic
 from agent.state import Change, RunState
 from transforms.codemods import CODEMODS, Options
@@ -25,21 +25,28 @@ from transforms.rules import scan_source
 
 # -- analyze ---------------------------------------------------------------------------------------
 def analyze(state: RunState) -> dict:
-    """Static rules over the sources, then one real run of the unmodified Decode under Dynamo."""
-    from runners.probe import probe  # torch is imported only by the steps that run models
+    """Static rules over the sources, one traced eager run of the unmodified Prefill and Decode (the evidence the
+    findings are checked against), then one real run of the unmodified Decode under Dynamo."""
+    # torch is imported only by the steps that run models
+    from runners.evidence import collect_evidence
+    from runners.evidence_findings import reconcile
+    from runners.probe import probe
 
     target = Path(state.target)
+    logs = Path(state.run_dir) / "logs"
     sources = _declared_sources(target)
     findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
-    baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=Path(state.run_dir) / "logs"))
+    evidence = _probe(lambda: collect_evidence(target, log_dir=logs))
+    baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=logs))
     _check_batch_fits(state.batch_buckets, baseline)
-    findings = _with_runtime_findings(findings, baseline, sources)
+    findings = _with_runtime_findings(reconcile(findings, evidence), baseline, sources)
     return {
         "sources": sources,
         "entry_class": baseline["entry_class"],
         "max_seq_len": baseline["max_seq_len"],
         "findings": [f.to_dict() for f in findings],
         "baseline": baseline,
+        "evidence": {**evidence.to_dict(), "summary": evidence.summary()},
     }
 
 
@@ -140,13 +147,13 @@ def design(state: RunState) -> dict:
     findings = [Finding.from_dict(f) for f in state.findings]
     plan = _plan(adaptations, findings)
     covered = {i for change in plan for i in change.fixes}
-    manual = [
+    manual = merge_by_line([
         {"kind": "finding", **f.to_dict(), "why": skill(f.skill).summary}
         for i, f in enumerate(findings) if i not in covered
     ] + [
         {"kind": "codemod", "path": a.path, **m.to_dict(), "why": skill(m.skill).summary}
         for a in adaptations.values() for m in a.manual
-    ]
+    ])
     path = Path(state.run_dir) / "design.md"
     write_atomic(path, render(
         "design.md.j2", state=state, plan=plan, findings=findings, manual=manual, skill=skill,
@@ -157,10 +164,26 @@ def design(state: RunState) -> dict:
 
 def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
     # With batch buckets, the static buffers must hold the largest one.
+    calls = state.evidence.get("entry_calls") or {}
     options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
-                      max_batch_size=max(state.batch_buckets, default=Options.max_batch_size))
+                      max_batch_size=max(state.batch_buckets, default=Options.max_batch_size),
+                      entry_roles=entry_roles(calls), recomputes_sequence=bool(state.evidence.get("recomputes_sequence")))
     target = Path(state.target)
     return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
+    """(parameter, role) for the codemods, from how the harness called the entry class's forward
+    (runners.entry_calls): a parameter Decode never gets is "omitted"; positions carry their layout."""
+    if not calls or calls.get("entry_class") is None:
+        return ()
+    roles = []
+    for use in calls.get("parameters", []):
+        role = use["role"] if use["in_decode"] else "omitted"
+        if role == "positions" and use.get("layout") != "1d":
+            role = f"positions:{use.get('layout')}"
+        roles.append((use["name"], role))
+    return tuple(roles)
 
 
 def _plan(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> list[Change]:
@@ -300,10 +323,16 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
         "changes_applied": state.applied,
         "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
         "manual_items": len(state.manual),
+        # One per line; `codes` (added): every rule and codemod that left that line, `code` being the first.
         "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
-                                 "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"]}
+                                 "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"],
+                                 "codes": [r.get("code") or r.get("codemod") for r in m.get("reasons", [m])]}
                                 for m in manual],
-        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit")},
+        # The unmodified Decode's figures (None when its probe crashed and nothing could be measured), the
+        # crash (added; None when it ran), what was changed to measure (added) and the headline saying all
+        # of it (added).
+        "baseline": {k: state.baseline.get(k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit",
+                                                        "crash", "measured_with", "headline")},
     }
 
 
@@ -357,4 +386,6 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "batch_buckets": v.get("bucket_sweep", {}).get("buckets", []),
         "batch_buckets_skipped": v.get("bucket_sweep", {}).get("skipped", []),
         "batch_buckets_padding": v.get("bucket_sweep", {}).get("padding"),
+        # The original harness against the adapted sources (added): {"ran", "tokens_equal", ...}.
+        "own_harness": v.get("own_harness", {}),
     }

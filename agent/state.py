@@ -45,6 +45,9 @@ class RunState(BaseModel):
     max_seq_len: int = 64
     findings: list[dict] = Field(default_factory=list)  # transforms.findings.Finding as dicts
     baseline: dict = Field(default_factory=dict)  # the unmodified Decode under Dynamo (runners.probe)
+    # One traced eager run of the unmodified Prefill and Decode (runners.evidence.Evidence as a dict): what grows,
+    # which ints change, where the host syncs are, and how the harness calls forward.
+    evidence: dict = Field(default_factory=dict)
 
     # design / confirm
     plan: list[Change] = Field(default_factory=list)

@@ -17,10 +17,16 @@ verification uses) and run for N greedy steps, in the order skills/triage.md pre
 Every stage runs on a fresh, identically seeded model (forward may have first-call side
 effects, lesson 6) and is fed the tokens of an eager run of the same steps, so its logits
 are compared with eager step by step (lesson 5: eager and compiled can take different paths).
+
+A stage that raises records the innermost error and the target's line (runners.crash), and
+its counts are not given as figures. `--inference-mode-as-no-grad` runs every
+`torch.inference_mode` as `torch.no_grad` (see inference_mode_as_no_grad); the result then
+names that change in `measured_with`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import re
@@ -34,9 +40,10 @@ from torch._dynamo.utils import counters
 
 from runners.backends import BACKEND_NAMES, get
 from runners.cli import WorkerFailure, call_user, run_main
-from runners.dynamo_watch import _USER_FRAME, CompileWatch, SourceReason, explain_breaks, pick_frame
+from runners.crash import Crash, describe_crash
+from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from runners.env_info import environment
-from runners.harness import load_harness, max_seq_len, sources, where_raised
+from runners.harness import load_harness, max_seq_len, sources
 
 PROBE_BACKEND = "aot_eager"
 LOGITS_ATOL = 1e-3
@@ -88,26 +95,33 @@ def _blame_harness(reason: SourceReason, harness: Any) -> SourceReason:
     return SourceReason(reason.reason, "harness.py", line, "decode (its arguments)")
 
 
-def _one_line_error(exc: BaseException, folder: Path) -> str:
-    """'Type: what failed; Explanation (at file:line)'. Compiler errors carry whole stacks and
-    generated code; the first line and Dynamo's explanation say what failed, and the user
-    line comes from the traceback or, for Dynamo, from its "from user code:" stack."""
-    message = str(exc)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
-    if explanation:
-        text += f"; {explanation}"
-    if len(text) > 400:
-        text = text[:397] + "..."
-    where = where_raised(exc, folder)
-    if not where and "from user code:" in message:
-        frames = [(m["file"], int(m["line"]), "")
-                  for m in _USER_FRAME.finditer(message.split("from user code:", 1)[1])]
-        picked = pick_frame(frames, folder)
-        if picked is not None and Path(picked[0]).is_absolute():
-            where = f"{_relative(picked[0], folder)}:{picked[1]}"
-    return f"{text} (at {where})" if where else text
+# -- measuring code that enters inference mode --------------------------------------------------
+
+INFERENCE_MODE_AS_NO_GRAD = ("every `torch.inference_mode` (the harness's, the model's and the probe's own) "
+                             "run as `torch.no_grad`")
+
+
+class _Unchanged(contextlib.ContextDecorator, contextlib.nullcontext):
+    """`inference_mode(False)`: leaves the grad mode as it is, as a `with` block or a decorator."""
+
+
+def _as_no_grad(mode: bool = True) -> contextlib.AbstractContextManager:
+    return torch.no_grad() if mode else _Unchanged()
+
+
+def inference_mode_as_no_grad() -> None:
+    """Makes `torch.inference_mode` a `torch.no_grad` in this process.
+
+    Why: on torch 2.13, Dynamo cannot compile a Decode that enters inference mode itself
+    (`@torch.inference_mode()` on harness.decode, or a `with` block in it): AOTAutograd raises
+    "Cannot set version_counter for inference tensor" and nothing is measured. no_grad computes the
+    same values without autograd and Dynamo traces it, so the graph breaks and recompiles of the rest
+    of the code can still be counted; the probe's result names the substitution (`measured_with`).
+    Must run before the harness is imported: a decorator binds `torch.inference_mode` then.
+    """
+    torch.inference_mode = _as_no_grad
+    torch.autograd.inference_mode = _as_no_grad
+    torch.autograd.grad_mode.inference_mode = _as_no_grad
 
 
 # -- one stage ---------------------------------------------------------------------------------
@@ -127,7 +141,11 @@ class StageRun:
     limit_hit: bool = False
     graphs_per_step: list[int] = field(default_factory=list)
     diffs: list[float] = field(default_factory=list)
-    error: str | None = None
+    crash: Crash | None = None  # what stopped the run, when something did
+
+    @property
+    def error(self) -> str | None:
+        return self.crash.text() if self.crash else None
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -220,7 +238,7 @@ def run_stage(target: _Target, compile_fn: Callable[[Callable[..., Any]], Callab
                 run.graph_breaks, run.break_reasons = explain_breaks(
                     target.decode_step(), model, ref.tokens[0].clone(), state, root=folder)
             except Exception as exc:  # noqa: BLE001 - a compile failure is a finding here
-                run.error = _one_line_error(exc, folder)
+                run.crash = describe_crash(exc, folder)
                 return run
         model = target.fresh_model(device)
         _, state = target.prefill(model, device)
@@ -237,7 +255,7 @@ def run_stage(target: _Target, compile_fn: Callable[[Callable[..., Any]], Callab
                     if step == 0:
                         watch.mark()  # the first compile is expected; later ones are recompiles
             except Exception as exc:  # noqa: BLE001
-                run.error = _one_line_error(exc, folder)
+                run.crash = describe_crash(exc, folder)
             run.recompiles = [_blame_harness(r, harness) for r in watch.recompiles]
             run.limit_hit = watch.limit_hit
         if not explain:
@@ -272,16 +290,19 @@ def _force_eager_plan(backend: str) -> tuple[str, str | None, Callable[[Callable
 
 def _stage_dict(name: str, backend: str, status: str, reason: str,
                 run: StageRun | None = None) -> dict[str, Any]:
+    # A run that crashed counted only what it saw before the crash: no figure, rather than a 0.
+    counted = run is not None and run.crash is None
     return {
         "name": name,
         "backend": backend,
         "status": status,
         "reason": reason,
-        "graph_breaks": run.graph_breaks if run else None,
-        "recompiles": len(run.recompiles) if run else None,
-        "recompile_limit_hit": run.limit_hit if run else None,
-        "logits_max_abs_diff": run.max_abs_diff if run else None,
+        "graph_breaks": run.graph_breaks if counted else None,
+        "recompiles": len(run.recompiles) if counted else None,
+        "recompile_limit_hit": run.limit_hit if counted else None,
+        "logits_max_abs_diff": run.max_abs_diff if counted else None,
         "error": run.error if run else None,
+        "crash": run.crash.to_dict() if run and run.crash else None,
         "classification": run.classification() if run else None,
     }
 
@@ -355,7 +376,9 @@ def triage(target: _Target, backend: str, steps: int, stage1: StageRun) -> dict[
     }
 
 
-def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND) -> dict[str, Any]:
+def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND,
+                measured_with: str | None = None) -> dict[str, Any]:
+    """`measured_with`: what was changed in this process before the target was loaded, or None."""
     target = _Target(folder)
     harness, model, prompt = target.harness, target.first_model, target.prompt
     entry = type(model)
@@ -367,6 +390,8 @@ def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND) -> dict[
     ref = eager_reference(target, steps, "cpu")
     stage1 = run_stage(target, lambda fn: get(PROBE_BACKEND).compile(fn, fullgraph=False), ref, "cpu", True)
     recompiles = stage1.recompiles
+    # A crashed run's counts stop at the crash: they are no figure for the model, so none is given.
+    counted = stage1.crash is None
 
     return {
         "entry_class": entry.__name__,
@@ -377,13 +402,15 @@ def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND) -> dict[
         "backend": PROBE_BACKEND,
         "dynamic": False,
         "steps": steps,
-        "graph_breaks": stage1.graph_breaks,
+        "crash": stage1.crash.to_dict() if stage1.crash else None,
+        "measured_with": measured_with,
+        "graph_breaks": stage1.graph_breaks if counted else None,
         "break_reasons": [{"reason": r.reason, "file": r.file, "line": r.line} for r in stage1.break_reasons],
         "graphs_per_step": stage1.graphs_per_step,
-        "recompiles": len(recompiles),
+        "recompiles": len(recompiles) if counted else None,
         "recompile_reasons": [f"{r.reason} ({r.file}:{r.line})" for r in recompiles],
         "recompile_sites": _sites(recompiles),
-        "recompile_limit_hit": stage1.limit_hit,
+        "recompile_limit_hit": stage1.limit_hit if counted else None,
         "recompile_limit": torch._dynamo.config.recompile_limit,
         "triage": triage(target, backend, steps, stage1),
         "env": environment("cpu"),
@@ -397,10 +424,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default=PROBE_BACKEND, choices=[n for n in BACKEND_NAMES if n != "auto"],
                         help="the target backend triage ends with (default: aot_eager, stage 1 only)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--inference-mode-as-no-grad", action="store_true",
+                        help="run every torch.inference_mode as torch.no_grad (see inference_mode_as_no_grad)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise WorkerFailure(f"--steps must be at least 2 to see a recompile, got {args.steps}")
-    result = probe_model(args.folder.resolve(), args.steps, args.backend)
+    measured_with = None
+    if args.inference_mode_as_no_grad:
+        inference_mode_as_no_grad()  # before the harness is imported: its decorators bind at import
+        measured_with = INFERENCE_MODE_AS_NO_GRAD
+    result = probe_model(args.folder.resolve(), args.steps, args.backend, measured_with)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -108,6 +108,11 @@ class VerifyResult:
     compile_cache: dict[str, Any] = field(default_factory=dict)
     # The batch-bucket sweep (runners.batch_buckets.BucketSweep as a dict); empty without buckets.
     bucket_sweep: dict[str, Any] = field(default_factory=dict)
+    # The original harness run eagerly against the adapted sources (its own calling convention kept?):
+    # {"ran", "tokens_equal", "first_divergent_step", "error"}; empty when not checked. Reported beside the
+    # verdict, not part of it: graph mode is verified through the entry points; this says whether the model's
+    # other callers (its own generate loop) still work unchanged.
+    own_harness: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -297,8 +302,8 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
 
 def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
               timeout_s: float, log_dir: Path | None,
-              compile_cache: Path | None) -> tuple[WorkerResult, torch.Tensor, float]:
-    name = run_name(side, run)
+              compile_cache: Path | None, name: str | None = None) -> tuple[WorkerResult, torch.Tensor, float]:
+    name = name or run_name(side, run)
     out, logits = work / f"{name}.json", work / f"{name}.logits.pt"
     args = ["--side", side, "--folder", str(folder), "--steps", str(steps),
             "--backend", backend, "--out", str(out), "--logits", str(logits)]
@@ -311,6 +316,22 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
     seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
+
+
+OWN_HARNESS_RUN = "own-harness"
+
+
+def _check_own_harness(adapted_dir: Path, backend: str, steps: int, work: Path, timeout_s: float,
+                       log_dir: Path | None, reference: list[list[int]]) -> dict[str, Any]:
+    """The original side's worker (the harness's own prefill/decode, eagerly) on the adapted folder: the model's
+    callers keep working and choose the same tokens."""
+    try:
+        result, _, _ = _run_side("original", 0, adapted_dir, backend, steps, work, timeout_s, log_dir, None,
+                                 name=OWN_HARNESS_RUN)
+    except VerificationError as error:
+        return {"ran": False, "tokens_equal": False, "first_divergent_step": None, "error": str(error)}
+    first = _first_divergence(reference, result.tokens)
+    return {"ran": True, "tokens_equal": first is None, "first_divergent_step": first, "error": None}
 
 
 def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int = MIN_STEPS,
@@ -341,6 +362,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
                                              compile_cache))
+        own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
+                                         sides["original"][0][0].tokens)
         # After the runs, so it disturbs neither their alternation nor their figures.
         sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
                              partial_graph=sides["adapted"][0][0].graph_breaks > 0) if batch_buckets else None
@@ -413,5 +436,6 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         "saved_s": warmups[0] - statistics.median(warmups[1:]) if runs > 1 and compile_cache is not None else None,
     }
     result.bucket_sweep = sweep.to_dict() if sweep else {}
+    result.own_harness = own_harness
     result.problems = _problems(result)
     return result

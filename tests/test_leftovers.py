@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import torch
 
+from agent import nodes
 from agent.leftovers import mark_decode_runs
+from agent.state import RunState
 from runners.line_trace import lines_run
+from transforms.codemods import Options
+from transforms.pipeline import adapt_source, fixed_by
+from transforms.rules import scan_source
 
 MODEL = '''import torch
 
@@ -49,3 +55,61 @@ def test_items_are_marked_through_the_adapted_line_numbers(tmp_path):
     marked = mark_decode_runs(manual, {"model.py": [7, 9, 10]}, target, adapted)
     assert [m["decode_runs"] for m in marked] == [False, True]
     assert [m["decode_runs"] for m in mark_decode_runs(manual, {}, target, adapted)] == [None, None]
+
+
+# A default Python-int position (GM501, and static_positions' note on why it leaves it) and two `.item()`
+# calls on one line (GM101 twice, the same message): lines left for a person for more than one reason.
+TWICE_LEFT = '''import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, past_key_values_length=0):
+        positions = torch.arange(past_key_values_length, past_key_values_length + x.shape[1])
+        h = self.proj(x) + positions[None, :, None]
+        return h + x.sum().item() + x.sum().item()
+'''
+
+
+def test_each_line_is_left_for_a_person_once_with_every_reason(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "model.py").write_text(TWICE_LEFT)
+    findings = scan_source(TWICE_LEFT, "model.py")
+    state = RunState(session_id="leftovers", target=str(target), run_dir=str(tmp_path / "run"), sources=["model.py"],
+                     entry_class="Model", max_seq_len=32, findings=[f.to_dict() for f in findings],
+                     baseline={"headline": "not probed: this test is about the items left", "steps": 8,
+                               "recompile_reasons": []})
+    # What is left before merging: the findings no codemod fixes and the codemods' own items.
+    adaptation = adapt_source(TWICE_LEFT, "model.py", None, Options(entry_class="Model", max_seq_len=32))
+    left = [(f.line, f.code, f.message) for f in findings if fixed_by(f, adaptation.edits) is None]
+    left += [(m.line, m.codemod, m.reason) for m in adaptation.manual]
+    assert len({line for line, _, _ in left}) < len(left), "the source must leave some line twice"
+
+    designed = nodes.design(state)
+    manual = designed["manual"]
+    assert sorted(m["line"] for m in manual) == sorted({line for line, _, _ in left})
+    for line, code, text in left:
+        item = next(m for m in manual if m["line"] == line)
+        reasons = [(r.get("code") or r.get("codemod"), r.get("message") or r.get("reason")) for r in item["reasons"]]
+        assert (code, text) in reasons and len(reasons) == len(set(reasons))
+    assert any({r["kind"] for r in m["reasons"]} == {"finding", "codemod"} for m in manual)
+
+    section = Path(designed["design_path"]).read_text().split("## Left for a person")[1].split("\n## ")[0]
+    for m in manual:
+        assert section.count(f"`model.py:{m['line']}`") == 1
+    assert all(text in section for _, _, text in left)
+
+    # The report of a run that could not verify lists the same items, once each, with every code.
+    state = state.model_copy(update={**designed, "approved": [], "verification": {"ran": False, "problems": ["x"]}})
+    reported = nodes.report(state)
+    detail = json.loads((tmp_path / "run" / "report.json").read_text())["manual_items_detail"]
+    assert [(d["line"], d["codes"]) for d in detail] == [
+        (m["line"], [r.get("code") or r.get("codemod") for r in m["reasons"]]) for m in manual]
+    text = Path(reported["report_path"]).read_text()
+    assert all(text.count(f"`model.py:{m['line']}`") == 1 for m in manual)
+    assert all(message in text for _, _, message in left)

@@ -7,12 +7,18 @@ the probe's own figures.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from runners import backends
 from runners.backends import BackendUnavailable
+from runners.crash import describe_crash, exception_chain
 from runners.probe import probe
 from runners.subprocess_run import PROJECT_ROOT
 
@@ -78,6 +84,84 @@ def _target(folder: Path, branch: str) -> Path:
     (folder / "model.py").write_text(TINY_MODEL.replace("{branch}", branch))
     (folder / "harness.py").write_text(TINY_HARNESS)
     return folder
+
+
+# A table buffer read through a view at positions made inside the compiled Decode: under inference mode,
+# AOTAutograd on torch 2.13 cannot compile that ("Cannot set version_counter for inference tensor").
+TABLE_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    """Positions as a tensor, static shapes, and already the adapted contract's entry points."""
+
+    def __init__(self, vocab: int = 48, dim: int = 16, max_len: int = 64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.proj = nn.Linear(dim, vocab)
+        self.register_buffer("table", torch.linspace(0, 1, max_len * dim).view(max_len, dim))
+
+    def forward(self, tokens, positions):
+        h = self.emb(tokens) + self.table[None, positions]
+        return self.proj(torch.tanh(h))
+
+    def prefill(self, tokens, input_pos):
+        return self(tokens, input_pos)
+
+    def decode(self, tokens, input_pos):
+        return self(tokens, input_pos)
+'''
+TABLE_LINE = "h = self.emb(tokens) + self.table[None, positions]"
+
+INFERENCE_HARNESS = '''\
+import torch
+
+from model import Tiny
+
+SOURCES = ["model.py"]
+MAX_SEQ_LEN = 64
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Tiny().eval()
+
+
+def make_prompt():
+    return torch.randint(0, 48, (1, 5), generator=torch.Generator().manual_seed(1))
+
+
+def prefill(model, tokens):
+    logits = model(tokens, torch.arange(tokens.shape[1]))
+    return logits[:, -1, :], tokens.shape[1]
+
+
+{decode}
+'''
+DECORATED_DECODE = '''\
+@torch.inference_mode()
+def decode(model, token, pos):
+    logits = model(token, torch.tensor([pos]))
+    return logits[:, -1, :], pos + 1
+'''
+WITH_BLOCK_DECODE = '''\
+def decode(model, token, pos):
+    with torch.inference_mode():
+        logits = model(token, torch.tensor([pos]))
+    return logits[:, -1, :], pos + 1
+'''
+
+
+def _inference_target(folder: Path, decode: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(TABLE_MODEL)
+    (folder / "harness.py").write_text(INFERENCE_HARNESS.replace("{decode}", decode))
+    return folder
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
 def _stages(report: dict) -> dict[str, dict]:
@@ -194,8 +278,102 @@ def test_custom_op_without_fake_impl_is_a_compile_error(tmp_path):
     assert report["triage"]["failed_stage"] == "aot_eager"
     assert report["triage"]["classification"] == "compile_error"
     assert stages["force_eager"]["status"] == stages["backend"]["status"] == "skipped"
+    # Nothing was measured: no figures, and the headline says why instead of "0 graph breaks".
+    crash = report["crash"]
+    assert crash["where"] == f"model.py:{call_line}" and crash["text"] == first["error"]
+    assert report["graph_breaks"] is None and report["recompiles"] is None and first["graph_breaks"] is None
+    assert report["measured_with"] is None and report["retry_crash"] is None  # not inference mode: no retry
+    assert report["headline"] == (f"the probe of the original crashed: {crash['cause']} at model.py:{call_line}; "
+                                  "no graph-break or recompile figures")
 
 
 def test_unknown_backend_is_refused_before_running(tmp_path):
     with pytest.raises(BackendUnavailable, match="tensorrt"):
         probe(tmp_path, steps=2, backend="tensorrt")
+
+
+# -- a probe that crashes says so ------------------------------------------------------------------
+
+def _assert_inference_crash_measured_under_no_grad(report: dict, folder: Path) -> None:
+    crash = report["crash"]
+    where = f"model.py:{_line_of(folder / 'model.py', TABLE_LINE)}"
+    # The innermost error and the model's line, not Dynamo's wrapper ("backend='aot_eager' raised:").
+    assert crash["type"] == "RuntimeError" and "inference tensor" in crash["message"]
+    assert crash["where"] == where and "BackendCompilerFailed" in crash["wrapped_in"]
+    assert report["headline"].startswith(f"the probe of the original crashed: {crash['cause']} at {where}")
+    # Measured again with inference mode as no_grad, and the result says so next to the figures.
+    assert "torch.no_grad" in report["measured_with"] and report["measured_with"] in report["headline"]
+    assert isinstance(report["graph_breaks"], int) and isinstance(report["recompiles"], int)
+    assert report["headline"].endswith(f"{report['graph_breaks']} graph breaks, {report['recompiles']} recompiles")
+    assert _stages(report)["aot_eager"]["crash"] is None  # the measured run itself did not crash
+
+
+@pytest.fixture(scope="module")
+def decorated_target(tmp_path_factory) -> Path:
+    return _inference_target(tmp_path_factory.mktemp("decorated"), DECORATED_DECODE)
+
+
+@pytest.mark.slow
+def test_inference_mode_decorator_crash_names_its_cause_and_is_measured_under_no_grad(decorated_target):
+    _assert_inference_crash_measured_under_no_grad(probe(decorated_target, steps=3, timeout_s=240), decorated_target)
+
+
+@pytest.mark.slow
+def test_inference_mode_block_crash_names_its_cause_and_is_measured_under_no_grad(tmp_path):
+    folder = _inference_target(tmp_path / "with_block", WITH_BLOCK_DECODE)
+    _assert_inference_crash_measured_under_no_grad(probe(folder, steps=3, timeout_s=240), folder)
+
+
+@pytest.mark.slow
+def test_design_and_report_say_the_probe_crashed(decorated_target, tmp_path):
+    """The whole workflow on the crashing target: no "0 graph breaks, 0 recompiles" that was never measured."""
+    env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "adapt", str(decorated_target), "--yes", "--backend",
+                           "inductor", "--runs", "1", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=600)
+    run = tmp_path / "out" / decorated_target.name
+    assert (run / "report.json").is_file(), done.stdout + done.stderr
+    baseline = json.loads((run / "report.json").read_text())["baseline"]
+    where = f"model.py:{_line_of(decorated_target / 'model.py', TABLE_LINE)}"
+    said = f"the probe of the original crashed: {baseline['crash']['cause']} at {where}"
+    assert baseline["headline"].startswith(said) and baseline["crash"]["where"] == where
+    for document in ("design.md", "report.md"):
+        text = (run / document).read_text()
+        assert said in text and baseline["measured_with"] in text, document
+    assert said in done.stdout
+
+
+def test_the_chain_is_followed_to_the_innermost_error_and_its_line_in_the_folder(tmp_path):
+    """Plain Python errors from a module in the folder: causes are followed, a user's `from None` is not."""
+    (tmp_path / "user_code.py").write_text(
+        "def lookup(table, key):\n"
+        "    return table[key]\n"
+        "\n\n"
+        "def explained(table, key):\n"
+        "    try:\n"
+        "        return lookup(table, key)\n"
+        "    except KeyError as error:\n"
+        "        raise ValueError(f'no {key}') from error\n"
+        "\n\n"
+        "def hidden(table, key):\n"
+        "    try:\n"
+        "        return lookup(table, key)\n"
+        "    except KeyError:\n"
+        "        raise ValueError(f'no {key}') from None\n")
+    spec = importlib.util.spec_from_file_location("user_code", tmp_path / "user_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    with pytest.raises(ValueError) as explained:
+        module.explained({}, "k")
+    assert [type(e).__name__ for e in exception_chain(explained.value)] == ["ValueError", "KeyError"]
+    crash = describe_crash(explained.value, tmp_path)
+    assert (crash.type, crash.message, crash.where) == ("KeyError", "'k'", "user_code.py:2")
+    assert crash.wrapped_in == ["ValueError"] and crash.text() == "KeyError: 'k' (at user_code.py:2)"
+
+    with pytest.raises(ValueError) as hidden:
+        module.hidden({}, "k")
+    crash = describe_crash(hidden.value, tmp_path)
+    assert (crash.type, crash.message, crash.where, crash.wrapped_in) == ("ValueError", "no k", "user_code.py:16", [])
+    # Outside the folder, no line is claimed.
+    assert describe_crash(hidden.value, tmp_path / "elsewhere").where is None

@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transforms.rules import RULES
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 HAZARD = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x.sum().item()\n"
+HARNESS_PREFILL = "import torch\n\ndef prefill(model, tokens):\n    return model(tokens, torch.arange(tokens.shape[1]))\n"
 CLEAN = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x * 2\n"
 
 
@@ -20,7 +23,10 @@ def test_json_lists_findings_with_locations_and_exits_1():
     done = scan("--json", str(EXAMPLE))
     assert done.returncode == 1
     findings = json.loads(done.stdout)
-    assert {"code", "path", "line", "column", "message", "autofix"} <= set(findings[0])
+    assert {"code", "path", "line", "column", "message", "autofix", "may_fix", "fixed_by"} <= set(findings[0])
+    # Without --check-fixes no codemod ran, so none is claimed to fix anything; each names its candidates.
+    assert all(not f["autofix"] and f["fixed_by"] is None and not f["fix_checked"] for f in findings)
+    assert all(f["may_fix"] == list(next(r for r in RULES if r.CODE == f["code"]).FIXED_BY) for f in findings)
     lines = (EXAMPLE / "model.py").read_text().splitlines()
     for f in findings:
         assert f["path"].endswith("model.py") and 1 <= f["line"] <= len(lines)
@@ -36,6 +42,32 @@ def test_sarif_names_every_rule_and_result(tmp_path):
     assert [r["ruleId"] for r in run["results"]] == ["GM101"] and "GM101" in rule_ids
     region = run["results"][0]["locations"][0]["physicalLocation"]["region"]
     assert region == {"startLine": 5, "startColumn": 16}
+    rule = next(r for r in run["tool"]["driver"]["rules"] if r["id"] == "GM101")
+    properties = run["results"][0]["properties"]
+    assert properties["mayBeFixedBy"] == rule["properties"]["codemods"] and properties["mayBeFixedBy"]
+    assert properties["autofix"] is False and properties["fixChecked"] is False and properties["fixedBy"] is None
+
+
+def test_check_fixes_marks_exactly_what_the_codemods_fix(tmp_path):
+    """The example's model is adapted whole (tests/test_codemods.py); a harness's prefill is no code the
+    codemods rewrite, though its GM201 is of a kind they handle elsewhere."""
+    harness = tmp_path / "harness.py"
+    harness.write_text(HARNESS_PREFILL)
+    model = EXAMPLE / "model.py"
+    plain = json.loads(scan("--json", str(model), str(harness)).stdout)
+    done = scan("--json", "--check-fixes", "--entry-class", "Transformer", str(model), str(harness))
+    checked = json.loads(done.stdout)
+    assert done.returncode == 1 and all(f["fix_checked"] for f in checked)
+    # The same findings, only marked.
+    keep = ("code", "path", "line", "column", "message")
+    assert [[f[k] for k in keep] for f in checked] == [[f[k] for k in keep] for f in plain]
+    in_model = [f for f in checked if f["path"] == str(model)]
+    in_harness = [f for f in checked if f["path"] == str(harness)]
+    assert in_model and in_harness and all(f["may_fix"] for f in in_harness)
+    assert all(f["autofix"] and f["fixed_by"] in f["may_fix"] for f in in_model)
+    assert not any(f["autofix"] or f["fixed_by"] for f in in_harness)
+    text = scan("--check-fixes", str(harness)).stdout
+    assert text.count("(no codemod fixes it here)") == len(in_harness) and "autofix" not in text
 
 
 def test_clean_code_exits_0_and_text_output_summarises(tmp_path):
@@ -83,8 +115,9 @@ def test_training_code_is_not_reported(tmp_path):
     assert scan(str(tmp_path)).returncode == 0
 
 
-def test_scanning_never_imports_torch():
+def test_scanning_imports_neither_torch_nor_libcst():
     code = ("import sys; from agent.cli import main; main(['scan', '--json', %r]); "
-            "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')") % str(EXAMPLE)
+            "sys.stderr.write(repr(sorted(m for m in ('torch', 'libcst', 'langgraph') if m in sys.modules)))"
+            ) % str(EXAMPLE)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stderr.strip().endswith("no torch")
+    assert done.stderr.strip().endswith("[]")

@@ -13,9 +13,12 @@ class Finding:
     message: str
     skill: str  # id of the skill (skills/<id>.md) that explains the hazard and its fix
     function: str = ""  # qualified name of the enclosing function, e.g. "Attention.forward"
-    source: str = "static"  # "static" (a rule) or "runtime" (the Dynamo probe)
-    autofix: bool = True  # a codemod exists for this kind of hazard
+    source: str = "static"  # "static" (a rule), "runtime" (the Dynamo probe) or "trace" (runners.evidence)
+    autofix: bool = False  # a codemod was run over the file and fixes this finding (`graphmode scan --check-fixes`)
     evidence: str = ""  # what the runtime probe saw at this line, when it saw something
+    # What the evidence trace (runners.evidence.reconcile) says of this line: "seen" (the hazard ran in
+    # Decode), "prefill-only" or "not-run" (Decode never ran the line), "" (not traced).
+    trace: str = ""
 
     @property
     def location(self) -> str:

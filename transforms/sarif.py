@@ -1,9 +1,14 @@
-"""Findings as SARIF 2.1.0, the format code-scanning tools (GitHub, IDEs) read."""
+"""Findings as SARIF 2.1.0, the format code-scanning tools (GitHub, IDEs) read.
+
+A rule's `codemods` property names the codemods that handle its kind of hazard. A result's `autofix` is
+true only when the scan ran them (`fixChecked`, `graphmode scan --check-fixes`) and one of them fixes
+that very finding (`fixedBy`); `mayBeFixedBy` lists the candidates either way.
+"""
 from __future__ import annotations
 
 from transforms.findings import Finding
 from transforms.rules import RULES
-from transforms.scan import ScanResult
+from transforms.scan import ScanResult, may_fix
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
@@ -15,7 +20,7 @@ def to_sarif(result: ScanResult, version: str) -> dict:
             "name": rule.__name__,
             "shortDescription": {"text": rule.MESSAGE.replace("{name}", "…")},
             "help": {"text": f"See skills/{rule.SKILL}.md"},
-            "properties": {"skill": rule.SKILL, "autofix": bool(rule.FIXED_BY), "fixedBy": list(rule.FIXED_BY)},
+            "properties": {"skill": rule.SKILL, "codemods": list(rule.FIXED_BY)},
         }
         for rule in RULES
     ]
@@ -25,7 +30,7 @@ def to_sarif(result: ScanResult, version: str) -> dict:
         "runs": [
             {
                 "tool": {"driver": {"name": "graphmode", "version": version, "rules": rules}},
-                "results": [_result(f) for f in result.findings],
+                "results": [_result(f, result) for f in result.findings],
                 "invocations": [
                     {
                         "executionSuccessful": not result.errors,
@@ -44,7 +49,7 @@ def to_sarif(result: ScanResult, version: str) -> dict:
     }
 
 
-def _result(finding: Finding) -> dict:
+def _result(finding: Finding, result: ScanResult) -> dict:
     return {
         "ruleId": finding.code,
         "level": "warning",
@@ -57,5 +62,12 @@ def _result(finding: Finding) -> dict:
                 }
             }
         ],
-        "properties": {"autofix": finding.autofix, "skill": finding.skill, "function": finding.function},
+        "properties": {
+            "autofix": finding.autofix,
+            "fixChecked": result.fixes_checked,
+            "fixedBy": result.fixed_by.get(finding),
+            "mayBeFixedBy": list(may_fix(finding.code)),
+            "skill": finding.skill,
+            "function": finding.function,
+        },
     }

@@ -3,6 +3,12 @@
 Speed comes from three things: a byte-level pre-filter that skips files which cannot hold a finding
 (no model step, no compile call), the rules' single pass over each remaining file, and worker
 processes when there are enough files to pay for them.
+
+Whether a codemod fixes a finding is known only by running it: a rule knows which codemods handle
+its kind of hazard (`may_fix`), not whether they recognise the idiom at that line. By default the
+scan claims no fix (and imports no libcst); `check_fixes=True` runs the codemod pipeline over each
+file with findings, as `graphmode adapt` would, and marks `autofix` exactly on the findings one of
+its edits fixes (transforms.pipeline.fixed_by).
 """
 from __future__ import annotations
 
@@ -10,11 +16,15 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from transforms.findings import Finding
-from transforms.rules import scan_source
+from transforms.rules import RULES, scan_source
+
+# Rule code -> the codemods that handle its kind of hazard (they may still not recognise a given line).
+_MAY_FIX: dict[str, tuple[str, ...]] = {rule.CODE: rule.FIXED_BY for rule in RULES}
 
 # A finding needs a model step (a method these words name) or a compile call; a file with none of
 # these bytes is skipped unread by the parser.
@@ -36,6 +46,33 @@ class ScanResult:
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     seconds: float = 0.0
+    fixes_checked: bool = False  # the codemods were run: `autofix` and `fixed_by` are known, not guessed
+    fixed_by: dict[Finding, str] = field(default_factory=dict)  # finding (autofix=True) -> the codemod that fixes it
+
+
+def may_fix(code: str) -> tuple[str, ...]:
+    """The codemods that handle this kind of hazard; () when only a person can fix it."""
+    return _MAY_FIX.get(code, ())
+
+
+def fix_note(finding: Finding, result: ScanResult) -> str:
+    """What the text output says about fixing one finding: checked, or only possible."""
+    candidates = may_fix(finding.code)
+    if finding in result.fixed_by:
+        return f"autofix: {result.fixed_by[finding]}"
+    if not candidates:
+        return ""
+    if result.fixes_checked:
+        return "no codemod fixes it here"
+    names = ", ".join(candidates[:-1]) + (" or " if len(candidates) > 1 else "") + candidates[-1]
+    return f"codemod: {names} may fix"
+
+
+def finding_record(finding: Finding, result: ScanResult) -> dict:
+    """One finding for the JSON output: its fields, the codemods that may fix it, and, when the fixes
+    were checked, the one that does (`autofix` is true only then)."""
+    return {**finding.to_dict(), "may_fix": list(may_fix(finding.code)), "fix_checked": result.fixes_checked,
+            "fixed_by": result.fixed_by.get(finding)}
 
 
 def python_files(paths: Iterable[Path]) -> Iterator[Path]:
@@ -53,7 +90,35 @@ def python_files(paths: Iterable[Path]) -> Iterator[Path]:
                     yield Path(folder) / name
 
 
-def scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
+def scan_file(path: Path, check_fixes: bool = False, entry_class: str | None = None
+              ) -> tuple[list[Finding], FileError | None, bool, dict[Finding, str]]:
+    """Findings of one file, or the reason it could not be scanned; whether it was parsed; and, with
+    `check_fixes`, the findings a codemod fixes (with autofix=True, in the list too) -> that codemod."""
+    findings, error, parsed = _scan_file(path)
+    if not check_fixes or not any(may_fix(f.code) for f in findings):
+        return findings, error, parsed, {}
+    try:
+        fixed = _fixed(path.read_text(encoding="utf-8"), findings, entry_class)
+    except Exception as exc:  # noqa: BLE001 - a codemod failing on one file must not end the scan
+        return findings, FileError(str(path), f"fixes not checked: {type(exc).__name__}: {exc}"), parsed, {}
+    marked = {i: replace(findings[i], autofix=True) for i in fixed}
+    return ([marked.get(i, f) for i, f in enumerate(findings)], error, parsed,
+            {marked[i]: name for i, name in fixed.items()})
+
+
+def _fixed(source: str, findings: list[Finding], entry_class: str | None) -> dict[int, str]:
+    """Index of each finding one of the codemods' edits fixes -> that codemod, running every codemod
+    over the file as `graphmode adapt` would (libcst is imported here only)."""
+    from transforms.codemods import Options
+    from transforms.pipeline import adapt_source, fixed_by
+
+    path = findings[0].path
+    adaptation = adapt_source(source, path, None, Options(entry_class=entry_class))
+    found = {i: fixed_by(f, adaptation.edits) for i, f in enumerate(findings)}
+    return {i: name for i, name in found.items() if name is not None}
+
+
+def _scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
     """Findings of one file, or the reason it could not be scanned; and whether it was parsed."""
     try:
         data = path.read_bytes()
@@ -73,19 +138,24 @@ def scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
         return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), True
 
 
-def scan_paths(paths: Iterable[Path], jobs: int | None = None) -> ScanResult:
+def scan_paths(paths: Iterable[Path], jobs: int | None = None, check_fixes: bool = False,
+               entry_class: str | None = None) -> ScanResult:
+    """Every finding under `paths`. `check_fixes`: run the codemods too, to mark what they fix;
+    `entry_class` is the model class a harness would build (the one that gets prefill/decode entries)."""
     started = time.perf_counter()
     files = list(python_files(paths))
     jobs = jobs or os.cpu_count() or 1
-    result = ScanResult(files=len(files))
+    result = ScanResult(files=len(files), fixes_checked=check_fixes)
+    scan_one = partial(scan_file, check_fixes=check_fixes, entry_class=entry_class)
     if jobs > 1 and len(files) >= _PARALLEL_FROM:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            outcomes = list(pool.map(scan_file, files, chunksize=max(1, len(files) // (jobs * 8))))
+            outcomes = list(pool.map(scan_one, files, chunksize=max(1, len(files) // (jobs * 8))))
     else:
-        outcomes = [scan_file(f) for f in files]
-    for findings, error, parsed in outcomes:
+        outcomes = [scan_one(f) for f in files]
+    for findings, error, parsed, fixed in outcomes:
         result.findings += findings
         result.parsed += parsed
+        result.fixed_by.update(fixed)
         if error is not None:
             result.errors.append(error)
     result.seconds = time.perf_counter() - started

@@ -26,6 +26,14 @@ class Options:
     max_seq_len: int = 64  # longest sequence (prompt + generated) the static buffers must hold
     max_batch_size: int = 1
     entry_class: str | None = None  # the model class the harness builds; it gets prefill/decode
+    # How the harness really calls the entry class's forward in Decode (runners.entry_calls), when it was
+    # recorded: (parameter, role) pairs, role "tokens" | "positions" | "constant" | "state". Empty: not known,
+    # and the codemods go by the signature alone.
+    entry_roles: tuple[tuple[str, str], ...] = ()
+    recomputes_sequence: bool = False  # Decode is given the whole sequence every step: no KV cache
+
+    def role_of(self, parameter: str) -> str | None:
+        return dict(self.entry_roles).get(parameter)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class _Facts:
             default = self.omitted[test.value]
             if isinstance(default, cst.Name) and default.value in ("True", "False", "None"):
                 return default.value == "True"
+        if _is_position_tensor_check(test):
+            return True  # the entries always pass a position tensor
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name):
             return self._compare(test.left.value, test.comparisons[0])
         return None
@@ -83,6 +85,12 @@ class _Facts:
                      cst.LessThanEqual: 1 <= value, cst.Equal: 1 == value, cst.NotEqual: 1 != value}
             return table.get(type(op))
         return None
+
+
+def _is_position_tensor_check(test: cst.BaseExpression) -> bool:
+    """`isinstance(input_pos, torch.Tensor)`, the guard static_positions leaves for callers that pass an int."""
+    return isinstance(test, cst.Call) and cst.Module([]).code_for_node(test).replace(" ", "") == \
+        f"isinstance({POSITION_TENSOR},torch.Tensor)"
 
 
 class _FoldBranches(cst.CSTTransformer):
@@ -138,8 +146,15 @@ class SplitDecode(GraphCodemod):
                 or forward.params.star_kwarg is not None or not isinstance(forward.body, cst.IndentedBlock):
             self.record_manual(forward, "`forward` takes *args/**kwargs or no inputs; write the entry points by hand")
             return updated_node
+        if self.options.recomputes_sequence:
+            self.record_manual(forward, _NO_CACHE_REASON)
+            return updated_node
+        # A parameter with a default that the harness passes as the positions every step is an input of both
+        # entries, never bound to its default; it is passed by keyword (earlier defaults stay defaults).
+        positions = {p.name.value: _POSITION_ARGUMENTS[self._position_layout(p)] for p in params[1:]
+                     if p.default is not None and self._position_layout(p) is not None}
         required = [p.name.value for p in params[1:] if p.default is None]
-        omitted = {p.name.value: p.default for p in params[1:] if p.default is not None}
+        omitted = {p.name.value: p.default for p in params[1:] if p.default is not None and p.name.value not in positions}
         if not required:
             entries = self._keyword_entries(forward, params)
             if entries is None:
@@ -161,6 +176,13 @@ class SplitDecode(GraphCodemod):
         self.record_edit(forward.name, "`prefill` and `decode` entry points added")
         if self._cache_in_buffers:
             decode_body = _return_logits_only(decode_body)
+        signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
+        call = f"self.forward({', '.join([*required, *(f'{name}={value}' for name, value in positions.items())])})"
+        if not fold.folded and cst.Module(body=decode_body).deep_equals(cst.Module(body=body)):
+            # Nothing in `forward` is Prefill-only (graph-ready code): a copy would only be a second place to edit.
+            return _add_after_forward(updated_node, _entry_methods(
+                signature, call, "`forward` has no branch only Prefill takes, so Decode calls it as it is.",
+                f"return {call}"))
 
         # Defaults Decode still reads (and does not assign first) are bound at the top.
         bindings = []
@@ -168,12 +190,23 @@ class SplitDecode(GraphCodemod):
             if name in names_in(cst.Module(body=decode_body)) and not _assigned_first(decode_body, name):
                 bindings.append(cst.parse_statement(f"{name} = {cst.Module([]).code_for_node(default)}\n"))
 
-        prefill, decode = _entry_methods(", ".join(["self", *required]), f"self.forward({', '.join(required)})",
+        prefill, decode = _entry_methods(signature, call,
                                          "The body of `forward` with the branches only Prefill takes folded away.",
                                          "pass")
+        bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
+                     if name != value and name in names_in(cst.Module(body=decode_body))]
         decode = decode.with_changes(body=decode.body.with_changes(
             body=[decode.body.body[0], *bindings, *decode_body]))
         return _add_after_forward(updated_node, [prefill, decode])
+
+    def _position_layout(self, param: cst.Param) -> str | None:
+        """How a parameter carries the positions Decode writes, from how the harness called `forward` when that
+        was recorded ("positions" 1-D, "positions:2d" as position_ids), else only by the name the adapted
+        contract itself uses (`input_pos`)."""
+        role = self.options.role_of(param.name.value)
+        if role is not None:
+            return role if role in _POSITION_ARGUMENTS else None
+        return "positions" if param.name.value == POSITION_TENSOR else None
 
     def _keyword_entries(self, forward: cst.FunctionDef, params: list[cst.Param]) -> list[cst.FunctionDef] | None:
         """Entries for a forward whose parameters all have defaults (Hugging Face style): they pass the tokens and
@@ -181,11 +214,15 @@ class SplitDecode(GraphCodemod):
         values while tracing, so no body needs copying. Only once the cache lives in buffers: the entries pass
         no cache in and take none out."""
         names = [p.name.value for p in params[1:]]
-        tokens = next((n for n in names if n in TOKEN_PARAM_NAMES), None)
-        position = next((n for n in _POSITION_KEYWORDS if n in names), None)
+        roles = dict(self.options.entry_roles)
+        # What the harness passed wins over the usual names (a model may call its ids `src` or `x`).
+        tokens = next((n for n in names if roles.get(n) == "tokens"), None) \
+            or next((n for n in names if n in TOKEN_PARAM_NAMES), None)
+        passed = {n: _POSITION_ARGUMENTS[roles[n]] for n in names if roles.get(n) in _POSITION_ARGUMENTS}
+        position = next(iter(passed), None) or next((n for n in _POSITION_KEYWORDS if n in names), None)
         if tokens is None or position is None or not self._cache_in_buffers:
             return None
-        keywords = [f"{tokens}={tokens}", f"{position}={_POSITION_KEYWORDS[position]}"]
+        keywords = [f"{tokens}={tokens}", f"{position}={passed.get(position) or _POSITION_KEYWORDS[position]}"]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
         return _entry_methods(f"self, {tokens}, {POSITION_TENSOR}", call,
@@ -194,6 +231,13 @@ class SplitDecode(GraphCodemod):
                               f"return {call}")
 
 
+# How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
+_POSITION_ARGUMENTS = {"positions": POSITION_TENSOR, "positions:2d": f"{POSITION_TENSOR}.unsqueeze(0)"}
+_NO_CACHE_REASON = (
+    "Decode is given the whole sequence every step (the harness passes tokens that grow by one each step): the "
+    "model keeps no KV cache, so every step recomputes all positions and changes shape, and no static graph can "
+    "replay it. Entry points are not added; the model needs a KV cache first (static buffers per attention "
+    "module written at a position tensor, and mask rows for the positions)")
 # How the keyword entries pass the position tensor, by the name forward gives it.
 _POSITION_KEYWORDS = {"cache_position": POSITION_TENSOR, "position_ids": f"{POSITION_TENSOR}.unsqueeze(0)"}
 # Fixed by the keyword entries: the cache is in buffers, and a tuple's first item is the logits.

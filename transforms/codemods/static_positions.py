@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import POSITION_TENSOR, code_of, is_position_param, torch_call_name
+from transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, is_position_param, torch_call_name
 
 
 def _is_shifted_arange(call: cst.Call, name: str) -> bool:
@@ -57,7 +57,7 @@ class StaticPositions(GraphCodemod):
             return tree
         for node, summary in plan.edits:
             self.record_edit(node, summary)
-        return tree.visit(_ApplyPositions(plan))
+        return tree.visit(_ApplyPositions(plan, self.options.entry_class))
 
 
 class _PositionPlan(cst.CSTVisitor):
@@ -125,8 +125,37 @@ class _PositionPlan(cst.CSTVisitor):
 
 
 class _ApplyPositions(cst.CSTTransformer):
-    def __init__(self, plan: _PositionPlan) -> None:
+    def __init__(self, plan: _PositionPlan, entry_class: str | None) -> None:
         self.plan = plan
+        self.entry_class = entry_class
+        self._classes: list[str] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self._classes.pop()
+        return updated_node
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        """The model's own `forward` still takes the int its callers pass (the original generate loop keeps
+        working); only a tensor reaches the layers."""
+        params = original_node.params.params
+        position = next((p for p in params if p in self.plan.params), None)
+        if position is None or original_node.name.value != "forward" or not self._classes \
+                or self._classes[-1] != self.entry_class or params.index(position) < 2 \
+                or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        tokens = params[1].name.value
+        guard = cst.parse_statement(
+            f"if not isinstance({POSITION_TENSOR}, torch.Tensor):\n"
+            f"    {POSITION_TENSOR} = torch.arange({POSITION_TENSOR}, {POSITION_TENSOR} + {tokens}.shape[1], "
+            f"device={tokens}.device)\n")
+        guard = guard.with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
+            "# graphmode: a caller may still pass the int start position; the layers take its positions."))])
+        body = list(updated_node.body.body)
+        at = 1 if body and is_docstring(body[0]) else 0
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body[:at], guard, *body[at:]]))
 
     def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
         if original_node not in self.plan.params:

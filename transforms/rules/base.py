@@ -295,7 +295,8 @@ class Rule:
     MESSAGE: ClassVar[str]
     SKILL: ClassVar[str]
     # Codemods (transforms.codemods) that remove this hazard where they recognise its idiom; empty
-    # when only a person can fix it.
+    # when only a person can fix it. A finding is not marked fixed from this alone: only running the
+    # codemods shows whether they recognise it (transforms.scan, `graphmode scan --check-fixes`).
     FIXED_BY: ClassVar[tuple[str, ...]] = ()
     # True when the rule reports only where `in_step_code(node)` holds for the visited node: the walk
     # then skips it outside step code.
@@ -321,7 +322,6 @@ class Rule:
                 message=message or self.MESSAGE,
                 skill=self.SKILL,
                 function=self.qualname(node),
-                autofix=bool(self.FIXED_BY),
             )
         )
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import method_call_name, preorder, torch_call_name
+from transforms.rules.astutil import method_call_name, names_in, preorder, torch_call_name
 from transforms.rules.base import Rule
-from transforms.rules.idioms import produces_tensor, tensor_names
+from transforms.rules.idioms import produces_tensor, tensor_names_at
 
 # Calls whose result a branch can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all", "equal", "allclose"})
@@ -66,7 +66,13 @@ class TensorBranch(Rule):
         if not self.in_step_code(node):
             return
         scope = self.enclosing_function(node)
-        names = tensor_names(scope) if scope is not None else frozenset()
+        names: frozenset[str] = frozenset()
+        if scope is not None:
+            # What each name holds where it is tested; a `while` test also sees what its body binds.
+            read = names_in(test)
+            names = tensor_names_at(scope, node.lineno, read)
+            if node.__class__ is ast.While:
+                names |= tensor_names_at(scope, node.end_lineno + 1, read)
         hit = _tensor_condition(test, names)
         if hit is not None:
             text = " ".join(self.file.code_of(hit, node).split())

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, TypeVar
 
-from transforms.rules.astutil import is_positional, method_call_name, statements, torch_call_name
+from transforms.rules.astutil import is_positional, method_call_name, names_in, statements, torch_call_name
 from transforms.rules.base import SourceFile
 
-# `torch.X(...)` calls that return Python values, not tensors.
+# `torch.X(...)` calls that return Python values, not tensors. Every `torch.is_*` and `torch.are_*` does
+# too (`is_tensor`, `is_autocast_enabled`, `is_grad_enabled`, `are_deterministic_algorithms_enabled`, ...):
+# see `is_tensor_call`.
 NON_TENSOR_TORCH = frozenset(
-    {"is_tensor", "is_storage", "is_floating_point", "is_complex", "is_grad_enabled",
-     "is_inference_mode_enabled", "numel", "get_default_dtype", "get_num_threads", "finfo", "iinfo",
+    {"numel", "get_default_dtype", "get_num_threads", "get_autocast_dtype", "get_autocast_gpu_dtype",
+     "get_autocast_cpu_dtype", "get_device", "result_type", "promote_types", "can_cast", "finfo", "iinfo",
      "device", "dtype", "Size", "compile", "no_grad", "inference_mode", "manual_seed", "set_grad_enabled"}
 )
+_NON_TENSOR_PREFIXES = ("is_", "are_")
 # Tensor methods that return a tensor (often a 0-d one, the kind code converts to a Python value).
 REDUCTION_METHODS = frozenset(
     {"sum", "max", "min", "any", "all", "mean", "argmax", "argmin", "prod", "norm", "std", "var", "amax",
@@ -52,7 +55,7 @@ def is_tensor_call(node: ast.AST) -> bool:
     """`torch.X(...)` (not one of NON_TENSOR_TORCH) or `x.sum()`-style reductions."""
     name = torch_call_name(node)
     if name is not None:
-        return name not in NON_TENSOR_TORCH
+        return name not in NON_TENSOR_TORCH and not name.startswith(_NON_TENSOR_PREFIXES)
     return method_call_name(node) in REDUCTION_METHODS
 
 
@@ -110,6 +113,76 @@ def names_assigned(func: Function, is_kind: Callable[[ast.expr, set[str]], bool]
 def tensor_names(func: Function) -> frozenset[str]:
     """Local names of func assigned, at least once, from a tensor-producing expression."""
     return names_assigned(func, produces_tensor, every=False)
+
+
+class Binding(NamedTuple):
+    """One place a function's own body binds a name."""
+    line: int
+    value: ast.expr | None  # what the name holds after it; None when no expression says (a loop variable)
+    augmented: bool = False  # `name += value`: the name's earlier value takes part
+
+
+@per_function
+def bindings(func: Function) -> dict[str, list[Binding]]:
+    """Where func's own body binds each local name, in source order (nested functions and classes excluded).
+
+    Unpacking (`a, b = value`) gives each name the whole value when that is a tensor call (`values,
+    indices = x.max(-1)`), else no value: `bsz, seq_len, _ = x.size()` binds Python ints.
+    """
+    found: dict[str, list[Binding]] = {}
+
+    def bind(target: ast.expr, line: int, value: ast.expr | None, augmented: bool = False) -> None:
+        if target.__class__ is ast.Name:
+            found.setdefault(target.id, []).append(Binding(line, value, augmented))
+        elif target.__class__ in (ast.Tuple, ast.List):
+            whole = value if value is not None and is_tensor_call(value) else None
+            for element in target.elts:
+                bind(element.value if element.__class__ is ast.Starred else element, line, whole)
+
+    for stmt in statements(func.body, into_scopes=False):
+        cls = stmt.__class__
+        if cls is ast.Assign:
+            for target in stmt.targets:
+                bind(target, stmt.lineno, stmt.value)
+        elif cls is ast.AnnAssign and stmt.value is not None:
+            bind(stmt.target, stmt.lineno, stmt.value)
+        elif cls is ast.AugAssign:
+            bind(stmt.target, stmt.lineno, stmt.value, augmented=True)
+        elif cls in (ast.For, ast.AsyncFor):
+            bind(stmt.target, stmt.lineno, None)
+        elif cls in (ast.With, ast.AsyncWith):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    bind(item.optional_vars, stmt.lineno, None)
+    return found
+
+
+def tensor_names_at(func: Function, line: int, candidates: Iterable[str]) -> frozenset[str]:
+    """Those of `candidates` that hold a tensor at `line`: the latest binding before that line, in source
+    order, is a tensor-producing value (judged the same way at its own line).
+
+    `tensor_names` asks whether a name is EVER assigned a tensor; a condition needs what it holds where it
+    is tested: `seq_len = x.shape[1]` right before `if seq_len > n:` is a Python int whatever the name
+    held earlier. Parameters are never taken for tensors (their type is unknown). Branches are not
+    followed: of `if a: n = x.sum()` / `else: n = x.shape[0]`, the later one in the file counts.
+    """
+    sites = bindings(func)
+    # Shared by every condition of the function; each step looks strictly further back, so it ends.
+    memo: dict[tuple[str, int], bool] = func.__dict__.setdefault("_graphmode_tensor_names_at", {})
+
+    def holds_tensor(name: str, before: int) -> bool:
+        key = (name, before)
+        if key not in memo:
+            earlier = [site for site in sites.get(name, ()) if site.line < before]
+            site = earlier[-1] if earlier else None
+            if site is None or site.value is None:
+                memo[key] = False
+            else:
+                names = {n for n in names_in(site.value) if n in sites and holds_tensor(n, site.line)}
+                memo[key] = produces_tensor(site.value, names) or (site.augmented and holds_tensor(name, site.line))
+        return memo[key]
+
+    return frozenset(name for name in candidates if name in sites and holds_tensor(name, line))
 
 
 def keyword(call: ast.Call, name: str) -> ast.keyword | None:

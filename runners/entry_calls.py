@@ -1,0 +1,185 @@
+"""How the harness really calls the model: the arguments `forward` gets at Prefill and at each Decode step.
+
+The entry points graphmode adds must take what the harness passes, not what `forward`'s signature
+suggests: a parameter with a default (`input_pos: Optional[Tensor] = None`) may be the position the
+harness passes every step, and a required one may be a cache that only Prefill leaves empty. So the
+harness's own Prefill and Decode steps run once with a pre-hook on the model that binds each call to
+`forward`'s signature, and every parameter gets a role from the values it took:
+
+- ``tokens``: an integer tensor whose last dim is the prompt length at Prefill and the new tokens at
+  Decode, or that grows by one token every step (then the model recomputes the whole sequence: it has
+  no KV cache, ``EntryCalls.recomputes_sequence``);
+- ``positions``: an integer tensor holding the positions being written (``arange(T)`` at Prefill,
+  ``[T + step]`` at Decode; any leading dims, as ``position_ids`` has) or a Python int that counts the
+  same way (``start_pos``);
+- ``constant``: the same plain value (bool, int, float, str, None) in every Decode call;
+- ``state``: anything else that Decode is given (caches in and out, masks that grow).
+
+Only the top-level call is recorded (the model's own sub-modules are not entries).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+ROLES = ("tokens", "positions", "constant", "state")
+
+
+@dataclass
+class ParameterUse:
+    name: str
+    role: str                 # one of ROLES
+    in_prefill: bool          # passed (not left at its default) in the Prefill call
+    in_decode: bool           # passed in every Decode call
+    positional: bool          # passed by position (else by keyword) in Decode
+    summary: str = ""         # what was seen, for the design document: "int tensor [1] = 8, 9, 10"
+    value: Any = None         # the constant's value, for role "constant"
+    layout: str = ""          # positions: "1d" ([S]), "2d" ([B, S]) or "int"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EntryCalls:
+    """What the harness passed to the model's `forward`, parameter by parameter (in signature order)."""
+
+    entry_class: str
+    prompt_len: int
+    parameters: list[ParameterUse] = field(default_factory=list)
+    decode_calls: int = 0
+
+    def role(self, role: str) -> list[ParameterUse]:
+        return [p for p in self.parameters if p.role == role and p.in_decode]
+
+    @property
+    def recomputes_sequence(self) -> bool:
+        """Decode is given the whole sequence every step: the model keeps no KV cache."""
+        return any("grows" in p.summary for p in self.role("tokens"))
+
+    def to_dict(self) -> dict:
+        return {"entry_class": self.entry_class, "prompt_len": self.prompt_len, "decode_calls": self.decode_calls,
+                "parameters": [p.to_dict() for p in self.parameters]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EntryCalls":
+        return cls(entry_class=data["entry_class"], prompt_len=data["prompt_len"],
+                   decode_calls=data.get("decode_calls", 0),
+                   parameters=[ParameterUse(**p) for p in data.get("parameters", [])])
+
+
+@dataclass
+class _Call:
+    arguments: dict[str, Any]  # bound, defaults not applied: what the caller passed
+    positional: set[str]
+
+
+def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decode_steps: list[Callable[[], Any]],
+                       prompt_len: int) -> EntryCalls:
+    """Runs `prefill()` then each of `decode_steps` (the harness's own calls) with a pre-hook on `model` that
+    records the top-level `forward` calls, and gives every parameter its role."""
+    signature = inspect.signature(type(model).forward)
+    calls: list[list[_Call]] = []
+    depth = 0
+
+    def pre_hook(module, args, kwargs):
+        nonlocal depth
+        depth += 1
+        if depth == 1:  # a model that calls itself (generate-style wrappers) counts once
+            bound = signature.bind_partial(module, *args, **kwargs).arguments
+            bound.pop(next(iter(signature.parameters)), None)  # self
+            names = list(signature.parameters)[1:1 + len(args)]
+            calls[-1].append(_Call(arguments=dict(bound), positional=set(names)))
+
+    def post_hook(module, args, kwargs, output):
+        nonlocal depth
+        depth -= 1
+
+    handles = [model.register_forward_pre_hook(pre_hook, with_kwargs=True),
+               model.register_forward_hook(post_hook, with_kwargs=True, always_call=True)]
+    try:
+        for run in [prefill, *decode_steps]:
+            calls.append([])
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return _roles(type(model).__name__, signature, calls, prompt_len)
+
+
+def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Call]], prompt_len: int) -> EntryCalls:
+    prefill = calls[0][0] if calls and calls[0] else None
+    decodes = [step[0] for step in calls[1:] if step]
+    result = EntryCalls(entry_class=entry_class, prompt_len=prompt_len, decode_calls=len(decodes))
+    names = [n for n, p in list(signature.parameters.items())[1:]
+             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    for name in names:
+        in_prefill = prefill is not None and name in prefill.arguments
+        in_decode = bool(decodes) and all(name in c.arguments for c in decodes)
+        if not (in_prefill or in_decode):
+            continue
+        before = prefill.arguments.get(name) if in_prefill else None
+        steps = [c.arguments.get(name) for c in decodes]
+        use = ParameterUse(name=name, role="state", in_prefill=in_prefill, in_decode=in_decode,
+                           positional=bool(decodes) and all(name in c.positional for c in decodes))
+        _classify(use, before, steps, prompt_len)
+        result.parameters.append(use)
+    _one_tokens_input(result)
+    return result
+
+
+def _classify(use: ParameterUse, prefill: Any, steps: list[Any], prompt_len: int) -> None:
+    if steps and all(_is_int_tensor(v) for v in steps):
+        lengths = [v.shape[-1] for v in steps]
+        if _counts_positions(prefill, steps, prompt_len):
+            use.role, use.layout = "positions", "1d" if steps[0].dim() == 1 else f"{steps[0].dim()}d"
+            use.summary = f"int tensor {list(steps[0].shape)} holding {', '.join(str(int(v.flatten()[-1])) for v in steps)}"
+        elif all(n == lengths[0] for n in lengths) and (prefill is None or _is_int_tensor(prefill)
+                                                        and prefill.shape[-1] == prompt_len):
+            use.role, use.summary = "tokens", f"int tensor {list(steps[0].shape)} (new tokens)"
+        elif lengths == [prompt_len + i + 1 for i in range(len(steps))]:
+            use.role = "tokens"
+            use.summary = f"int tensor whose last dim grows {prompt_len} -> {', '.join(map(str, lengths))}"
+        return
+    if steps and all(type(v) is int for v in steps) and len(steps) > 1:
+        deltas = {b - a for a, b in zip(steps, steps[1:])}
+        if deltas == {1} and steps[0] == prompt_len:
+            use.role, use.layout = "positions", "int"
+            use.summary = f"Python int {', '.join(map(str, steps))} (Prefill: {prefill!r})"
+            return
+    if steps and all(_plain(v) and v == steps[0] and type(v) is type(steps[0]) for v in steps):
+        use.role, use.value, use.summary = "constant", steps[0], f"always {steps[0]!r} in Decode"
+        return
+    use.summary = ", ".join(sorted({type(v).__name__ for v in steps})) or "only at Prefill"
+
+
+def _one_tokens_input(result: EntryCalls) -> None:
+    """Two integer inputs can both look like tokens (ids and a 2-D padding mask that grows, say): new tokens
+    win over a growing input, then signature order; the rest are state."""
+    candidates = sorted(result.role("tokens"), key=lambda p: "grows" in p.summary)
+    for extra in candidates[1:]:
+        extra.role = "state"
+
+
+def _is_int_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and value.dim() >= 1 \
+        and value.dtype is not torch.bool
+
+
+def _counts_positions(prefill: Any, steps: list[torch.Tensor], prompt_len: int) -> bool:
+    """arange(T) (in any leading dims) at Prefill, then the next position at each Decode step."""
+    for step, value in enumerate(steps):
+        if value.shape[-1] != 1 or not bool((value == prompt_len + step).all()):
+            return False
+    if prefill is None:
+        return True
+    if not _is_int_tensor(prefill) or prefill.shape[-1] != prompt_len:
+        return False
+    return bool((prefill == torch.arange(prompt_len, device=prefill.device)).all())
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))

@@ -1,0 +1,1 @@
+"""Stand-in (graphmode corpus tests): see fairscale/__init__.py."""
