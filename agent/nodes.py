@@ -167,7 +167,9 @@ def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptati
     calls = state.evidence.get("entry_calls") or {}
     options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
                       max_batch_size=max(state.batch_buckets, default=Options.max_batch_size),
-                      entry_roles=entry_roles(calls), recomputes_sequence=bool(state.evidence.get("recomputes_sequence")))
+                      entry_roles=entry_roles(calls), recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
+                      traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
+                      changing_int_params=changing_int_params(state.evidence))
     target = Path(state.target)
     return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -184,6 +186,25 @@ def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
             role = f"positions:{use.get('layout')}"
         roles.append((use["name"], role))
     return tuple(roles)
+
+
+def evidence_caches(evidence: dict) -> tuple[tuple[str, int, int], ...]:
+    """(file, statement line, growing dim) of every KV cache the traced run saw grown by a `torch.cat` written
+    in the sources themselves (not inside a library call)."""
+    found = []
+    for key, entry in evidence.get("lines", {}).items():
+        file, _, line = key.rpartition(":")
+        for growth in entry.get("growing", []):
+            if growth.get("kind") == "cache" and not growth.get("via") and growth.get("dims"):
+                found.append((file, entry.get("statement") or int(line), growth["dims"][0]))
+    return tuple(sorted(set(found)))
+
+
+def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:
+    """(file, function qualname, parameter) of the int parameters the traced run saw change every Decode step."""
+    return tuple(sorted((key.rpartition(":")[0], function["name"], param)
+                        for key, function in evidence.get("functions", {}).items()
+                        for param in function.get("params", {})))
 
 
 def _plan(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> list[Change]:

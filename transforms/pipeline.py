@@ -72,7 +72,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     for codemod_class in CHAIN:
         if codemod_class.NAME not in names:
             continue
-        codemod = codemod_class(CodemodContext(filename=path), options)
+        codemod = codemod_class(CodemodContext(filename=path), _in_current_lines(options, path, to_original))
         try:
             new = codemod.transform_module(cst.parse_module(current)).code
         except SkipFile:
@@ -89,6 +89,18 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     cst.parse_module(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result
+
+
+def _in_current_lines(options: Options, path: str, to_original: list[int | None]) -> Options:
+    """The options with the evidence's lines (lines of the original) moved to where the earlier codemods of the
+    chain left them; a line they rewrote has no evidence any more."""
+    if not options.evidence_caches:
+        return options
+    current = {line: index + 1 for index, line in enumerate(to_original) if line is not None}
+    return replace(options, evidence_caches=tuple(
+        (file, current[line], dim) for file, line, dim in options.evidence_caches
+        if file != path or line in current) if any(f == path for f, _, _ in options.evidence_caches) else
+        options.evidence_caches)
 
 
 def original_to_adapted(original: str, adapted: str) -> dict[int, int]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from transforms.codemods.cache_object import CacheObject
+from transforms.codemods.carried_cache import CarriedCache
 from transforms.codemods.hoist_item import HoistItem
 from transforms.codemods.host_scalars import HostScalars
 from transforms.codemods.sliced_kv_cache import SlicedKVCache
@@ -19,7 +20,7 @@ from transforms.codemods.tensor_branches import TensorBranches
 # been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     HoistItem, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
-    SlicedKVCache, StaticPositions, HostScalars, SplitDecode,
+    CarriedCache, SlicedKVCache, StaticPositions, HostScalars, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

@@ -31,6 +31,12 @@ class Options:
     # and the codemods go by the signature alone.
     entry_roles: tuple[tuple[str, str], ...] = ()
     recomputes_sequence: bool = False  # Decode is given the whole sequence every step: no KV cache
+    # What one traced run of the unmodified model saw (runners.evidence), when it ran: the KV caches grown by a
+    # `torch.cat` in the sources, as (file, first line of the statement, growing dim counted from 0).
+    traced: bool = False
+    evidence_caches: tuple[tuple[str, int, int], ...] = ()
+    # Int parameters the trace saw change every Decode step: (file, function qualname, parameter).
+    changing_int_params: tuple[tuple[str, str, str], ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

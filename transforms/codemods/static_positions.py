@@ -74,7 +74,7 @@ class _PositionPlan(cst.CSTVisitor):
         self._stack: list[str | None] = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        param = next((p for p in node.params.params if is_position_param(p)), None)
+        param = next((p for p in node.params.params if is_position_param(p) and self._changes(node, p)), None)
         if param is not None and param.default is not None:
             self.blocked.append((param, f"`{param.name.value}` has a default value; give callers a tensor by hand"))
             param = None
@@ -85,6 +85,15 @@ class _PositionPlan(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._stack.pop()
+
+    def _changes(self, function: cst.FunctionDef, param: cst.Param) -> bool:
+        """With a traced run, a position is an int parameter seen changing every Decode step (a name such as
+        `num_pos` alone says nothing); a function the trace never saw run is left alone. Without one, the name."""
+        options = self.codemod.options
+        if not options.traced:
+            return True
+        key = (self.codemod.context.filename, self.codemod.qualname(function), param.name.value)
+        return key in options.changing_int_params
 
     def visit_Call(self, node: cst.Call) -> bool:
         name = self._stack[-1] if self._stack else None
