@@ -210,8 +210,8 @@ def reconcile_details(static: list[Finding], evidence: Evidence) -> Reconciled:
     for t in trace_findings:
         statement = evidence.lines.get(f"{t.path}:{t.line}")
         lines = {t.line, statement.statement} if statement and statement.statement else {t.line}
-        covering = [i for i, f in enumerate(kept) if f.path == t.path and f.code in _COVERED_BY[t.code]
-                    and (f.line in lines or _same_parameter(f, t))]
+        covering = [i for i, f in enumerate(kept) if f.path == t.path and (
+            f.code in _COVERED_BY[t.code] and (f.line in lines or _same_parameter(f, t)) or _uses_parameter(f, t))]
         if not covering:
             added.append(t)
             continue
@@ -226,6 +226,13 @@ def _same_parameter(static: Finding, trace: Finding) -> bool:
     """A static GM501 names a parameter on its own line; the trace's is at the function's def line."""
     return (static.code == trace.code == "GM501" and static.function == trace.function
             and _param_name(static.message) == _param_name(trace.message))
+
+
+def _uses_parameter(static: Finding, trace: Finding) -> bool:
+    """A static finding in the same function about a use of the int parameter the trace saw change (`if seq_len >
+    self.max_seq_len_cached:`) already stands for it: the fix of that use is the fix of the parameter."""
+    name = _param_name(trace.message) if trace.code == "GM501" else None
+    return bool(name) and static.function == trace.function and f"`{name}`" in static.message
 
 
 def reconcile(static: list[Finding], evidence: Evidence) -> list[Finding]:

@@ -57,10 +57,9 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
     assert result.applied == expected and not result.manual
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]
     assert unfixed == []
-    # Nothing the rules flag is left in the Decode entry; `forward` (now Prefill, and the original callers' entry)
-    # keeps its length branch and the arange that turns a caller's int start position into positions.
+    # Nothing the rules flag is left in the Decode entry; `forward` (now Prefill) keeps its length branch.
     remaining = [(f.function, f.code) for f in scan_source(result.adapted, "model.py")]
-    assert remaining == [("Transformer.forward", "GM201"), ("Transformer.forward", "GM401")]
+    assert remaining == [("Transformer.forward", "GM401")]
 
 
 def test_declining_a_prerequisite_never_leaves_a_half_rewrite():

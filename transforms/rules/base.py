@@ -170,11 +170,17 @@ class SourceFile:
         return self.source[self.offset(node.lineno, node.col_offset):self.offset(node.end_lineno, node.end_col_offset)]
 
     def is_eager_guard(self, node: ast.If) -> bool:
-        """`not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored."""
+        """`not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored; or
+        `not isinstance(NAME, torch.Tensor)`, the conversion of a Python value some callers still pass (the
+        positions graphmode's static_positions accepts as an int): Decode's entries pass tensors, so the
+        compiled graph never holds that branch."""
         test = node.test
         if not (test.__class__ is ast.UnaryOp and test.op.__class__ is ast.Not):
             return False
         call = test.operand
+        if call.__class__ is ast.Call and dotted_name(call.func) == "isinstance" and len(call.args) == 2 \
+                and call.args[0].__class__ is ast.Name and dotted_name(call.args[1]) == "torch.Tensor":
+            return True
         if not (call.__class__ is ast.Call and not call.args and not call.keywords
                 and dotted_name(call.func) in _GUARD_CALLS):
             return False

@@ -12,7 +12,7 @@ class TensorCreatedInForward(Rule):
     CODE = "GM201"
     MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
     SKILL = "static-buffers"
-    FIXED_BY = ("static_rotary", "static_mask", "static_positions", "cache_object")
+    FIXED_BY = ("static_rotary", "static_mask", "static_positions", "cache_object", "carried_cache")
     STEP_ONLY = True
 
     def visit_Call(self, node: ast.Call) -> None:

@@ -32,7 +32,7 @@ class GrowingKVCache(Rule):
         "preallocate it and write in place at the position"
     )
     SKILL = "static-kv-cache"
-    FIXED_BY = ("static_kv_cache", "cache_object")
+    FIXED_BY = ("static_kv_cache", "cache_object", "carried_cache")
     STEP_ONLY = True
 
     def visit_Call(self, node: ast.Call) -> None:

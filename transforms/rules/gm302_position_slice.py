@@ -47,7 +47,7 @@ def position_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, st
 
 class PositionSlice(Rule):
     CODE = "GM302"
-    FIXED_BY = ("sliced_tables", "sliced_kv_cache")
+    FIXED_BY = ("sliced_tables", "sliced_kv_cache", "carried_cache")
     MESSAGE = (
         "a slice bounded by the Python-int position `{name}` changes every Decode step (a new constant, "
         "and for a read a new shape), so the graph recompiles or recaptures; read the whole cache under "
