@@ -59,12 +59,13 @@ def _tail(text: str, lines: int = 15) -> str:
 def first_blocker(report: dict, design: Path) -> str:
     """The first thing graphmode could not do, as 'file:line CODE text' from design.md's "Left for a
     person" list: the first item one traced Decode step runs; when Decode was not traced (the adapted
-    model did not run), the first rewrite that gave up (its idiom recognised only in part), else the
-    first item at all."""
+    model did not run), the first rewrite that gave up (split_decode's first: without entries nothing
+    runs), else the first item at all."""
     items = report.get("manual_items_detail") or []
     ran = [item for item in items if item.get("decode_runs")]
     untraced = all(item.get("decode_runs") is None for item in items)
     gave_up = [item for item in items if item.get("kind") == "codemod"] if untraced else []
+    gave_up.sort(key=lambda item: item.get("code") != "split_decode")  # no entries: split_decode says why
     chosen = (ran or gave_up or items or [None])[0]
     if chosen is None:
         return ""

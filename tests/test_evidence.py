@@ -181,10 +181,14 @@ def test_hf_cache_api_cache_object_and_library_code(traced):
     rotary_def = line_of(source, "def forward(self, x, seq_len=None):")
     assert ev.functions[f"model.py:{rotary_def}"].params["seq_len"].values == [prompt_len + s for s in DECODE_STEPS]
 
-    # No static rule reports the rotary slice or seq_len; the update line's GM303 gets the evidence.
+    # No static rule reports the rotary slice: it is added. The changing `seq_len` parameter is not added on its
+    # own: the static finding on its use (the growth branch) carries it. The update line's GM303 gets the evidence.
     merged = reconcile_details(scan_source(source.read_text(), "model.py"), ev)
     added = {(f.code, f.line) for f in merged.added}
-    assert ("GM302", cos) in added and ("GM501", rotary_def) in added
+    assert ("GM302", cos) in added and ("GM501", rotary_def) not in added
+    branch_line = line_of(source, "if seq_len > self.max_seq_len_cached:")
+    (branch,) = [f for f in merged.findings if f.line == branch_line]
+    assert "`seq_len` is a Python int parameter" in branch.evidence
     (gm303,) = [f for f in merged.findings if f.code == "GM303" and f.line == update]
     assert gm303.trace == SEEN and "cache.py:" in gm303.evidence
     # `_set_cos_sin_cache` runs only in __init__ (the table is long enough): never in the trace.
