@@ -99,3 +99,21 @@ def test_a_model_without_a_kv_cache_gets_a_precise_statement(tmp_path):
     design = (run / "design.md").read_text()
     assert "no KV cache" in design and "grows 8 -> 9" in design
     assert "keeps no KV cache" in (run / "report.md").read_text()
+
+
+def test_entries_are_not_added_when_the_harness_passes_other_inputs():
+    """mistral-inference style `forward(input_ids, seqlens, cache)`: the second input is not a position, and a
+    position left as a Python int (its rewrite not applied) cannot feed a compiled Decode either."""
+    from transforms.codemods import Options
+    from transforms.pipeline import adapt_source
+
+    source = ("import torch\n\n\nclass Model(torch.nn.Module):\n"
+              "    def forward(self, input_ids, seqlens, cache):\n        return self.head(input_ids)\n")
+    for roles, reason in (((("input_ids", "tokens"), ("seqlens", "constant"), ("cache", "state")),
+                           "requires `seqlens`, which the harness passes as constant"),
+                          ((("input_ids", "tokens"), ("seqlens", "positions:int"), ("cache", "state")),
+                           "the positions are still a Python int (`seqlens`)")):
+        result = adapt_source(source, "model.py", {"split_decode"}, Options(entry_class="Model", entry_roles=roles))
+        assert result.adapted == source
+        (item,) = result.manual
+        assert reason in item.reason

@@ -141,13 +141,20 @@ class SplitDecode(GraphCodemod):
         forward = find_method(original_node, "forward")
         if forward is None or any(find_method(original_node, name) for name in _ENTRY_NAMES):
             return updated_node  # nothing to split, or already split (a second run changes nothing)
-        params = list(forward.params.params)
-        if len(params) < 2 or forward.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) \
-                or forward.params.star_kwarg is not None or not isinstance(forward.body, cst.IndentedBlock):
-            self.record_manual(forward, "`forward` takes *args/**kwargs or no inputs; write the entry points by hand")
+        # Keyword-only parameters (after a bare `*`) are passed by keyword like any parameter with a default.
+        params = [*forward.params.params, *forward.params.kwonly_params]
+        if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
+                or forward.params.star_kwarg is not None or not isinstance(forward.body, cst.IndentedBlock) \
+                or any(p.default is None for p in forward.params.kwonly_params):
+            self.record_manual(forward, "`forward` takes *args/**kwargs, required keyword-only arguments or no inputs; "
+                                        "write the entry points by hand")
             return updated_node
         if self.options.recomputes_sequence:
             self.record_manual(forward, _NO_CACHE_REASON)
+            return updated_node
+        unfit = self._unfit_inputs(params)
+        if unfit:
+            self.record_manual(forward, unfit)
             return updated_node
         # A parameter with a default that the harness passes as the positions every step is an input of both
         # entries, never bound to its default; it is passed by keyword (earlier defaults stay defaults).
@@ -198,6 +205,21 @@ class SplitDecode(GraphCodemod):
         decode = decode.with_changes(body=decode.body.with_changes(
             body=[decode.body.body[0], *bindings, *decode_body]))
         return _add_after_forward(updated_node, [prefill, decode])
+
+    def _unfit_inputs(self, params: list[cst.Param]) -> str | None:
+        """Why the entries' (tokens, positions) cannot feed `forward`'s required inputs, from how the harness really
+        calls it; None when they can, or when that was not recorded."""
+        if not self.options.entry_roles:
+            return None
+        for param in [p for p in params[2:] if p.default is None]:
+            role = self.options.role_of(param.name.value)
+            if role == "positions:int":
+                return (f"the positions are still a Python int (`{param.name.value}`): the rewrite to a position tensor "
+                        "was not applied (see its item), so a compiled Decode would take a new constant every step")
+            if role is not None and role not in _POSITION_ARGUMENTS:
+                return (f"`forward` requires `{param.name.value}`, which the harness passes as {role} every Decode step; "
+                        "the entries pass only the tokens and the positions, so write `prefill`/`decode` by hand")
+        return None
 
     def _position_layout(self, param: cst.Param) -> str | None:
         """How a parameter carries the positions Decode writes, from how the harness called `forward` when that
