@@ -40,8 +40,8 @@ class {BUFFERS_CLASS}(torch.nn.Module):
     """Keys and values for every position up to the maximum, written in place (added by graphmode).
 
     The buffers take the layout of the first keys written (Prefill, which runs eagerly), with
-    `max_seq_len` slots along `seq_dim`, so every Decode step sees the same shapes and memory.
-    Slots not written yet hold zeros; the causal mask keeps attention away from them.
+    `max_seq_len` slots along `seq_dim`, so every compiled Decode step sees the same shapes and
+    memory. Slots not written yet hold zeros; the causal mask keeps attention away from them.
     """
 
     def __init__(self, max_batch_size, max_seq_len, seq_dim):
@@ -58,6 +58,11 @@ class {BUFFERS_CLASS}(torch.nn.Module):
             k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
         k_out.index_copy_(self.seq_dim, input_pos, k)
         v_out.index_copy_(self.seq_dim, input_pos, v)
+        if not torch.compiler.is_compiling():
+            # Eager callers (Prefill, the model's own generate loop) get the written slots only, as the growing
+            # cache gave them, so lengths read off the returned keys stay true; the masked slots add nothing.
+            written = int(input_pos[-1]) + 1
+            return k_out.narrow(self.seq_dim, 0, written), v_out.narrow(self.seq_dim, 0, written)
         return k_out, v_out
 
     def _zeros_like(self, new):
@@ -204,10 +209,20 @@ class CarriedCache(GraphCodemod):
             for node, reason in plan.problems:
                 self.record_manual(node, f"the tuple cache was not replaced: {reason}")
             return tree
-        module = tree.visit(_Apply(plan, threading))
+        module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
         if not defined_at_top(module, BUFFERS_CLASS):
             module = insert_after_imports(module, list(cst.parse_module(BUFFERS_CLASS_SOURCE).body))
         return ensure_size_constants(module, self.options)
+
+    def _too_long(self, tree: cst.Module, calls: set[cst.Call]) -> set[cst.Call]:
+        """Calls whose last line would grow past the file's own line length with the position argument: that
+        argument goes on a line of its own. The file's limit is read as the 99th percentile of its line lengths (a
+        few URLs or tables in docstrings run past any limit the code keeps to), and never below 79."""
+        lines = tree.code.splitlines()
+        lengths = sorted(len(line) for line in lines if line.strip())
+        longest = max(79, lengths[int(0.99 * (len(lengths) - 1))] if lengths else 0)
+        added = len(f", {_THREADED}={_THREADED}")
+        return {c for c in calls if len(lines[self._lines(c)[1] - 1]) + added > longest}
 
     # -- the growing pair, in attention methods --------------------------------------------------------
     def _evidence_lines(self) -> dict[int, int] | None:
@@ -427,8 +442,8 @@ def _loop_bindings(target: cst.BaseExpression, iterable: cst.BaseExpression) -> 
 class _Apply(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (ParentNodeProvider,)
 
-    def __init__(self, plan: _Plan, threading: _Threading) -> None:
-        self.plan, self.threading = plan, threading
+    def __init__(self, plan: _Plan, threading: _Threading, wrapped: set[cst.Call]) -> None:
+        self.plan, self.threading, self.wrapped = plan, threading, wrapped
         self._classes: list[str] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -465,7 +480,13 @@ class _Apply(cst.CSTTransformer):
             return self.plan.replace.get(original_node, updated_node)
         arg = cst.Arg(cst.Name(_THREADED), keyword=cst.Name(_THREADED),
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-        return updated_node.with_changes(args=_append(updated_node.args, arg))
+        args = _append(updated_node.args, arg)
+        if original_node in self.wrapped and len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
+                and not isinstance(args[-2].comma.whitespace_after, cst.ParenthesizedWhitespace):
+            # A hanging indent, four spaces in from the statement.
+            args[-2] = args[-2].with_changes(comma=args[-2].comma.with_changes(
+                whitespace_after=cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    "))))
+        return updated_node.with_changes(args=args)
 
     def on_leave(self, original_node, updated_node):
         updated = super().on_leave(original_node, updated_node)
