@@ -1,6 +1,8 @@
 """Small libcst helpers shared by rules and codemods."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 
@@ -169,3 +171,43 @@ def none_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     if isinstance(target.operator, cst.IsNot):
         return test.left.value, False
     return None
+
+
+@dataclass(frozen=True)
+class AppendingCat:
+    """`X = torch.cat((OLD, X), dim=D)`: X grows by itself appended to OLD (the shape of a growing cache)."""
+
+    stmt: cst.SimpleStatementLine
+    target: str
+    past: cst.BaseExpression  # OLD
+    dim: int
+
+
+def integer_value(node: cst.BaseExpression) -> int | None:
+    """`2` -> 2, `-2` -> -2; None for anything else."""
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) \
+            and isinstance(node.expression, cst.Integer):
+        return -int(node.expression.value)
+    return None
+
+
+def appending_cat(stmt: cst.CSTNode) -> AppendingCat | None:
+    """The statement as an AppendingCat (list or tuple of two pieces, dim by keyword or position), or None."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    call = assign.value
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or torch_call_name(call) != "cat":
+        return None
+    target = assign.targets[0].target.value
+    pieces = call.args[0].value if call.args else None
+    if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
+        return None
+    old, new = (e.value for e in pieces.elements)
+    if not (isinstance(new, cst.Name) and new.value == target) or target in names_in(old):
+        return None
+    dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    dim = integer_value(dims[0]) if len(dims) == 1 else None
+    return AppendingCat(stmt, target, old, dim) if dim is not None else None

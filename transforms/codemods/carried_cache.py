@@ -32,7 +32,7 @@ from libcst.metadata import ParentNodeProvider
 
 from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, torch_call_name
+from transforms.cstutil import AppendingCat, appending_cat, code_of, dotted_name, find_method, names_in, none_test
 
 BUFFERS_CLASS = "StaticKVBuffers"
 BUFFERS_CLASS_SOURCE = f'''
@@ -79,43 +79,6 @@ def _comment(text: str) -> cst.EmptyLine:
     return cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {text}"))
 
 
-def _int(node: cst.BaseExpression) -> int | None:
-    if isinstance(node, cst.Integer):
-        return int(node.value)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) \
-            and isinstance(node.expression, cst.Integer):
-        return -int(node.expression.value)
-    return None
-
-
-@dataclass(frozen=True)
-class _Cat:
-    stmt: cst.SimpleStatementLine
-    target: str      # the name grown: `key = torch.cat((past_key, key), dim)`
-    past: cst.BaseExpression
-    dim: int
-
-
-def _cat(stmt: cst.CSTNode) -> _Cat | None:
-    """`X = torch.cat((OLD, X), dim=D)` (list or tuple, dim by keyword or position)."""
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
-        return None
-    assign = stmt.body[0]
-    call = assign.value
-    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or torch_call_name(call) != "cat":
-        return None
-    target = assign.targets[0].target.value
-    pieces = call.args[0].value if call.args else None
-    if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
-        return None
-    old, new = (e.value for e in pieces.elements)
-    if not (isinstance(new, cst.Name) and new.value == target) or target in names_in(old):
-        return None
-    dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    dim = _int(dims[0]) if len(dims) == 1 else None
-    return _Cat(stmt, target, old, dim) if dim is not None else None
-
-
 def _unpacks(stmt: cst.CSTNode) -> set[str]:
     """Names bound from one other name alone (the cache): `pk, pv = cache`, `pk = cache[0]`; empty otherwise."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
@@ -132,9 +95,9 @@ def _unpacks(stmt: cst.CSTNode) -> set[str]:
     return set()
 
 
-def _reads_guarded(block: list[cst.BaseStatement], cat: _Cat, cache: str) -> bool:
+def _reads_guarded(block: list[cst.BaseStatement], cat: AppendingCat, cache: str) -> bool:
     """The cat's old piece comes from the guarded cache: `cache[0]`, or a name unpacked from it in the block."""
-    unpacked = set().union(*(_unpacks(s) for s in block if cache in names_in(s) and _cat(s) is None))
+    unpacked = set().union(*(_unpacks(s) for s in block if cache in names_in(s) and appending_cat(s) is None))
     return bool(names_in(cat.past) & ({cache} | unpacked))
 
 
@@ -234,7 +197,7 @@ class CarriedCache(GraphCodemod):
 
     def _plan_cache(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
         seen = self._evidence_lines()
-        cats: list[tuple[_Cat, cst.BaseStatement | None]] = []
+        cats: list[tuple[AppendingCat, cst.BaseStatement | None]] = []
         for stmt in method.body.body:
             # The guard is `if cache is not None:`; with evidence, any `if` without `else` (`if has_layer_past:`):
             # the trace saw the cat run at every Decode step.
@@ -242,7 +205,7 @@ class CarriedCache(GraphCodemod):
                 and (seen is not None or none_test(stmt.test))
             block = list(stmt.body.body) if guarded else [stmt]
             for inner in block:
-                found = _cat(inner)
+                found = appending_cat(inner)
                 if found is None:
                     continue
                 line = self._lines(inner)[0]

@@ -22,7 +22,7 @@ from transforms.codemods._module import (
     replace_method,
 )
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import POSITION_TENSOR, code_of, find_method, position_param, torch_call_name
+from transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, position_param
 from transforms.vocabulary import TENSOR_POSITION_PARAMS
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
@@ -59,32 +59,12 @@ class {CACHE_CLASS}(torch.nn.Module):
 
 def cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
     """`k = torch.cat([past[0], k], dim=2)` -> ("k", "past", 0, 2)."""
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
-        return None
-    assign = stmt.body[0]
-    call = assign.value
-    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or torch_call_name(call) != "cat":
-        return None
-    target = assign.targets[0].target.value
-    pieces = call.args[0].value if call.args else None
-    if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
-        return None
-    old, new = (e.value for e in pieces.elements)
-    if not (isinstance(new, cst.Name) and new.value == target and isinstance(old, cst.Subscript)
-            and isinstance(old.value, cst.Name) and len(old.slice) == 1
+    found = appending_cat(stmt)
+    old = found.past if found else None
+    if not (isinstance(old, cst.Subscript) and isinstance(old.value, cst.Name) and len(old.slice) == 1
             and isinstance(old.slice[0].slice, cst.Index) and isinstance(old.slice[0].slice.value, cst.Integer)):
         return None
-    dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    if len(dims) != 1:
-        return None
-    dim = dims[0]
-    if isinstance(dim, cst.UnaryOperation) and isinstance(dim.operator, cst.Minus) and isinstance(dim.expression, cst.Integer):
-        value = -int(dim.expression.value)
-    elif isinstance(dim, cst.Integer):
-        value = int(dim.value)
-    else:
-        return None
-    return target, old.value.value, int(old.slice[0].slice.value.value), value
+    return found.target, old.value.value, int(old.slice[0].slice.value.value), found.dim
 
 
 def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, str, int, int]]] | None:
