@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider
 
 from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
@@ -144,7 +143,6 @@ class CarriedCache(GraphCodemod):
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301", "GM302", "GM201"})
-    METADATA_DEPENDENCIES = (*GraphCodemod.METADATA_DEPENDENCIES,)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if f"{BUFFERS_CLASS}(" in tree.code or "StaticKVCache(" in tree.code:
@@ -403,8 +401,6 @@ def _loop_bindings(target: cst.BaseExpression, iterable: cst.BaseExpression) -> 
 
 
 class _Apply(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (ParentNodeProvider,)
-
     def __init__(self, plan: _Plan, threading: _Threading, wrapped: set[cst.Call]) -> None:
         self.plan, self.threading, self.wrapped = plan, threading, wrapped
         self._classes: list[str] = []
@@ -421,7 +417,7 @@ class _Apply(cst.CSTTransformer):
                                    f"seq_dim={self.plan.init[name]})\n").with_changes(
             leading_lines=[_comment("keys and values of every position, written in place.")])
         if init is None:
-            return updated_node  # planned only for classes with __init__ (checked by the threading of slots)
+            return updated_node  # a cache class without __init__ in this file: not handled yet (see FINDINGS)
         new_init = init.with_changes(body=init.body.with_changes(body=[*init.body.body, line]))
         body = [new_init if s is init else s for s in updated_node.body.body]
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
