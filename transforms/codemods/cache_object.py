@@ -34,9 +34,10 @@ let attention read slots not written yet:
 - the helper call becomes rows of one mask buffer built at the maximum length (same sliding window),
   picked by `position_ids`.
 
-In the model's forward, the past length read from the (now never written) cache becomes 0, and the
-fallback that counted positions from it (`if position_ids is None: position_ids = torch.arange(past, ...)`)
-raises instead: callers pass `position_ids`, as the prefill/decode entries do.
+The caller's own cache keeps its length: the object is still updated beside the buffers, and a tuple handed back
+holds the written slots of the buffers. So a caller that leaves `position_ids` out keeps working: the model's
+forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and no cache, so the compiled Decode
+never touches it.
 
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
@@ -69,6 +70,19 @@ def {MASK_BUILDER}(max_seq_len, sliding_window=None):
     if sliding_window is not None:
         visible = visible.triu(1 - sliding_window)
     return torch.zeros(max_seq_len, max_seq_len).masked_fill(~visible, torch.finfo(torch.float32).min)
+'''
+WRITTEN_SLOTS = "graphmode_written"
+WRITTEN_SLOTS_SOURCE = f'''
+def {WRITTEN_SLOTS}(k, v, input_pos, seq_dim=2):
+    """The slots of static cache buffers written so far (added by graphmode).
+
+    Eager callers that carry the cache read the past length off it, so they get the written slots only;
+    a compiled graph gets the whole buffers and no host sync.
+    """
+    if torch.compiler.is_compiling():
+        return k, v
+    end = int(input_pos[-1]) + 1
+    return k.narrow(seq_dim, 0, end), v.narrow(seq_dim, 0, end)
 '''
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
@@ -153,6 +167,61 @@ def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | N
     return write
 
 
+def _callers_copy(write: cst.BaseStatement, cache: str) -> cst.If:
+    """The object write kept for the caller, its result unused: `if cache is not None: cache.update(k, v, ...)`.
+
+    Eager callers that pass the cache and no positions count positions from its length."""
+    def bare(stmt: cst.BaseStatement) -> cst.BaseStatement:
+        if _write(stmt, cache) is None:
+            return stmt
+        call = stmt.body[0].value
+        return stmt.with_changes(body=[cst.Expr(call)])
+
+    comment = _comment("the caller's cache still grows: eager callers that leave out the positions count them "
+                       "from its length.")
+    if isinstance(write, cst.If):
+        return write.with_changes(body=write.body.with_changes(body=[bare(s) for s in write.body.body]),
+                                  leading_lines=[*write.leading_lines, comment])
+    return cst.If(test=cst.parse_expression(f"{cache} is not None"),
+                  body=cst.IndentedBlock(body=[bare(write).with_changes(leading_lines=[])]),
+                  leading_lines=[*write.leading_lines, comment])
+
+
+def _returned_tuple(after: list[cst.BaseStatement], cache: str, keys: str, values: str) -> cst.BaseStatement | None:
+    """`cache = (K, V) if use_cache else None` after a tuple write: the grown cache handed back to the caller."""
+    for stmt in after:
+        assigned = single_assignment(stmt)
+        if assigned and assigned[0] in (keys, values):
+            return None  # rebound first
+        if assigned and assigned[0] == cache:
+            return stmt if _key_value_tuples(assigned[1], keys, values) else None
+    return None
+
+
+def _key_value_tuples(node: cst.CSTNode, keys: str, values: str) -> list[cst.Tuple]:
+    found: list[cst.Tuple] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Tuple(self, tuple_node: cst.Tuple) -> None:
+            if [code_of(e.value) for e in tuple_node.elements] == [keys, values]:
+                found.append(tuple_node)
+
+    node.visit(_Collector())
+    return found
+
+
+class _WrittenSlots(cst.CSTTransformer):
+    """`(K, V)` -> `graphmode_written(K, V, slots)`: the caller's tuple holds the written slots only."""
+
+    def __init__(self, keys: str, values: str, slots: str) -> None:
+        self.pair, self.slots = [keys, values], slots
+
+    def leave_Tuple(self, original_node: cst.Tuple, updated_node: cst.Tuple) -> cst.BaseExpression:
+        if [code_of(e.value) for e in original_node.elements] != self.pair:
+            return updated_node
+        return cst.parse_expression(f"{WRITTEN_SLOTS}({self.pair[0]}, {self.pair[1]}, {self.slots})")
+
+
 def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
     """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"."""
     block = _guarded_block(stmt, cache)
@@ -191,7 +260,7 @@ def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseSt
     return count
 
 
-def _helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
+def mask_helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
     """`X = _prepare_4d_causal_attention_mask(...)` (or the sdpa variant) -> ("X", the call)."""
     assigned = single_assignment(stmt)
     if assigned and isinstance(assigned[1], cst.Call):
@@ -208,10 +277,11 @@ class _Plan:
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
     drop: set[cst.CSTNode] = field(default_factory=set)
     init_lines: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # class -> lines for __init__
-    writes: int = 0
+    writes: list[cst.CSTNode] = field(default_factory=list)  # the cache writes replaced, in file order
     masks: int = 0
     windows: set[str] = field(default_factory=set)
     incomplete: bool = False  # a cache or mask was recognised but could not be rewritten
+    written: bool = False  # a tuple handed back to the caller holds the written slots (WRITTEN_SLOTS)
 
 
 class CacheObject(GraphCodemod):
@@ -225,9 +295,11 @@ class CacheObject(GraphCodemod):
         f"`past_key_value[0].shape[-2]`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
         "`_prepare_decoder_attention_mask`) becomes rows of one buffer built once (same sliding window), picked by "
-        "`position_ids`. Every Decode step then has the same shapes and addresses. `past_key_values` is no longer "
-        "read or written: callers pass `position_ids` (the prefill/decode entries do), the rows of a batch share "
-        "positions (no left padding), and a 2-D padding mask is not applied."
+        "`position_ids`. Every Decode step then has the same shapes and addresses. The entries pass positions and no "
+        "cache; a caller that passes `past_key_values` still gets back a cache of the true length (its length gives "
+        "the positions when `position_ids` is left out): a cache object is still updated in such eager calls (a "
+        "second copy of the keys and values), a tuple holds the written slots of the buffers. The "
+        "rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
@@ -240,7 +312,7 @@ class CacheObject(GraphCodemod):
                 if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
                     self._plan_cache(classes, cls, method, plan)
                     self._plan_model(cls, method, plan)
-        if plan.writes == 0:
+        if not plan.writes:
             self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
             return tree
         # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
@@ -253,11 +325,13 @@ class CacheObject(GraphCodemod):
             problem = "the masks use different sliding windows"
         if problem:
             self.edits.clear()
-            self.record_manual(next(iter(plan.replace)), f"the cache was not replaced: {problem}")
+            self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
         module = tree.visit(_Apply(plan))
         module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
             if not defined_at_top(module, MASK_BUILDER) else module
+        if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
+            module = insert_after_imports(module, list(cst.parse_module(WRITTEN_SLOTS_SOURCE).body))
         if not defined_at_top(module, CACHE_CLASS):
             module = insert_after_imports(module, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
         return ensure_size_constants(module, self.options)
@@ -306,12 +380,20 @@ class CacheObject(GraphCodemod):
             return
         write_index, (keys, values) = next(iter(writes.items()))
         write = body[write_index]
-        plan.replace[write] = cst.parse_statement(
-            f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n"
-        ).with_changes(leading_lines=[*write.leading_lines, _comment(
-            "written in place into the preallocated cache; attention reads the whole buffer.")])
-        self.record_edit(write, f"`{cache}` writes replaced by `self.kv_cache.update` at `{slots}`")
-        plan.writes += 1
+        static = cst.parse_statement(f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n")
+        if _guarded_block(write, cache) is not None and _tuple_write(_guarded_block(write, cache), cache):
+            plan.replace[write] = static.with_changes(leading_lines=[*write.leading_lines, _comment(
+                "written in place into the preallocated cache; attention reads the whole buffer.")])
+            returned = _returned_tuple(body[write_index + 1:], cache, keys, values)
+            if returned is not None:  # eager callers read the past length off the tuple they get back
+                plan.replace[returned] = returned.visit(_WrittenSlots(keys, values, slots))
+                plan.written = True
+                self.record_edit(returned, f"`{cache}` hands the caller the written slots of the buffers")
+        else:
+            plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
+                leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
+        self.record_edit(write, f"attention reads `self.kv_cache`, written at `{slots}`, instead of `{cache}`")
+        plan.writes.append(write)
         for index, name in lengths.items():
             stmt = body[index]
             leading = list(stmt.leading_lines)
@@ -354,7 +436,7 @@ class CacheObject(GraphCodemod):
 
         class _Collector(cst.CSTVisitor):
             def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-                found = _helper_call(stmt)
+                found = mask_helper_call(stmt)
                 if found:
                     calls.append((stmt, *found))
 
@@ -407,8 +489,6 @@ class CacheObject(GraphCodemod):
             if following in rewrites:  # its comments stay, above the statement that follows it
                 rewrites[following] = rewrites[following].with_changes(
                     leading_lines=[*stmt.leading_lines, *rewrites[following].leading_lines])
-        rewrites.update(self._past_from_cache(method, params))
-        rewrites.update(self._positions_required(method, position))
         plan.replace.update(rewrites)
         window = windows.pop()
         plan.windows.add(window)
@@ -429,44 +509,6 @@ class CacheObject(GraphCodemod):
             if tested and tested[1] and tested[0] in targets and assigned and assigned[0] == tested[0]:
                 found.append(stmt)
                 self.record_edit(stmt, f"the default 2-D `{assigned[0]}` is dropped: the mask rows do not read it")
-        return found
-
-    def _past_from_cache(self, method: cst.FunctionDef, params: set[str]) -> dict[cst.CSTNode, cst.CSTNode]:
-        """`past = past_key_values.get_usable_length(n)` -> `past = 0`: nothing writes the cache object now."""
-        found: dict[cst.CSTNode, cst.CSTNode] = {}
-        codemod = self
-
-        class _Collector(cst.CSTVisitor):
-            def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-                assigned = single_assignment(stmt)
-                if assigned and isinstance(assigned[1], cst.Call) and isinstance(assigned[1].func, cst.Attribute) \
-                        and isinstance(assigned[1].func.value, cst.Name) and assigned[1].func.value.value in params \
-                        and assigned[1].func.attr.value in CACHE_OBJECT_LENGTHS:
-                    found[stmt] = cst.parse_statement(f"{assigned[0]} = 0\n").with_changes(leading_lines=[
-                        *stmt.leading_lines, _comment("the cache object is not written any more (the KV cache "
-                                                      "lives in buffers), so it holds no past.")])
-                    codemod.record_edit(stmt, f"`{assigned[0]}` is 0: the cache object stays empty")
-
-        method.visit(_Collector())
-        return found
-
-    def _positions_required(self, method: cst.FunctionDef, position: str) -> dict[cst.CSTNode, cst.CSTNode]:
-        """`if position_ids is None: position_ids = torch.arange(past, past + n)` counted positions from the
-        cache; with buffers nothing counts them, so callers must pass them (the entry points do)."""
-        found: dict[cst.CSTNode, cst.CSTNode] = {}
-        codemod = self
-
-        class _Collector(cst.CSTVisitor):
-            def visit_If(self, node: cst.If) -> None:
-                if none_test(node.test) == (position, True) and "torch.arange" in code_of(node.body):
-                    body = cst.parse_statement(
-                        f'raise ValueError("pass `{position}`: the KV cache lives in static buffers (graphmode), '
-                        f'so positions are not counted from a cache")\n')
-                    found[node] = node.with_changes(body=node.body.with_changes(body=[body.with_changes(
-                        leading_lines=[_comment("positions used to be counted from the cache.")])]))
-                    codemod.record_edit(node, f"`{position}` is required: it was counted from the cache")
-
-        method.visit(_Collector())
         return found
 
 

@@ -21,6 +21,10 @@ Attention then reads every slot, so the causal mask must hide the ones not writt
 causal buffer by the key length (`self.bias[:, :, key_length - query_length : key_length, :key_length]`)
 become rows picked by the positions (`self.bias[:, :, position_ids[0], :key_length]`). Where a method on the
 way has no positions, `position_ids` is passed down to it from the nearest caller in the file that has them.
+Where the model's forward builds the 4-D mask with a library helper instead
+(`attention_mask = _prepare_4d_causal_attention_mask[_for_sdpa](mask, (batch, length), embeds, past)`, transformers
+4.36 to 4.46), the call becomes rows of one causal mask built at the maximum length and picked by the positions,
+with as many columns as the cache hands back (every slot in a compiled graph, the written ones in eager calls).
 All or nothing per file: a cache without such a mask, or a moving slice not understood, changes nothing.
 """
 from __future__ import annotations
@@ -29,9 +33,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports
+from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
+    self_attributes
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.cstutil import AppendingCat, appending_cat, code_of, dotted_name, find_method, names_in, none_test
+from transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
+from transforms.cstutil import AppendingCat, appending_cat, code_of, dotted_name, find_method, names_in, none_test, \
+    single_assignment
 
 BUFFERS_CLASS = "StaticKVBuffers"
 BUFFERS_CLASS_SOURCE = f'''
@@ -68,6 +75,19 @@ class {BUFFERS_CLASS}(torch.nn.Module):
         shape = list(new.shape)
         shape[0], shape[self.seq_dim] = self.max_batch_size, self.max_seq_len
         return new.new_zeros(shape)
+'''
+MASK_ROWS = "graphmode_mask_rows"
+MASK_ROWS_SOURCE = f'''
+def {MASK_ROWS}(causal_mask, position_ids):
+    """Rows of the causal mask for the tokens computed, (batch, 1, tokens, slots) (added by graphmode).
+
+    A compiled graph reads every slot of the static cache; an eager call gets the written slots only
+    ({BUFFERS_CLASS}.update hands back as many), so its rows stop at the last position written.
+    """
+    rows = causal_mask[position_ids][:, None]
+    if not torch.compiler.is_compiling():
+        rows = rows[..., : int(position_ids.reshape(-1)[-1]) + 1]
+    return rows
 '''
 # Where a method finds the slots of the tokens it computes, by the position parameter it has.
 _SLOTS = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
@@ -127,6 +147,7 @@ class _Plan:
     slots: dict[tuple[str, str], str] = field(default_factory=dict)
     needs: set[tuple[str, str]] = field(default_factory=set)
     masks: int = 0
+    mask_buffers: dict[str, str] = field(default_factory=dict)  # class -> name of its causal mask buffer
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -159,10 +180,15 @@ class CarriedCache(GraphCodemod):
             for method in self._classes[cls_name].body.body:
                 if isinstance(method, cst.FunctionDef):
                     self._plan_masks(self._classes[cls_name], method, plan)
+        for cls in self._classes.values():
+            for method in cls.body.body:
+                if isinstance(method, cst.FunctionDef):
+                    self._plan_helper_masks(cls, method, plan)
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
                                   "no causal buffer sliced by the key length was found to hide unwritten slots"))
-        threading = _Threading(self._classes, plan.needs) if not plan.problems else None
+        threading = _Threading(self._classes, plan.needs, _class_tables(tree, set(self._classes))) \
+            if not plan.problems else None
         if threading is not None and threading.missing:
             plan.problems += threading.missing
         if plan.problems:
@@ -171,8 +197,12 @@ class CarriedCache(GraphCodemod):
                 self.record_manual(node, f"the tuple cache was not replaced: {reason}")
             return tree
         module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
-        if not defined_at_top(module, BUFFERS_CLASS):
-            module = insert_after_imports(module, list(cst.parse_module(BUFFERS_CLASS_SOURCE).body))
+        generated = [(BUFFERS_CLASS, BUFFERS_CLASS_SOURCE)]
+        if plan.mask_buffers:
+            generated += [(MASK_BUILDER, MASK_BUILDER_SOURCE), (MASK_ROWS, MASK_ROWS_SOURCE)]
+        for name, source in reversed(generated):  # each goes first after the imports
+            if not defined_at_top(module, name):
+                module = insert_after_imports(module, list(cst.parse_module(source).body))
         return ensure_size_constants(module, self.options)
 
     def _too_long(self, tree: cst.Module, calls: set[cst.Call]) -> set[cst.Call]:
@@ -277,14 +307,52 @@ class CarriedCache(GraphCodemod):
                                            f"(`{slots}`) instead of sliced by the key length `{length}`")
 
 
+    # -- the 4-D masks built by library helpers, in the model's forward -----------------------------------
+    def _plan_helper_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        calls = [(stmt, *found) for stmt in _statements(method) if (found := mask_helper_call(stmt))]
+        if not calls:
+            return
+        where = f"{cls.name.value}.{method.name.value}"
+        if find_method(cls, "__init__") is None:
+            plan.problems.append((method, f"`{where}` builds the mask with a helper, and `{cls.name.value}` has no "
+                                          "`__init__` to build the mask buffer in"))
+            return
+        if any(a.keyword is not None and a.keyword.value == "sliding_window" for _, _, call in calls for a in call.args):
+            plan.problems.append((calls[0][0], f"`{where}` builds a sliding-window mask with a helper"))
+            return
+        self._slots(cls, method, plan)  # positions are passed down to it when it has none
+        buffer = plan.mask_buffers.setdefault(
+            cls.name.value, "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask")
+        for stmt, target, call in calls:
+            plan.replace[stmt] = cst.parse_statement(
+                f"{target} = {MASK_ROWS}(self.{buffer}, {_THREADED})\n").with_changes(
+                leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once at the maximum "
+                                                             "length, picked by position.")])
+            plan.masks += 1
+            self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
+
+
+def _statements(method: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
+    found: list[cst.SimpleStatementLine] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
+            found.append(stmt)
+
+    method.visit(_Collector())
+    return found
+
+
 class _Threading:
     """Passes `position_ids` down the calls from the nearest method that has it to each method that needs it.
 
     Calls are followed through `self.<attr>(...)` where `__init__` assigns `self.<attr> = Class(...)` (or an
-    `nn.ModuleList` of them iterated by a `for` loop), and `self.<method>(...)` in the same class."""
+    `nn.ModuleList` of them iterated by a `for` loop, or a class picked from a table of them), `self.<method>(...)`
+    in the same class and `super().<method>(...)`. Every class a call may reach takes the new parameter."""
 
-    def __init__(self, classes: dict[str, cst.ClassDef], needs: set[tuple[str, str]]) -> None:
-        self.classes = classes
+    def __init__(self, classes: dict[str, cst.ClassDef], needs: set[tuple[str, str]],
+                 tables: dict[str, set[str]]) -> None:
+        self.classes, self.tables = classes, tables
         self.params: set[tuple[str, str]] = set()  # (class, method) that get a `position_ids=None` parameter
         self.calls: set[cst.Call] = set()           # calls that pass `position_ids=position_ids`
         self.missing: list[tuple[cst.CSTNode, str]] = []
@@ -295,6 +363,11 @@ class _Threading:
                 cls, method = need
                 self.missing.append((find_method(classes[cls], method) or classes[cls],
                                      f"`{cls}.{method}` has no positions and no caller in this file passes them down"))
+        for callee, sites in callers.items():  # the other classes a passing call may reach must accept it
+            method = find_method(classes[callee[0]], callee[1])
+            if method is not None and any(call in self.calls for _, call in sites) \
+                    and _THREADED not in {p.name.value for p in method.params.params}:
+                self.params.add(callee)
 
     def _reach(self, target: tuple[str, str], callers: dict, reached: dict) -> bool:
         """Whether positions can be passed down to `target`; marks the params and calls that do it."""
@@ -316,33 +389,54 @@ class _Threading:
     def _callers(self) -> dict[tuple[str, str], list[tuple[tuple[str, str], cst.Call]]]:
         callers: dict[tuple[str, str], list[tuple[tuple[str, str], cst.Call]]] = {}
         for cls in self.classes.values():
-            members = _members(cls, set(self.classes))
+            members = _members(cls, set(self.classes), self.tables)
+            bases = [code_of(b.value) for b in cls.bases if code_of(b.value) in self.classes]
             for method in cls.body.body:
                 if not isinstance(method, cst.FunctionDef):
                     continue
-                for call, callee in _calls(method, cls.name.value, members):
+                for call, callee in _calls(method, cls.name.value, members, bases[0] if bases else None):
                     callers.setdefault(callee, []).append(((cls.name.value, method.name.value), call))
         return callers
 
 
-def _members(cls: cst.ClassDef, known: set[str]) -> dict[str, str]:
-    """`self.attr` -> the same-file class its `__init__` makes it (directly or as an nn.ModuleList of them)."""
+def _members(cls: cst.ClassDef, known: set[str], tables: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`self.attr` -> the same-file classes its `__init__` makes it: directly, as an nn.ModuleList of them, or
+    through a class picked from a module-level table (`attention_class = ATTENTION_CLASSES[config.impl]`)."""
     init = find_method(cls, "__init__")
-    found: dict[str, str] = {}
+    found: dict[str, set[str]] = {}
     if init is None:
         return found
+    picked: dict[str, set[str]] = {}  # local name -> the classes a table lookup may give it
 
     class _Collector(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             target = node.targets[0].target
-            if len(node.targets) != 1 or not (isinstance(target, cst.Attribute) and code_of(target.value) == "self"):
+            if len(node.targets) != 1:
                 return
-            made = [c for c in _constructed(node.value) if c in known]
-            if len(set(made)) == 1:
-                found[target.attr.value] = made[0]
+            if isinstance(target, cst.Name) and isinstance(node.value, cst.Subscript) \
+                    and code_of(node.value.value) in tables:
+                picked[target.value] = tables[code_of(node.value.value)]
+                return
+            if not (isinstance(target, cst.Attribute) and code_of(target.value) == "self"):
+                return
+            made = set().union(*[picked.get(c, {c}) for c in _constructed(node.value)]) & known
+            if made:
+                found[target.attr.value] = made
 
     init.visit(_Collector())
     return found
+
+
+def _class_tables(module: cst.Module, known: set[str]) -> dict[str, set[str]]:
+    """Module-level dicts whose values are all same-file classes: `ATTENTION_CLASSES = {"eager": A, "sdpa": B}`."""
+    tables: dict[str, set[str]] = {}
+    for stmt in module.body:
+        assigned = single_assignment(stmt)
+        if assigned and isinstance(assigned[1], cst.Dict) and assigned[1].elements:
+            values = {code_of(e.value) for e in assigned[1].elements if isinstance(e, cst.DictElement)}
+            if values <= known and len(values) == len(assigned[1].elements):
+                tables[assigned[0]] = values
+    return tables
 
 
 def _constructed(value: cst.BaseExpression) -> list[str]:
@@ -359,8 +453,10 @@ def _constructed(value: cst.BaseExpression) -> list[str]:
     return names
 
 
-def _calls(method: cst.FunctionDef, cls: str, members: dict[str, str]) -> list[tuple[cst.Call, tuple[str, str]]]:
-    """The calls in `method` to same-file modules' forward and to methods of its own class."""
+def _calls(method: cst.FunctionDef, cls: str, members: dict[str, set[str]],
+           base: str | None) -> list[tuple[cst.Call, tuple[str, str]]]:
+    """The calls in `method` to same-file modules' forward, to methods of its own class, and to its same-file
+    base class's methods through `super()`."""
     loops: dict[str, str] = {}  # loop variable -> member it iterates
     found: list[tuple[cst.Call, tuple[str, str]]] = []
 
@@ -373,13 +469,15 @@ def _calls(method: cst.FunctionDef, cls: str, members: dict[str, str]) -> list[t
         def visit_Call(self, node: cst.Call) -> None:
             func = node.func
             if isinstance(func, cst.Name) and func.value in loops:
-                found.append((node, (members[loops[func.value]], "forward")))
+                found.extend((node, (c, "forward")) for c in sorted(members[loops[func.value]]))
             elif isinstance(func, cst.Attribute) and code_of(func.value) == "self":
                 name = func.attr.value
                 if name in members:
-                    found.append((node, (members[name], "forward")))
+                    found.extend((node, (c, "forward")) for c in sorted(members[name]))
                 else:
                     found.append((node, (cls, name)))
+            elif isinstance(func, cst.Attribute) and code_of(func.value) == "super()" and base is not None:
+                found.append((node, (base, func.attr.value)))
 
     method.visit(_Collector())
     return found
@@ -410,15 +508,21 @@ class _Apply(cst.CSTTransformer):
 
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         name = self._classes.pop()
-        if name not in self.plan.init or not isinstance(updated_node.body, cst.IndentedBlock):
-            return updated_node
         init = find_method(updated_node, "__init__")
-        line = cst.parse_statement(f"self.kv_cache = {BUFFERS_CLASS}({MAX_BATCH_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}, "
-                                   f"seq_dim={self.plan.init[name]})\n").with_changes(
-            leading_lines=[_comment("keys and values of every position, written in place.")])
-        if init is None:
+        lines = []
+        if name in self.plan.init:
+            lines.append(cst.parse_statement(
+                f"self.kv_cache = {BUFFERS_CLASS}({MAX_BATCH_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}, "
+                f"seq_dim={self.plan.init[name]})\n").with_changes(
+                leading_lines=[_comment("keys and values of every position, written in place.")]))
+        if name in self.plan.mask_buffers:
+            lines.append(cst.parse_statement(
+                f'self.register_buffer("{self.plan.mask_buffers[name]}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}), '
+                f'persistent=False)\n').with_changes(
+                leading_lines=[_comment("the causal mask for every position, built once.")]))
+        if not lines or init is None or not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node  # a cache class without __init__ in this file: not handled yet (see FINDINGS)
-        new_init = init.with_changes(body=init.body.with_changes(body=[*init.body.body, line]))
+        new_init = init.with_changes(body=init.body.with_changes(body=[*init.body.body, *lines]))
         body = [new_init if s is init else s for s in updated_node.body.body]
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
