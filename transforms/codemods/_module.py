@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
 
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
-from transforms.cstutil import find_method, is_docstring, self_attribute_name
+from transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
@@ -146,3 +148,19 @@ class ReplaceNodes(cst.CSTTransformer):
         if original_node in self.drop:
             return cst.RemoveFromParent()
         return self.replace.get(original_node, updated_node)
+
+
+def remove_imports_if_unused(context: CodemodContext, module: cst.Module, names: set[str]) -> None:
+    """Schedules the removal of top-level `from X import name` imports of these names, done by libcst's
+    RemoveImportsVisitor once the codemod returns, and only where nothing else in the file still uses them
+    (the helpers a rewrite replaced). Relative imports stay: their package is not known here."""
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None \
+                    and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    if alias.asname is None and code_of(alias.name) in names:
+                        RemoveImportsVisitor.remove_unused_import(context, code_of(small.module), code_of(alias.name))
+

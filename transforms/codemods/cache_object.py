@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
-    insert_after_imports, self_attributes
+    insert_after_imports, remove_imports_if_unused, self_attributes
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
@@ -282,6 +282,7 @@ class _Plan:
     windows: set[str] = field(default_factory=set)
     incomplete: bool = False  # a cache or mask was recognised but could not be rewritten
     written: bool = False  # a tuple handed back to the caller holds the written slots (WRITTEN_SLOTS)
+    helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
 
 
 class CacheObject(GraphCodemod):
@@ -328,6 +329,7 @@ class CacheObject(GraphCodemod):
             self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
         module = tree.visit(_Apply(plan))
+        remove_imports_if_unused(self.context, module, plan.helpers)
         module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
             if not defined_at_top(module, MASK_BUILDER) else module
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
@@ -480,6 +482,7 @@ class CacheObject(GraphCodemod):
             plan.incomplete = True
             return
         for stmt, _, call in calls:
+            plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
         plan.masks += len(rewrites)
         body = list(method.body.body)

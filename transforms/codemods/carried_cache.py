@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
-    self_attributes
+    remove_imports_if_unused, self_attributes
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
 from transforms.cstutil import AppendingCat, appending_cat, code_of, dotted_name, find_method, names_in, none_test, \
@@ -148,6 +148,7 @@ class _Plan:
     needs: set[tuple[str, str]] = field(default_factory=set)
     masks: int = 0
     mask_buffers: dict[str, str] = field(default_factory=dict)  # class -> name of its causal mask buffer
+    helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -174,7 +175,7 @@ class CarriedCache(GraphCodemod):
             for method in cls.body.body:
                 if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
                     self._plan_cache(cls, method, plan)
-        if not plan.init:
+        if not plan.init and not plan.problems:
             return tree
         for cls_name in plan.init:
             for method in self._classes[cls_name].body.body:
@@ -197,6 +198,7 @@ class CarriedCache(GraphCodemod):
                 self.record_manual(node, f"the tuple cache was not replaced: {reason}")
             return tree
         module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
+        remove_imports_if_unused(self.context, module, plan.helpers)
         generated = [(BUFFERS_CLASS, BUFFERS_CLASS_SOURCE)]
         if plan.mask_buffers:
             generated += [(MASK_BUILDER, MASK_BUILDER_SOURCE), (MASK_ROWS, MASK_ROWS_SOURCE)]
@@ -329,6 +331,7 @@ class CarriedCache(GraphCodemod):
                 leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once at the maximum "
                                                              "length, picked by position.")])
             plan.masks += 1
+            plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
 
 
