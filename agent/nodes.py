@@ -169,7 +169,8 @@ def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptati
                       max_batch_size=max(state.batch_buckets, default=Options.max_batch_size),
                       entry_roles=entry_roles(calls), recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
                       traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
-                      changing_int_params=changing_int_params(state.evidence))
+                      changing_int_params=changing_int_params(state.evidence),
+                      host_sync_lines=host_sync_lines(state.evidence))
     target = Path(state.target)
     return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -198,6 +199,13 @@ def evidence_caches(evidence: dict) -> tuple[tuple[str, int, int], ...]:
             if growth.get("kind") == "cache" and not growth.get("via") and growth.get("dims"):
                 found.append((file, entry.get("statement") or int(line), growth["dims"][0]))
     return tuple(sorted(set(found)))
+
+
+def host_sync_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+    """(file, statement line) of every statement the traced run saw read the device on the host in Decode."""
+    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
+                         for key, entry in evidence.get("lines", {}).items()
+                         if any(sync.get("decode") for sync in entry.get("syncs", []))}))
 
 
 def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:

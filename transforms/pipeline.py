@@ -94,13 +94,16 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
 def _in_current_lines(options: Options, path: str, to_original: list[int | None]) -> Options:
     """The options with the evidence's lines (lines of the original) moved to where the earlier codemods of the
     chain left them; a line they rewrote has no evidence any more."""
-    if not options.evidence_caches:
+    if not (options.evidence_caches or options.host_sync_lines):
         return options
     current = {line: index + 1 for index, line in enumerate(to_original) if line is not None}
-    return replace(options, evidence_caches=tuple(
-        (file, current[line], dim) for file, line, dim in options.evidence_caches
-        if file != path or line in current) if any(f == path for f, _, _ in options.evidence_caches) else
-        options.evidence_caches)
+
+    def moved(entries: tuple[tuple, ...]) -> tuple[tuple, ...]:  # (file, line, ...) entries; other files' stay
+        return tuple((file, current[line], *rest) if file == path else (file, line, *rest)
+                     for file, line, *rest in entries if file != path or line in current)
+
+    return replace(options, evidence_caches=moved(options.evidence_caches),
+                   host_sync_lines=moved(options.host_sync_lines))
 
 
 def original_to_adapted(original: str, adapted: str) -> dict[int, int]:

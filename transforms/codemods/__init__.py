@@ -6,6 +6,7 @@ from transforms.codemods.cache_object import CacheObject
 from transforms.codemods.carried_cache import CarriedCache
 from transforms.codemods.hoist_item import HoistItem
 from transforms.codemods.host_scalars import HostScalars
+from transforms.codemods.scalar_arguments import ScalarArguments
 from transforms.codemods.sliced_kv_cache import SlicedKVCache
 from transforms.codemods.sliced_tables import SlicedTables
 from transforms.codemods.split_decode import SplitDecode
@@ -19,7 +20,7 @@ from transforms.codemods.tensor_branches import TensorBranches
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
 # been rewritten.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    HoistItem, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
+    HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
     CarriedCache, SlicedKVCache, StaticPositions, HostScalars, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}

@@ -37,6 +37,8 @@ class Options:
     evidence_caches: tuple[tuple[str, int, int], ...] = ()
     # Int parameters the trace saw change every Decode step: (file, function qualname, parameter).
     changing_int_params: tuple[tuple[str, str, str], ...] = ()
+    # Statements the trace saw read the device on the host in Decode: (file, first line of the statement).
+    host_sync_lines: tuple[tuple[str, int], ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

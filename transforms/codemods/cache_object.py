@@ -347,7 +347,7 @@ class CacheObject(GraphCodemod):
         if any(p in params for p in _SLOT_SOURCES):  # else a tuple cache is static_kv_cache's (int positions)
             caches |= {p for p in params if p not in caches and any(
                 _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
-        if not caches:
+        if not caches or "self.kv_cache.update(" in code_of(method):  # nothing, or static already (a second run)
             return
         where = f"{cls.name.value}.{method.name.value}"
         if len(caches) > 1:
