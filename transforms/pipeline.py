@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
+from libcst.metadata import MetadataWrapper
 
 from transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
 from transforms.findings import Finding
@@ -69,12 +70,15 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     result = FileAdaptation(path=path, original=source, adapted=source)
     to_original: list[int | None] = list(range(1, source.count("\n") + 2))
     current = source
+    wrapper: MetadataWrapper | None = None  # the current text parsed, with the metadata resolved so far
     for codemod_class in CHAIN:
         if codemod_class.NAME not in names:
             continue
         codemod = codemod_class(CodemodContext(filename=path), _in_current_lines(options, path, to_original))
+        if wrapper is None:
+            wrapper = MetadataWrapper(cst.parse_module(current), unsafe_skip_copy=True)
         try:
-            new = codemod.transform_module(cst.parse_module(current)).code
+            new = codemod.transform_wrapped(wrapper).code
         except SkipFile:
             continue
         result.manual += [replace(m, line=_span(to_original, m.line, m.line)[0]) for m in codemod.manual]
@@ -85,7 +89,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
             start, end = _span(to_original, edit.start_line, edit.end_line)
             result.edits.append(replace(edit, start_line=start, end_line=end))
         to_original = _carry_line_map(current, new, to_original)
-        current = new
+        current, wrapper = new, None
     cst.parse_module(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result

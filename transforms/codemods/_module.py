@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
 from transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name
@@ -150,17 +148,34 @@ class ReplaceNodes(cst.CSTTransformer):
         return self.replace.get(original_node, updated_node)
 
 
-def remove_imports_if_unused(context: CodemodContext, module: cst.Module, names: set[str]) -> None:
-    """Schedules the removal of top-level `from X import name` imports of these names, done by libcst's
-    RemoveImportsVisitor once the codemod returns, and only where nothing else in the file still uses them
-    (the helpers a rewrite replaced). Relative imports stay: their package is not known here."""
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None \
-                    and not isinstance(small.names, cst.ImportStar):
-                for alias in small.names:
-                    if alias.asname is None and code_of(alias.name) in names:
-                        RemoveImportsVisitor.remove_unused_import(context, code_of(small.module), code_of(alias.name))
+def remove_imports_if_unused(module: cst.Module, names: set[str]) -> cst.Module:
+    """The module without its top-level `from X import name` of these names where nothing else in it reads them any
+    more (the helpers a rewrite replaced); an import left with no names goes."""
+    if not names:
+        return module
+    used: set[str] = set()
 
+    class _Reads(cst.CSTVisitor):
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+            return False  # the imported names themselves are not reads
+
+        def visit_Name(self, node: cst.Name) -> None:
+            used.add(node.value)
+
+    module.visit(_Reads())
+    unused = names - used
+    if not unused:
+        return module
+    body = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
+                and isinstance(stmt.body[0], cst.ImportFrom) and not isinstance(stmt.body[0].names, cst.ImportStar):
+            imported = stmt.body[0]
+            kept = [a for a in imported.names if a.asname is not None or code_of(a.name) not in unused]
+            if not kept:
+                continue
+            if len(kept) != len(imported.names):
+                kept[-1] = kept[-1].with_changes(comma=imported.names[-1].comma)
+                stmt = stmt.with_changes(body=[imported.with_changes(names=kept)])
+        body.append(stmt)
+    return module.with_changes(body=body)

@@ -6,12 +6,13 @@ and therefore changed nothing there.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.metadata import ParentNodeProvider, PositionProvider
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from transforms.rules.reach import step_qualnames
 
@@ -82,6 +83,16 @@ class GraphCodemod(VisitorBasedCodemodCommand):
         self.options = options
         self.edits: list[Edit] = []
         self.manual: list[ManualItem] = []
+
+    def transform_wrapped(self, wrapper: MetadataWrapper) -> cst.Module:
+        """`transform_module` on a module whose metadata may be resolved already: the pipeline resolves it once per
+        distinct text and hands the same wrapper to every codemod that leaves the text unchanged."""
+        with self.resolve(wrapper):
+            self.context = replace(self.context, wrapper=wrapper)
+            tree = self.transform_module_impl(wrapper.module)
+        if AddImportsVisitor.CONTEXT_KEY in self.context.scratch:
+            tree = self._instantiate_and_run(AddImportsVisitor, tree)
+        return tree
 
     # -- recording -------------------------------------------------------------------------------
     def _lines(self, node: cst.CSTNode) -> tuple[int, int]:

@@ -329,7 +329,7 @@ class CacheObject(GraphCodemod):
             self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
         module = tree.visit(_Apply(plan))
-        remove_imports_if_unused(self.context, module, plan.helpers)
+        module = remove_imports_if_unused(module, plan.helpers)
         module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
             if not defined_at_top(module, MASK_BUILDER) else module
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):

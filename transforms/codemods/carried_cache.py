@@ -198,7 +198,7 @@ class CarriedCache(GraphCodemod):
                 self.record_manual(node, f"the tuple cache was not replaced: {reason}")
             return tree
         module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
-        remove_imports_if_unused(self.context, module, plan.helpers)
+        module = remove_imports_if_unused(module, plan.helpers)
         generated = [(BUFFERS_CLASS, BUFFERS_CLASS_SOURCE)]
         if plan.mask_buffers:
             generated += [(MASK_BUILDER, MASK_BUILDER_SOURCE), (MASK_ROWS, MASK_ROWS_SOURCE)]
