@@ -38,5 +38,8 @@ LIBRARY_MASK_HELPERS = frozenset({"_prepare_4d_causal_attention_mask", "_prepare
 TOKEN_PARAM_NAMES = frozenset({"input_ids", "tokens", "token_ids", "idx"})
 # Older Hugging Face models (4.35 and before) build the same mask in a method of the model, defined in the file.
 SAME_FILE_MASK_HELPERS = frozenset({"_prepare_decoder_attention_mask"})
+# Since 4.38 the model's own method builds it from the cache slots:
+# `self._update_causal_mask(attention_mask, inputs_embeds, cache_position, past_key_values, output_attentions)`.
+CACHE_POSITION_MASK_HELPERS = frozenset({"_update_causal_mask"})
 # Parameters that carry positions as a tensor already (Hugging Face): (batch, new tokens) ids, or cache slots.
 TENSOR_POSITION_PARAMS = frozenset({"position_ids", "cache_position"})

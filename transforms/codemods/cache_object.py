@@ -55,7 +55,8 @@ from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE,
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
 from transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
     single_assignment
-from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
+from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
+    LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 MASK_BUILDER = "graphmode_causal_mask"
 MASK_BUILDER_SOURCE = f'''
@@ -260,12 +261,13 @@ def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseSt
     return count
 
 
-def mask_helper_call(stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
-    """`X = _prepare_4d_causal_attention_mask(...)` (or the sdpa variant) -> ("X", the call)."""
+def mask_helper_call(stmt: cst.CSTNode, helpers: frozenset[str] = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS
+                     ) -> tuple[str, cst.Call] | None:
+    """`X = _prepare_4d_causal_attention_mask(...)` (or another of `helpers`) -> ("X", the call)."""
     assigned = single_assignment(stmt)
     if assigned and isinstance(assigned[1], cst.Call):
         name = dotted_name(assigned[1].func)
-        if name and name.rsplit(".", 1)[-1] in LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS:
+        if name and name.rsplit(".", 1)[-1] in helpers:
             return assigned[0], assigned[1]
     return None
 
@@ -438,7 +440,7 @@ class CacheObject(GraphCodemod):
 
         class _Collector(cst.CSTVisitor):
             def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-                found = mask_helper_call(stmt)
+                found = mask_helper_call(stmt, LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS | CACHE_POSITION_MASK_HELPERS)
                 if found:
                     calls.append((stmt, *found))
 
@@ -456,9 +458,20 @@ class CacheObject(GraphCodemod):
             keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
             shape = positional[1] if len(positional) > 1 else None
             window = keywords.get("sliding_window")
+            helper = code_of(call.func).rsplit(".", 1)[-1]
             problem = None
             if position is None or init is None:
                 problem = "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
+            elif helper in CACHE_POSITION_MASK_HELPERS:
+                # (attention_mask, inputs_embeds, cache_position, ...): the shape is the embeddings'.
+                builder = find_method(cls, helper)
+                if position != "cache_position" or shape is None or keywords:
+                    problem = "the call does not pass `(attention_mask, inputs_embeds, cache_position, ...)`"
+                elif builder is None or "sliding_window" in code_of(builder):
+                    problem = f"`{helper}` is not defined in this class, or applies a sliding window of its own"
+                else:
+                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(shape)}.shape[{i}]"))
+                                       for i in (0, 1)])
             elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
                 problem = "the call does not pass the input shape as `(batch, length)`"
             elif window is not None and code_of(call.func).rsplit(".", 1)[-1] in SAME_FILE_MASK_HELPERS:

@@ -143,11 +143,15 @@ class SplitDecode(GraphCodemod):
             return updated_node  # nothing to split, or already split (a second run changes nothing)
         # Keyword-only parameters (after a bare `*`) are passed by keyword like any parameter with a default.
         params = [*forward.params.params, *forward.params.kwonly_params]
+        # `**kwargs` (`**loss_kwargs`, ...) stays empty: the entries pass named parameters only. It is refused only
+        # where the harness was seen passing something through it.
+        swallowed = [name for name, _ in self.options.entry_roles if name not in {p.name.value for p in params}]
         if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
-                or forward.params.star_kwarg is not None or not isinstance(forward.body, cst.IndentedBlock) \
+                or (forward.params.star_kwarg is not None and swallowed) \
+                or not isinstance(forward.body, cst.IndentedBlock) \
                 or any(p.default is None for p in forward.params.kwonly_params):
-            self.record_manual(forward, "`forward` takes *args/**kwargs, required keyword-only arguments or no inputs; "
-                                        "write the entry points by hand")
+            self.record_manual(forward, "`forward` takes *args, required keyword-only arguments or no inputs, or the "
+                                        "harness passes it arguments through **kwargs; write the entry points by hand")
             return updated_node
         if self.options.recomputes_sequence:
             self.record_manual(forward, _NO_CACHE_REASON)
@@ -240,11 +244,13 @@ class SplitDecode(GraphCodemod):
         # What the harness passed wins over the usual names (a model may call its ids `src` or `x`).
         tokens = next((n for n in names if roles.get(n) == "tokens"), None) \
             or next((n for n in names if n in TOKEN_PARAM_NAMES), None)
-        passed = {n: _POSITION_ARGUMENTS[roles[n]] for n in names if roles.get(n) in _POSITION_ARGUMENTS}
-        position = next(iter(passed), None) or next((n for n in _POSITION_KEYWORDS if n in names), None)
-        if tokens is None or position is None or not self._cache_in_buffers:
+        # The positions go to every parameter that takes them (`position_ids` for rotary tables, `cache_position`
+        # for the cache slots and mask rows), unless the harness was seen passing them to some.
+        passed = {n: _POSITION_ARGUMENTS[roles[n]] for n in names if roles.get(n) in _POSITION_ARGUMENTS} \
+            or {n: value for n, value in _POSITION_KEYWORDS.items() if n in names}
+        if tokens is None or not passed or not self._cache_in_buffers:
             return None
-        keywords = [f"{tokens}={tokens}", f"{position}={passed.get(position) or _POSITION_KEYWORDS[position]}"]
+        keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
         return _entry_methods(f"self, {tokens}, {POSITION_TENSOR}", call,
@@ -261,7 +267,7 @@ _NO_CACHE_REASON = (
     "replay it. Entry points are not added; the model needs a KV cache first (static buffers per attention "
     "module written at a position tensor, and mask rows for the positions)")
 # How the keyword entries pass the position tensor, by the name forward gives it.
-_POSITION_KEYWORDS = {"cache_position": POSITION_TENSOR, "position_ids": f"{POSITION_TENSOR}.unsqueeze(0)"}
+_POSITION_KEYWORDS = {"position_ids": f"{POSITION_TENSOR}.unsqueeze(0)", "cache_position": POSITION_TENSOR}
 # Fixed by the keyword entries: the cache is in buffers, and a tuple's first item is the logits.
 _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
 
