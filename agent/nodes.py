@@ -168,6 +168,7 @@ def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptati
     options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
                       max_batch_size=max(state.batch_buckets, default=Options.max_batch_size),
                       entry_roles=entry_roles(calls), recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
+                      prefill_resets=tuple(calls.get("prefill_resets", [])),
                       traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
                       changing_int_params=changing_int_params(state.evidence),
                       host_sync_lines=host_sync_lines(state.evidence))
@@ -183,8 +184,8 @@ def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
     roles = []
     for use in calls.get("parameters", []):
         role = use["role"] if use["in_decode"] else "omitted"
-        if role == "positions" and use.get("layout") != "1d":
-            role = f"positions:{use.get('layout')}"
+        if (role == "positions" and use.get("layout") != "1d") or role == "mask_rows":
+            role = f"{role}:{use.get('layout')}"
         roles.append((use["name"], role))
     return tuple(roles)
 

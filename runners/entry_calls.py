@@ -12,6 +12,9 @@ harness's own Prefill and Decode steps run once with a pre-hook on the model tha
 - ``positions``: an integer tensor holding the positions being written (``arange(T)`` at Prefill,
   ``[T + step]`` at Decode; any leading dims, as ``position_ids`` has) or a Python int that counts the
   same way (``start_pos``);
+- ``mask_rows``: a boolean tensor holding the rows of a causal mask for the positions being written (the
+  prompt's rows at Prefill, row ``T + step`` at each Decode step), ``[..., tokens, S]`` over a fixed ``S``
+  (torchtune's generate passes ``causal_mask[None, input_pos]``); the entries build them from positions;
 - ``constant``: the same plain value (bool, int, float, str, None) in every Decode call;
 - ``state``: anything else that Decode is given (caches in and out, masks that grow).
 
@@ -25,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-ROLES = ("tokens", "positions", "constant", "state")
+ROLES = ("tokens", "positions", "mask_rows", "constant", "state")
 
 
 @dataclass
@@ -37,7 +40,7 @@ class ParameterUse:
     positional: bool          # passed by position (else by keyword) in Decode
     summary: str = ""         # what was seen, for the design document: "int tensor [1] = 8, 9, 10"
     value: Any = None         # the constant's value, for role "constant"
-    layout: str = ""          # positions: "1d" ([S]), "2d" ([B, S]) or "int"
+    layout: str = ""          # positions: "1d" ([S]), "2d" ([B, S]) or "int"; mask_rows: "<dims>d:<S>"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +54,7 @@ class EntryCalls:
     prompt_len: int
     parameters: list[ParameterUse] = field(default_factory=list)
     decode_calls: int = 0
+    prefill_resets: list[str] = field(default_factory=list)  # model methods called with no arguments before Prefill
 
     def role(self, role: str) -> list[ParameterUse]:
         return [p for p in self.parameters if p.role == role and p.in_decode]
@@ -62,13 +66,14 @@ class EntryCalls:
 
     def to_dict(self) -> dict:
         return {"entry_class": self.entry_class, "prompt_len": self.prompt_len, "decode_calls": self.decode_calls,
-                "parameters": [p.to_dict() for p in self.parameters]}
+                "parameters": [p.to_dict() for p in self.parameters], "prefill_resets": list(self.prefill_resets)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "EntryCalls":
         return cls(entry_class=data["entry_class"], prompt_len=data["prompt_len"],
                    decode_calls=data.get("decode_calls", 0),
-                   parameters=[ParameterUse(**p) for p in data.get("parameters", [])])
+                   parameters=[ParameterUse(**p) for p in data.get("parameters", [])],
+                   prefill_resets=list(data.get("prefill_resets", [])))
 
 
 @dataclass
@@ -100,6 +105,25 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
 
     handles = [model.register_forward_pre_hook(pre_hook, with_kwargs=True),
                model.register_forward_hook(post_hook, with_kwargs=True, always_call=True)]
+    # The model's own methods the harness calls with no arguments before Prefill's forward (torchtune's
+    # `reset_caches()`): the Prefill entry must do the same, or a second generation starts from stale state.
+    resets: list[str] = []
+    inside: list[str] = []  # the watched methods running now: only the harness's own calls count, not theirs
+
+    def watched(name: str, method: Callable[[], Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth == 0 and not inside and len(calls) == 1 and not calls[0] and not args and not kwargs \
+                    and name not in resets:
+                resets.append(name)
+            inside.append(name)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                inside.pop()
+        return call
+
+    for name in _own_methods(type(model)):
+        setattr(model, name, watched(name, getattr(model, name)))
     try:
         for run in [prefill, *decode_steps]:
             calls.append([])
@@ -107,7 +131,22 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
     finally:
         for handle in handles:
             handle.remove()
-    return _roles(type(model).__name__, signature, calls, prompt_len)
+        for name in _own_methods(type(model)):
+            model.__dict__.pop(name, None)
+    result = _roles(type(model).__name__, signature, calls, prompt_len)
+    result.prefill_resets = resets
+    return result
+
+
+def _own_methods(cls: type) -> list[str]:
+    """Plain methods the model's own classes define (not torch.nn.Module's), except the step entries."""
+    names = []
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass.__module__.startswith("torch."):
+            break
+        names += [n for n, v in vars(klass).items() if inspect.isfunction(v) and not n.startswith("_")
+                  and n not in ("forward", "prefill", "decode") and n not in names]
+    return names
 
 
 def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Call]], prompt_len: int) -> EntryCalls:
@@ -132,6 +171,11 @@ def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Cal
 
 
 def _classify(use: ParameterUse, prefill: Any, steps: list[Any], prompt_len: int) -> None:
+    if _causal_rows(prefill, steps, prompt_len):
+        size = steps[0].shape[-1]
+        use.role, use.layout = "mask_rows", f"{steps[0].dim()}d:{size}"
+        use.summary = f"bool tensor {list(steps[0].shape)}: rows {prompt_len}, {prompt_len + 1}, ... of a causal mask"
+        return
     if steps and all(_is_int_tensor(v) for v in steps):
         lengths = [v.shape[-1] for v in steps]
         if _counts_positions(prefill, steps, prompt_len):
@@ -179,6 +223,26 @@ def _counts_positions(prefill: Any, steps: list[torch.Tensor], prompt_len: int) 
     if not _is_int_tensor(prefill) or prefill.shape[-1] != prompt_len:
         return False
     return bool((prefill == torch.arange(prompt_len, device=prefill.device)).all())
+
+
+def _causal_rows(prefill: Any, steps: list[Any], prompt_len: int) -> bool:
+    """Boolean `[..., tokens, S]` tensors equal to rows of `tril(ones(S, S))`: the prompt's rows at Prefill, the
+    next position's row at each Decode step."""
+    if not steps or not all(isinstance(v, torch.Tensor) and v.dtype is torch.bool and v.dim() >= 2
+                            and v.shape[-2] == 1 and v.shape[-1] == steps[0].shape[-1] for v in steps):
+        return False
+    size = steps[0].shape[-1]
+    if size < prompt_len + len(steps):
+        return False
+    columns = torch.arange(size, device=steps[0].device)
+    if not all(bool((v == (columns <= prompt_len + step)).all()) for step, v in enumerate(steps)):
+        return False
+    if prefill is None:
+        return True
+    if not (isinstance(prefill, torch.Tensor) and prefill.dtype is torch.bool and prefill.shape[-2:] == (prompt_len, size)):
+        return False
+    rows = torch.arange(prompt_len, device=prefill.device)[:, None]
+    return bool((prefill == (columns[None, :] <= rows)).all())
 
 
 def _plain(value: Any) -> bool:

@@ -32,6 +32,8 @@ class Options:
     # and the codemods go by the signature alone.
     entry_roles: tuple[tuple[str, str], ...] = ()
     recomputes_sequence: bool = False  # Decode is given the whole sequence every step: no KV cache
+    # Methods of the entry class the harness calls with no arguments before Prefill (`reset_caches`).
+    prefill_resets: tuple[str, ...] = ()
     # What one traced run of the unmodified model saw (runners.evidence), when it ran: the KV caches grown by a
     # `torch.cat` in the sources, as (file, first line of the statement, growing dim counted from 0).
     traced: bool = False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from transforms.codemods._module import append_to_init
 from transforms.codemods.base import GraphCodemod
 from transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from transforms.vocabulary import TOKEN_PARAM_NAMES
@@ -164,7 +165,22 @@ class SplitDecode(GraphCodemod):
         # entries, never bound to its default; it is passed by keyword (earlier defaults stay defaults).
         positions = {p.name.value: _POSITION_ARGUMENTS[self._position_layout(p)] for p in params[1:]
                      if p.default is not None and self._position_layout(p) is not None}
-        required = [p.name.value for p in params[1:] if p.default is None]
+        # Causal-mask rows the harness passes are built from the positions, from one buffer made in `__init__`.
+        rows = {p.name.value: role for p in params[1:]
+                if (role := self.options.role_of(p.name.value) or "").startswith(_MASK_ROWS_ROLE)}
+        if rows:
+            if find_method(original_node, "__init__") is None:
+                self.record_manual(forward, f"the harness passes causal-mask rows as `{next(iter(rows))}`, and "
+                                            f"`{original_node.name.value}` has no `__init__` to build them in; write "
+                                            "the entry points by hand")
+                return updated_node
+            size = int(next(iter(rows.values())).rsplit(":", 1)[1])
+            updated_node = append_to_init(updated_node, [cst.parse_statement(
+                f'self.register_buffer("{_ROWS_BUFFER}", torch.ones({size}, {size}, dtype=torch.bool).tril(), '
+                f'persistent=False)\n')], "the causal mask whose rows the harness passes, built once.")
+            tokens = params[1].name.value  # params[0] is self
+            positions.update({name: _rows_argument(role, tokens) for name, role in rows.items()})
+        required = [p.name.value for p in params[1:] if p.default is None and p.name.value not in positions]
         omitted = {p.name.value: p.default for p in params[1:] if p.default is not None and p.name.value not in positions}
         if not required:
             entries = self._keyword_entries(forward, params)
@@ -193,7 +209,7 @@ class SplitDecode(GraphCodemod):
             # Nothing in `forward` is Prefill-only (graph-ready code): a copy would only be a second place to edit.
             return _add_after_forward(updated_node, _entry_methods(
                 signature, call, "`forward` has no branch only Prefill takes, so Decode calls it as it is.",
-                f"return {call}"))
+                f"return {call}", self.options.prefill_resets))
 
         # Defaults Decode still reads (and does not assign first) are bound at the top.
         bindings = []
@@ -203,7 +219,7 @@ class SplitDecode(GraphCodemod):
 
         prefill, decode = _entry_methods(signature, call,
                                          "The body of `forward` with the branches only Prefill takes folded away.",
-                                         "pass")
+                                         "pass", self.options.prefill_resets)
         bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
                      if name != value and name in names_in(cst.Module(body=decode_body))]
         decode = decode.with_changes(body=decode.body.with_changes(
@@ -220,7 +236,7 @@ class SplitDecode(GraphCodemod):
             if role == "positions:int":
                 return (f"the positions are still a Python int (`{param.name.value}`): the rewrite to a position tensor "
                         "was not applied (see its item), so a compiled Decode would take a new constant every step")
-            if role is not None and role not in _POSITION_ARGUMENTS:
+            if role is not None and role not in _POSITION_ARGUMENTS and not role.startswith(_MASK_ROWS_ROLE):
                 return (f"`forward` requires `{param.name.value}`, which the harness passes as {role} every Decode step; "
                         "the entries pass only the tokens and the positions, so write `prefill`/`decode` by hand")
         return None
@@ -250,13 +266,14 @@ class SplitDecode(GraphCodemod):
             or {n: value for n, value in _POSITION_KEYWORDS.items() if n in names}
         if tokens is None or not passed or not self._cache_in_buffers:
             return None
+        passed.update({n: _rows_argument(roles[n], tokens) for n in names if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
         return _entry_methods(f"self, {tokens}, {POSITION_TENSOR}", call,
                               "`forward` with Decode's keywords: the branches it takes on them are settled while "
                               "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back.",
-                              f"return {call}")
+                              f"return {call}", self.options.prefill_resets)
 
 
 # How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
@@ -266,21 +283,39 @@ _NO_CACHE_REASON = (
     "model keeps no KV cache, so every step recomputes all positions and changes shape, and no static graph can "
     "replay it. Entry points are not added; the model needs a KV cache first (static buffers per attention "
     "module written at a position tensor, and mask rows for the positions)")
+_MASK_ROWS_ROLE = "mask_rows"
+_ROWS_BUFFER = "graphmode_causal_rows"
+
+
+def _rows_argument(role: str, tokens: str) -> str:
+    """The causal-mask rows for the positions, in the layout the harness passed them ("mask_rows:<dims>d:<S>")."""
+    dims = int(role.split(":")[1].rstrip("d"))
+    rows = f"self.{_ROWS_BUFFER}[{POSITION_TENSOR}]"  # (tokens, S)
+    if dims == 2:
+        return rows
+    lead = ", ".join(["None"] * (dims - 2))
+    sizes = ", ".join([f"{tokens}.shape[0]", *["1"] * (dims - 3), "-1", "-1"])
+    return f"{rows}[{lead}].expand({sizes})"
+
+
 # How the keyword entries pass the position tensor, by the name forward gives it.
 _POSITION_KEYWORDS = {"position_ids": f"{POSITION_TENSOR}.unsqueeze(0)", "cache_position": POSITION_TENSOR}
 # Fixed by the keyword entries: the cache is in buffers, and a tuple's first item is the logits.
 _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
 
 
-def _entry_methods(signature: str, prefill_call: str, decode_about: str,
-                   decode_statement: str) -> list[cst.FunctionDef]:
-    """`prefill` (returns prefill_call) and `decode` (its docstring says decode_about; its body is
-    decode_statement), parsed inside a class so the docstrings get the method indentation."""
+def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_statement: str,
+                   resets: tuple[str, ...] = ()) -> list[cst.FunctionDef]:
+    """`prefill` (calls the `resets` methods, then returns prefill_call) and `decode` (its docstring says
+    decode_about; its body is decode_statement), parsed inside a class so the docstrings get the method
+    indentation."""
     about = "".join(f"        {line}\n" for line in decode_about.splitlines())
+    setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(
         "class Entries:\n"
         f"    def prefill({signature}):\n"
         f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
+        f"{setup}"
         f"        return {prefill_call}\n"
         f"\n"
         f"    def decode({signature}):\n"
