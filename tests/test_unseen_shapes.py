@@ -5,7 +5,9 @@ Each target under tests/fixtures/targets is a small model in a style of code we 
   harness passes every step becomes an entry input, and nothing else changes;
 - tuple_cache: an older-Hugging-Face-style tuple cache in the [batch, seq, heads, dim] layout grown along
   dim -3, a causal buffer sliced by the key length, attention modules without positions;
-- no_cache: a teaching-style model that recomputes the whole sequence every step.
+- no_cache: a teaching-style model that recomputes the whole sequence every step;
+- mask_rows: torchtune style: the caller resets the module-held caches before Prefill and passes the rows of a
+  boolean causal mask with the positions.
 """
 from __future__ import annotations
 
@@ -117,3 +119,38 @@ def test_entries_are_not_added_when_the_harness_passes_other_inputs():
         assert result.adapted == source
         (item,) = result.manual
         assert reason in item.reason
+
+
+def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_path):
+    """torchtune's calling convention: the entries build the mask rows from the positions (from one buffer) and
+    reset the caches before Prefill as the harness does, so two generations in a row give the harness's tokens."""
+    from agent.nodes import entry_roles
+    from transforms.codemods import Options
+    from transforms.pipeline import adapt_source
+
+    calls = _entry_calls(TARGETS / "mask_rows")
+    roles = {p.name: (p.role, p.layout) for p in calls.parameters}
+    assert roles["mask"] == ("mask_rows", "3d:64") and roles["input_pos"] == ("positions", "2d")
+    assert calls.prefill_resets == ["reset_caches"]
+
+    source = (TARGETS / "mask_rows" / "model.py").read_text()
+    options = Options(entry_class="Decoder", entry_roles=entry_roles(calls.to_dict()),
+                      prefill_resets=tuple(calls.prefill_resets))
+    result = adapt_source(source, "model.py", {"split_decode"}, options)
+    assert result.applied == ["split_decode"] and not result.manual
+    assert "self.reset_caches()" in result.adapted and "graphmode_causal_rows[input_pos]" in result.adapted
+    (tmp_path / "model.py").write_text(result.adapted)
+    (tmp_path / "harness.py").write_text((TARGETS / "mask_rows" / "harness.py").read_text())
+    script = ("import sys, torch; sys.path.insert(0, '.'); import harness as h\n"
+              "m = h.build_model(); p = h.make_prompt(); runs = []\n"
+              "with torch.inference_mode():\n"
+              "    for _ in range(2):\n"
+              "        logits = m.prefill(p, torch.arange(p.shape[1]))[:, -1]; out = []\n"
+              "        for step in range(12):\n"
+              "            t = logits.argmax(-1, keepdim=True); out.append(t)\n"
+              "            logits = m.decode(t, torch.tensor([p.shape[1] + step]))[:, -1]\n"
+              "        runs.append(torch.cat(out, 1).tolist())\n"
+              "print(runs[0] if runs[0] == runs[1] else runs)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == _own_tokens(TARGETS / "mask_rows")

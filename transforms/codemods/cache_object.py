@@ -24,6 +24,8 @@ is the file's own and is left to a person):
     attention_mask = _prepare_4d_causal_attention_mask(
         attention_mask, (batch_size, seq_length), inputs_embeds, past_key_values_length, sliding_window=W)
 
+(since 4.38 the model's own `self._update_causal_mask(attention_mask, inputs_embeds, cache_position, ...)`).
+
 The three change together or not at all, since a static cache without a mask over the whole buffer would
 let attention read slots not written yet:
 
@@ -297,7 +299,7 @@ class CacheObject(GraphCodemod):
         "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
         f"`past_key_value[0].shape[-2]`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
-        "`_prepare_decoder_attention_mask`) becomes rows of one buffer built once (same sliding window), picked by "
+        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one buffer built once (same sliding window), picked by "
         "`position_ids`. Every Decode step then has the same shapes and addresses. The entries pass positions and no "
         "cache; a caller that passes `past_key_values` still gets back a cache of the true length (its length gives "
         "the positions when `position_ids` is left out): a cache object is still updated in such eager calls (a "
