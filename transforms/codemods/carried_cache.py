@@ -158,10 +158,11 @@ class CarriedCache(GraphCodemod):
     DESCRIPTION = (
         "Where attention grows a cache passed in and out of `forward` with `torch.cat` (seen doing so at run time, "
         "along whatever dim), it writes a `StaticKVBuffers` of `GRAPHMODE_MAX_SEQ_LEN` slots along that dim instead, "
-        "with `index_copy_` at the positions; the causal buffer sliced by the key length becomes rows picked by the "
-        "positions, so attention reads every slot and the unwritten ones stay hidden. `position_ids` is passed down "
-        "to the methods that need it. The cache tuples are no longer read or written by Decode: callers pass "
-        "`position_ids`, and a 2-D padding mask must cover the whole buffer."
+        "with `index_copy_` at the positions; the causal buffer sliced by the key length (or the 4-D mask a "
+        "library helper builds per call) becomes rows picked by the positions, so attention reads every slot and "
+        "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it. The compiled "
+        "Decode neither reads nor returns cache tuples; eager callers that carry them get the written slots back, so "
+        "positions counted from their length stay true. A 2-D padding mask is not applied."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301", "GM302", "GM201"})
@@ -307,7 +308,6 @@ class CarriedCache(GraphCodemod):
             plan.masks += 1
             codemod.record_edit(subscript, f"mask rows of `{code_of(subscript.value).strip()}` picked by the positions "
                                            f"(`{slots}`) instead of sliced by the key length `{length}`")
-
 
     # -- the 4-D masks built by library helpers, in the model's forward -----------------------------------
     def _plan_helper_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
