@@ -162,7 +162,8 @@ class CarriedCache(GraphCodemod):
         "library helper builds per call) becomes rows picked by the positions, so attention reads every slot and "
         "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it. The compiled "
         "Decode neither reads nor returns cache tuples; eager callers that carry them get the written slots back, so "
-        "positions counted from their length stay true. A 2-D padding mask is not applied."
+        "positions counted from their length stay true. Where a library helper built the mask, a 2-D padding mask "
+        "passed with it is no longer applied."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301", "GM302", "GM201"})
