@@ -8,7 +8,8 @@ Recognises, in a method that takes a position, the usual construction
         mask = torch.triu(mask, diagonal=1)
         mask = torch.hstack([torch.zeros((seqlen, start_pos), device=tokens.device), mask])
 
-(with or without the guard) and turns it into `mask = self.causal_mask[input_pos]`: the rows of a
+(with or without the guard; a fix-up for one kind of device inside it, `if mask.device.type == "mps": ...`,
+goes with it) and turns it into `mask = self.causal_mask[input_pos]`: the rows of a
 (max_len, max_len) mask for the positions being computed. Columns past each position are hidden,
 which also hides the not-yet-written slots of a static KV cache.
 
@@ -119,8 +120,8 @@ def _find_mask(body: list[cst.BaseStatement], read_other=None) -> _MaskBuild | s
     `read_other(name, statements)` reads the forms other than full + triu, with the same result type."""
     for i, stmt in enumerate(body):
         if isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock):
-            inner = list(stmt.body.body)
-            target = single_assignment(inner[0]) if inner else None
+            target = single_assignment(stmt.body.body[0]) if stmt.body.body else None
+            inner = [s for s in stmt.body.body if not (target and _device_fixup(s, target[0]))]
             build = _read_mask_statements(target[0], inner) if target else None
             if build is None and target and read_other is not None:
                 build = read_other(target[0], inner)
@@ -154,6 +155,14 @@ def _find_mask(body: list[cst.BaseStatement], read_other=None) -> _MaskBuild | s
                     return build
                 last -= 1
     return None
+
+
+def _device_fixup(stmt: cst.BaseStatement, name: str) -> bool:
+    """`if mask.device.type == "mps": mask = torch.nan_to_num(mask, ...)`: a fix-up of the mask for one kind of
+    device (Meta's reference code works around `triu` on mps); a buffer built once needs none."""
+    return isinstance(stmt, cst.If) and stmt.orelse is None and ".device.type" in code_of(stmt.test) \
+        and isinstance(stmt.body, cst.IndentedBlock) \
+        and all((a := single_assignment(s)) and a[0] == name for s in stmt.body.body)
 
 
 # -- boolean masks: tril of ones -------------------------------------------------------------------
