@@ -166,6 +166,18 @@ def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Cal
                            positional=bool(decodes) and all(name in c.positional for c in decodes))
         _classify(use, before, steps, prompt_len)
         result.parameters.append(use)
+    # Keywords that only `**kwargs` takes are recorded under their own names: the entries cannot pass them.
+    var_keyword = next((n for n, p in signature.parameters.items() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    extra = sorted({key for call in [prefill, *decodes] if call is not None
+                    for key in call.arguments.get(var_keyword, {})}) if var_keyword else []
+    for key in extra:
+        use = ParameterUse(name=key, role="state", in_prefill=key in (prefill.arguments.get(var_keyword, {})
+                                                                       if prefill is not None else {}),
+                           in_decode=bool(decodes) and all(key in c.arguments.get(var_keyword, {}) for c in decodes),
+                           positional=False)
+        _classify(use, prefill.arguments.get(var_keyword, {}).get(key) if prefill is not None else None,
+                  [c.arguments.get(var_keyword, {}).get(key) for c in decodes], prompt_len)
+        result.parameters.append(use)
     _one_tokens_input(result)
     return result
 

@@ -154,3 +154,37 @@ def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == _own_tokens(TARGETS / "mask_rows")
+
+
+def test_keyword_entries_pass_every_position_keyword_and_ignore_unused_kwargs():
+    """transformers 4.46 style: `forward(input_ids=None, position_ids=None, cache_position=None, ...,
+    **loss_kwargs)` with the cache in buffers. The entries pass the positions to both parameters (rotary tables
+    read one, the cache slots and mask rows the other) and leave `**loss_kwargs` empty; a harness seen passing
+    something through `**kwargs` gets no entries."""
+    from transforms.codemods import Options
+    from transforms.pipeline import adapt_source
+
+    source = ("import torch\n\n\nclass StaticKVCache(torch.nn.Module):\n    pass\n\n\n"
+              "class Model(torch.nn.Module):\n"
+              "    def forward(self, input_ids=None, position_ids=None, past_key_values=None, use_cache=None,\n"
+              "                return_dict=None, cache_position=None, **loss_kwargs):\n"
+              "        return self.head(input_ids)\n")
+    roles = (("input_ids", "tokens"), ("past_key_values", "state"), ("use_cache", "constant"))
+    result = adapt_source(source, "model.py", {"split_decode"}, Options(entry_class="Model", entry_roles=roles))
+    assert not result.manual
+    assert ("return self.forward(input_ids=input_ids, position_ids=input_pos.unsqueeze(0), cache_position=input_pos, "
+            "use_cache=False, return_dict=False)[0]") in result.adapted
+    swallowed = (*roles, ("labels_smoothing", "constant"))
+    refused = adapt_source(source, "model.py", {"split_decode"}, Options(entry_class="Model", entry_roles=swallowed))
+    assert refused.adapted == source and "through **kwargs" in refused.manual[0].reason
+
+
+def test_keywords_only_kwargs_takes_are_recorded_under_their_names():
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, position_ids=None, **kwargs):
+            return input_ids.float()
+
+    model = Model()
+    calls = record_entry_calls(model, lambda: model(torch.zeros(1, 8, dtype=torch.long), smoothing=0.1),
+                               [lambda: model(torch.zeros(1, 1, dtype=torch.long), smoothing=0.1)] * 2, 8)
+    assert [(p.name, p.role) for p in calls.parameters] == [("input_ids", "tokens"), ("smoothing", "constant")]
