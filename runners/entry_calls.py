@@ -103,6 +103,17 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
         nonlocal depth
         depth -= 1
 
+    # A harness may call `model.forward(...)` itself (mistral-inference's generate does), which runs no hooks:
+    # the instance's `forward` records those calls; `model(...)` reaches it inside the hooks and is not recounted.
+    bound_forward = model.forward
+
+    def direct_forward(*args: Any, **kwargs: Any) -> Any:
+        pre_hook(model, args, kwargs)
+        try:
+            return bound_forward(*args, **kwargs)
+        finally:
+            post_hook(model, args, kwargs, None)
+
     handles = [model.register_forward_pre_hook(pre_hook, with_kwargs=True),
                model.register_forward_hook(post_hook, with_kwargs=True, always_call=True)]
     # The model's own methods the harness calls with no arguments before Prefill's forward (torchtune's
@@ -124,6 +135,7 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
 
     for name in _own_methods(type(model)):
         setattr(model, name, watched(name, getattr(model, name)))
+    model.forward = direct_forward
     try:
         for run in [prefill, *decode_steps]:
             calls.append([])
@@ -131,7 +143,7 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
     finally:
         for handle in handles:
             handle.remove()
-        for name in _own_methods(type(model)):
+        for name in [*_own_methods(type(model)), "forward"]:
             model.__dict__.pop(name, None)
     result = _roles(type(model).__name__, signature, calls, prompt_len)
     result.prefill_resets = resets
