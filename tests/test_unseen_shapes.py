@@ -188,3 +188,20 @@ def test_keywords_only_kwargs_takes_are_recorded_under_their_names():
     calls = record_entry_calls(model, lambda: model(torch.zeros(1, 8, dtype=torch.long), smoothing=0.1),
                                [lambda: model(torch.zeros(1, 1, dtype=torch.long), smoothing=0.1)] * 2, 8)
     assert [(p.name, p.role) for p in calls.parameters] == [("input_ids", "tokens"), ("smoothing", "constant")]
+
+
+def test_a_harness_that_calls_forward_directly_is_recorded_once():
+    """mistral-inference's generate calls `model.forward(...)`, which runs no module hooks; `model(...)` must
+    still count once."""
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, seqlens, cache=None):
+            return input_ids.float()
+
+    model = Model()
+    direct = record_entry_calls(model, lambda: model.forward(torch.zeros(8, dtype=torch.long), [8]),
+                                [lambda: model.forward(torch.zeros(1, dtype=torch.long), [1])] * 2, 8)
+    assert direct.decode_calls == 2 and [p.name for p in direct.parameters] == ["input_ids", "seqlens"]
+    called = record_entry_calls(model, lambda: model(torch.zeros(8, dtype=torch.long), [8]),
+                                [lambda: model(torch.zeros(1, dtype=torch.long), [1])] * 2, 8)
+    assert called.to_dict() == direct.to_dict()
+    assert "forward" not in model.__dict__  # nothing left behind
