@@ -53,7 +53,7 @@ def variants(draw) -> str:
     return f"# variant: {note}\n" + source
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(source=variants())
 def test_rewrites_parse_are_idempotent_and_keep_comments(source):
     options = Options(entry_class="Transformer" if "class Transformer" in source else "Model", max_seq_len=48)

@@ -13,7 +13,7 @@ class HostSync(Rule):
     CODE = "GM101"
     MESSAGE = "`.{name}()` waits for the device and copies a value to the host; a captured graph cannot contain it"
     SKILL = "host-syncs"
-    FIXED_BY = ("hoist_item", "static_rotary", "host_scalars")
+    FIXED_BY = ("hoist_item", "static_rotary", "host_scalars", "scalar_arguments")
     STEP_ONLY = True
 
     def visit_Call(self, node: ast.Call) -> None:
