@@ -168,6 +168,7 @@ class SplitDecode(GraphCodemod):
         # Causal-mask rows the harness passes are built from the positions, from one buffer made in `__init__`.
         rows = {p.name.value: role for p in params[1:]
                 if (role := self.options.role_of(p.name.value) or "").startswith(_MASK_ROWS_ROLE)}
+        refused = updated_node  # what a refusal below returns: the class without the rows buffer
         if rows:
             if find_method(original_node, "__init__") is None:
                 self.record_manual(forward, f"the harness passes causal-mask rows as `{next(iter(rows))}`, and "
@@ -188,7 +189,7 @@ class SplitDecode(GraphCodemod):
                 self.record_manual(forward, "every parameter of `forward` has a default and the token and position "
                                             "inputs are not known (or the cache is not in buffers yet); write "
                                             "`prefill`/`decode` by hand")
-                return updated_node
+                return refused
             self.record_edit(forward.name, "`prefill` and `decode` entry points added; they call `forward` with "
                                            "Decode's keywords")
             return _add_after_forward(updated_node, entries)
