@@ -158,7 +158,8 @@ def _own_methods(cls: type) -> list[str]:
             break
         names += [n for n, v in vars(klass).items() if inspect.isfunction(v) and not n.startswith("_")
                   and n not in ("forward", "prefill", "decode") and n not in names]
-    return names
+    # What the class finally resolves each name to must be a plain method (a subclass may make it a property).
+    return [n for n in names if inspect.isfunction(inspect.getattr_static(cls, n))]
 
 
 def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Call]], prompt_len: int) -> EntryCalls:
