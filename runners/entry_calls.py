@@ -264,7 +264,8 @@ def _causal_rows(prefill: Any, steps: list[Any], prompt_len: int) -> bool:
         return False
     if prefill is None:
         return True
-    if not (isinstance(prefill, torch.Tensor) and prefill.dtype is torch.bool and prefill.shape[-2:] == (prompt_len, size)):
+    if not (isinstance(prefill, torch.Tensor) and prefill.dtype is torch.bool
+            and prefill.shape[-2:] == (prompt_len, size)):
         return False
     rows = torch.arange(prompt_len, device=prefill.device)[:, None]
     return bool((prefill == (columns[None, :] <= rows)).all())

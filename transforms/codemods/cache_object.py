@@ -38,8 +38,8 @@ let attention read slots not written yet:
 
 The caller's own cache keeps its length: the object is still updated beside the buffers, and a tuple handed back
 holds the written slots of the buffers. So a caller that leaves `position_ids` out keeps working: the model's
-forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and no cache, so the compiled Decode
-never touches it.
+forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and
+no cache, so the compiled Decode never touches it.
 
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
@@ -87,6 +87,7 @@ def {WRITTEN_SLOTS}(k, v, input_pos, seq_dim=2):
     end = int(input_pos[-1]) + 1
     return k.narrow(seq_dim, 0, end), v.narrow(seq_dim, 0, end)
 '''
+_ALL_MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS | CACHE_POSITION_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
@@ -180,8 +181,7 @@ def _callers_copy(write: cst.BaseStatement, cache: str) -> cst.If:
         call = stmt.body[0].value
         return stmt.with_changes(body=[cst.Expr(call)])
 
-    comment = _comment("the caller's cache still grows: eager callers that leave out the positions count them "
-                       "from its length.")
+    comment = _comment("the caller's cache still grows; callers count positions from its length.")
     if isinstance(write, cst.If):
         return write.with_changes(body=write.body.with_changes(body=[bare(s) for s in write.body.body]),
                                   leading_lines=[*write.leading_lines, comment])
@@ -299,12 +299,12 @@ class CacheObject(GraphCodemod):
         "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
         f"`past_key_value[0].shape[-2]`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
-        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one buffer built once (same sliding window), picked by "
-        "`position_ids`. Every Decode step then has the same shapes and addresses. The entries pass positions and no "
-        "cache; a caller that passes `past_key_values` still gets back a cache of the true length (its length gives "
-        "the positions when `position_ids` is left out): a cache object is still updated in such eager calls (a "
-        "second copy of the keys and values), a tuple holds the written slots of the buffers. The "
-        "rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
+        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one buffer built once (same "
+        "sliding window), picked by `position_ids`. Every Decode step then has the same shapes and addresses. The "
+        "entries pass positions and no cache; a caller that passes `past_key_values` still gets back a cache of the "
+        "true length (its length gives the positions when `position_ids` is left out): a cache object is still "
+        "updated in such eager calls (a second copy of the keys and values), a tuple holds the written slots of the "
+        "buffers. The rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
@@ -442,7 +442,7 @@ class CacheObject(GraphCodemod):
 
         class _Collector(cst.CSTVisitor):
             def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-                found = mask_helper_call(stmt, LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS | CACHE_POSITION_MASK_HELPERS)
+                found = mask_helper_call(stmt, _ALL_MASK_HELPERS)
                 if found:
                     calls.append((stmt, *found))
 

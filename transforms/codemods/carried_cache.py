@@ -320,7 +320,8 @@ class CarriedCache(GraphCodemod):
             plan.problems.append((method, f"`{where}` builds the mask with a helper, and `{cls.name.value}` has no "
                                           "`__init__` to build the mask buffer in"))
             return
-        if any(a.keyword is not None and a.keyword.value == "sliding_window" for _, _, call in calls for a in call.args):
+        if any(a.keyword is not None and a.keyword.value == "sliding_window"
+               for _, _, call in calls for a in call.args):
             plan.problems.append((calls[0][0], f"`{where}` builds a sliding-window mask with a helper"))
             return
         self._slots(cls, method, plan)  # positions are passed down to it when it has none

@@ -182,7 +182,8 @@ class SplitDecode(GraphCodemod):
             tokens = params[1].name.value  # params[0] is self
             positions.update({name: _rows_argument(role, tokens) for name, role in rows.items()})
         required = [p.name.value for p in params[1:] if p.default is None and p.name.value not in positions]
-        omitted = {p.name.value: p.default for p in params[1:] if p.default is not None and p.name.value not in positions}
+        omitted = {p.name.value: p.default for p in params[1:]
+                   if p.default is not None and p.name.value not in positions}
         if not required:
             entries = self._keyword_entries(forward, params)
             if entries is None:
@@ -267,7 +268,8 @@ class SplitDecode(GraphCodemod):
             or {n: value for n, value in _POSITION_KEYWORDS.items() if n in names}
         if tokens is None or not passed or not self._cache_in_buffers:
             return None
-        passed.update({n: _rows_argument(roles[n], tokens) for n in names if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})
+        passed.update({n: _rows_argument(roles[n], tokens) for n in names
+                       if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
