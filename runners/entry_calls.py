@@ -133,7 +133,8 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
                 inside.pop()
         return call
 
-    for name in _own_methods(type(model)):
+    own = _own_methods(type(model))
+    for name in own:
         setattr(model, name, watched(name, getattr(model, name)))
     model.forward = direct_forward
     try:
@@ -143,7 +144,7 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
     finally:
         for handle in handles:
             handle.remove()
-        for name in [*_own_methods(type(model)), "forward"]:
+        for name in [*own, "forward"]:
             model.__dict__.pop(name, None)
     result = _roles(type(model).__name__, signature, calls, prompt_len)
     result.prefill_resets = resets

@@ -73,6 +73,11 @@ def _own_tokens(folder: Path) -> list[list[int]]:
               "    for _ in range(12):\n"
               "        t = logits.argmax(-1, keepdim=True); out.append(t); logits, state = h.decode(m, t, state)\n"
               "print(torch.cat(out, 1).tolist())\n")
+    return _printed(script, folder)
+
+
+def _printed(script: str, folder: Path):
+    """What `script` prints last (as JSON), run by a fresh Python in folder."""
     done = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -151,9 +156,7 @@ def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_
               "            logits = m.decode(t, torch.tensor([p.shape[1] + step]))[:, -1]\n"
               "        runs.append(torch.cat(out, 1).tolist())\n"
               "print(runs[0] if runs[0] == runs[1] else runs)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == _own_tokens(TARGETS / "mask_rows")
+    assert _printed(script, tmp_path) == _own_tokens(TARGETS / "mask_rows")
 
 
 def test_keyword_entries_pass_every_position_keyword_and_ignore_unused_kwargs():

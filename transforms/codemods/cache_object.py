@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
     insert_after_imports, remove_imports_if_unused, self_attributes
@@ -202,15 +203,7 @@ def _returned_tuple(after: list[cst.BaseStatement], cache: str, keys: str, value
 
 
 def _key_value_tuples(node: cst.CSTNode, keys: str, values: str) -> list[cst.Tuple]:
-    found: list[cst.Tuple] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Tuple(self, tuple_node: cst.Tuple) -> None:
-            if [code_of(e.value) for e in tuple_node.elements] == [keys, values]:
-                found.append(tuple_node)
-
-    node.visit(_Collector())
-    return found
+    return [t for t in m.findall(node, m.Tuple()) if [code_of(e.value) for e in t.elements] == [keys, values]]
 
 
 class _WrittenSlots(cst.CSTTransformer):
@@ -236,7 +229,7 @@ def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
             and isinstance(last.body[0].target, cst.Name)):
         return None
     value = last.body[0].value
-    if isinstance(value, cst.Call) and dotted_name(value.func) in {f"{cache}.{m}" for m in CACHE_OBJECT_LENGTHS}:
+    if isinstance(value, cst.Call) and dotted_name(value.func) in {f"{cache}.{name}" for name in CACHE_OBJECT_LENGTHS}:
         return last.body[0].target.value
     if code_of(value).replace(" ", "") in {f"{cache}[0].shape[-2]", f"{cache}[0].shape[2]", f"{cache}[0].size(-2)"}:
         return last.body[0].target.value  # a tuple cache: the keys' length
@@ -387,7 +380,8 @@ class CacheObject(GraphCodemod):
         write_index, (keys, values) = next(iter(writes.items()))
         write = body[write_index]
         static = cst.parse_statement(f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n")
-        if _guarded_block(write, cache) is not None and _tuple_write(_guarded_block(write, cache), cache):
+        guarded = _guarded_block(write, cache)
+        if guarded is not None and _tuple_write(guarded, cache):
             plan.replace[write] = static.with_changes(leading_lines=[*write.leading_lines, _comment(
                 "written in place into the preallocated cache; attention reads the whole buffer.")])
             returned = _returned_tuple(body[write_index + 1:], cache, keys, values)
@@ -438,15 +432,8 @@ class CacheObject(GraphCodemod):
 
     # -- the mask, the past length and the positions, in the model's forward -----------------------
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
-        calls: list[tuple[cst.SimpleStatementLine, str, cst.Call]] = []
-
-        class _Collector(cst.CSTVisitor):
-            def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-                found = mask_helper_call(stmt, _ALL_MASK_HELPERS)
-                if found:
-                    calls.append((stmt, *found))
-
-        method.visit(_Collector())
+        calls = [(stmt, *found) for stmt in m.findall(method, m.SimpleStatementLine())
+                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS))]
         if not calls:
             return
         params = {p.name.value for p in method.params.params}

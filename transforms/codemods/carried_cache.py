@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
     remove_imports_if_unused, self_attributes
@@ -312,7 +313,8 @@ class CarriedCache(GraphCodemod):
 
     # -- the 4-D masks built by library helpers, in the model's forward -----------------------------------
     def _plan_helper_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
-        calls = [(stmt, *found) for stmt in _statements(method) if (found := mask_helper_call(stmt))]
+        calls = [(stmt, *found) for stmt in m.findall(method, m.SimpleStatementLine())
+                 if (found := mask_helper_call(stmt))]
         if not calls:
             return
         where = f"{cls.name.value}.{method.name.value}"
@@ -335,17 +337,6 @@ class CarriedCache(GraphCodemod):
             plan.masks += 1
             plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
-
-
-def _statements(method: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
-    found: list[cst.SimpleStatementLine] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> None:
-            found.append(stmt)
-
-    method.visit(_Collector())
-    return found
 
 
 class _Threading:
