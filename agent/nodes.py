@@ -171,7 +171,8 @@ def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptati
                       prefill_resets=tuple(calls.get("prefill_resets", [])),
                       traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
                       changing_int_params=changing_int_params(state.evidence),
-                      host_sync_lines=host_sync_lines(state.evidence))
+                      host_sync_lines=host_sync_lines(state.evidence),
+                      position_lines=position_lines(state.evidence))
     target = Path(state.target)
     return {rel: adapt_source(_read(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -207,6 +208,12 @@ def host_sync_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
     return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
                          for key, entry in evidence.get("lines", {}).items()
                          if any(sync.get("decode") for sync in entry.get("syncs", []))}))
+
+
+def position_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+    """(file, statement line) of every statement the traced run saw make the positions of the tokens computed."""
+    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
+                         for key, entry in evidence.get("lines", {}).items() if entry.get("positions")}))
 
 
 def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:

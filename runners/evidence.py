@@ -75,6 +75,7 @@ _SYNC_WORDS = {"item": "`.item()`", "tolist": "`.tolist()`", "int": "`int()` of 
 SLICE_OPS = frozenset({"getitem", "narrow", "slice", "select", "index_select", "split", "chunk", "unbind"})
 CAT_OPS = frozenset({"cat", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack", "stack"})
 _MAX_INTS = 64  # ints kept per call: a torch.tensor(list) of a thousand ints is data, not positions
+_INTEGER_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
 def _op_label(name: str) -> str:
@@ -161,6 +162,9 @@ class LineEvidence:
     growing: list[Growth] = field(default_factory=list)
     scalars: list[ScalarChange] = field(default_factory=list)
     syncs: list[HostSync] = field(default_factory=list)
+    # The line makes the positions of the tokens computed (past, past + 1, ... at every Decode step) out of
+    # something else (a mask's cumsum, lengths): where a model has no position input, this is where one goes.
+    positions: bool = False
 
 
 @dataclass
@@ -305,7 +309,7 @@ def _line_from_dict(data: dict[str, Any]) -> LineEvidence:
         statement=data.get("statement"),
         growing=[_build(Growth, g) for g in data.get("growing", [])],
         scalars=[_build(ScalarChange, s) for s in data.get("scalars", [])],
-        syncs=[_build(HostSync, s) for s in data.get("syncs", [])])
+        syncs=[_build(HostSync, s) for s in data.get("syncs", [])], positions=bool(data.get("positions")))
 
 
 # -- the trace -----------------------------------------------------------------------------------------
@@ -329,6 +333,7 @@ class _Call:
     dtype: str
     inputs: tuple[tuple[Producer | None, tuple[int, ...], bool], ...]  # (producer, shape, integer dtype)
     ints: tuple[tuple[str, int], ...]
+    values: tuple[int, ...] | None = None  # a small integer output's values (positions are such tensors)
 
 
 @dataclass
@@ -573,12 +578,23 @@ class EvidenceTracer:
         site.calls.append(_Call(self.step, len(site.calls), self._seq,
                                 tuple(first.shape) if first is not None else None,
                                 str(first.dtype).replace("torch.", "") if first is not None else "",
-                                pending.inputs, pending.ints))
+                                pending.inputs, pending.ints, self._small_ints(first)))
         producer = (site.id, self.step, len(site.calls) - 1)
         for tensor in outputs:
             if tensor is pending.first:
                 continue  # in place (`index_copy_`, `mul_`): the buffer keeps where it came from
             self._producer[tensor] = producer
+
+    def _small_ints(self, tensor: torch.Tensor | None) -> tuple[int, ...] | None:
+        """The values of a small integer tensor (ids, positions, lengths); None for anything else."""
+        if tensor is None or tensor.dtype not in _INTEGER_DTYPES or tensor.dim() > 2 \
+                or not 0 < tensor.numel() <= _MAX_INTS:
+            return None
+        self.in_sync += 1  # reading them is the trace's own sync, not the model's
+        try:
+            return tuple(tensor.detach().reshape(-1).tolist())
+        finally:
+            self.in_sync -= 1
 
     def sync_at_dispatch(self, kind: str, op: str) -> None:
         where = self._where()
@@ -876,6 +892,9 @@ class _Analysis:
                     if first_input is None or seq < first_input[0]:
                         first_input = (seq, f"{site.file}:{site.line}")
             entry.scalars.extend(scalars)
+        for site in t._site_list:
+            if site.via is None and self._positions(site, prompt_shape, new_tokens):
+                self._entry(lines, site.file, site.line, site.function).positions = True
         for (file, line, kind, op, via), record in t.syncs.items():
             _, branch = self._statement(file, line)
             if kind == "bool" and branch:
@@ -885,7 +904,7 @@ class _Analysis:
         for key, entry in lines.items():
             file, _, line = key.rpartition(":")
             ran = {phase for phase, covered in t.coverage.get(file, {}).items() if int(line) in covered}
-            if entry.growing or entry.scalars:
+            if entry.growing or entry.scalars or entry.positions:
                 ran.add(DECODE)
             for sync in entry.syncs:
                 ran |= {phase for phase in (PREFILL, DECODE) if getattr(sync, phase)}
@@ -896,6 +915,35 @@ class _Analysis:
             functions=self._functions(), coverage=self._coverage(),
             recomputes_sequence=first_input[1] if first_input else None,
             unattributed_ops=t.unattributed, trace_errors=list(t.errors))
+
+    def _positions(self, site: _Site, prompt_shape: list[int], new_tokens: int) -> bool:
+        """Whether the site makes the positions of the tokens computed at every Decode step (rows of
+        `past, ..., past + new - 1`, past being the prompt plus the tokens before) out of something else than
+        positions: the first such tensor on the way, not each view of it."""
+        prompt = prompt_shape[-1] if prompt_shape else 0
+        k = self._holds_positions(site.id, prompt, new_tokens)
+        if k is None:
+            return False
+        inputs = self.by_step[site.id][self.decode_steps[-1]][k].inputs
+        return not any(p is not None and self._holds_positions(p[0], prompt, new_tokens) is not None
+                       for p, _, _ in inputs)
+
+    def _holds_positions(self, site_id: int, prompt: int, new_tokens: int) -> int | None:
+        """The index of the site's call that holds the positions at every Decode step, or None."""
+        memo = self.__dict__.setdefault("_position_memo", {})
+        if site_id not in memo:
+            found = None
+            for k in range(self._aligned(self.t._site_list[site_id])):
+                calls = [self.by_step[site_id][s][k] for s in self.decode_steps]
+                wanted = [tuple(range(prompt + (s - 1) * new_tokens, prompt + s * new_tokens))
+                          for s in self.decode_steps]
+                if len(calls) >= 2 and all(c.values and len(c.values) % new_tokens == 0
+                                           and c.values == want * (len(c.values) // new_tokens)
+                                           for c, want in zip(calls, wanted)):
+                    found = k
+                    break
+            memo[site_id] = found
+        return memo[site_id]
 
     def _token_input(self, site: _Site) -> bool:
         """A growing integer input of this site comes from outside the sources, or is carried: token ids."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tokenize
+from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -42,21 +43,37 @@ def _comments(source: str) -> list[tuple[int, str]]:
     return [(t.start[0], t.string) for t in tokens if t.type == tokenize.COMMENT]
 
 
+def _options(source: str, path: Path) -> Options:
+    """Options for a variant: the fixture's traced evidence (test_codemods.options_for), one line further down for
+    the variant's first line."""
+    from test_codemods import options_for
+
+    found = options_for(path)
+    options = Options(entry_class="Transformer" if "class Transformer" in source else "Model", max_seq_len=48)
+    if not found.traced:
+        return options
+    return replace(options, traced=True,
+                   evidence_caches=tuple(("model.py", line + 1, dim) for _, line, dim in found.evidence_caches),
+                   position_lines=tuple(("model.py", line + 1) for _, line in found.position_lines),
+                   host_sync_lines=tuple(("model.py", line + 1) for _, line in found.host_sync_lines))
+
+
 @st.composite
-def variants(draw) -> str:
+def variants(draw) -> tuple[str, Path]:
     path = draw(st.sampled_from(SOURCES))
     mapping = {name: draw(st.sampled_from(choices)) for name, choices in RENAMES.items()}
     if len(set(mapping.values())) < len(mapping):  # two idioms must not end up with one name
         mapping = {name: name for name in mapping}
     source = cst.parse_module(path.read_text()).visit(_Rename(mapping)).code
     note = draw(st.text(alphabet="abcdefgh ", min_size=1, max_size=12)).strip() or "note"
-    return f"# variant: {note}\n" + source
+    return f"# variant: {note}\n" + source, path
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(source=variants())
-def test_rewrites_parse_are_idempotent_and_keep_comments(source):
-    options = Options(entry_class="Transformer" if "class Transformer" in source else "Model", max_seq_len=48)
+@given(variant=variants())
+def test_rewrites_parse_are_idempotent_and_keep_comments(variant):
+    source, path = variant
+    options = _options(source, path)
     once = adapt_source(source, "model.py", None, options)
     cst.parse_module(once.adapted)
     compile(once.adapted, "model.py", "exec")

@@ -1,5 +1,9 @@
 """Each codemod against its fixture pairs: `case.in.py` -> `case.out.py`, plus `case.manual.txt`
-where the idiom is recognised only in part (then the expected output is the input, untouched)."""
+where the idiom is recognised only in part (then the expected output is the input, untouched), and
+`case.evidence.json` where the codemod acts on what a traced run saw: {"caches": [[line, dim], ...],
+"positions": [line, ...], "host_syncs": [line, ...]} (lines of the .in.py)."""
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -13,6 +17,18 @@ CASES = sorted(FIXTURES.glob("*/*.in.py"))
 OPTIONS = Options(entry_class="Model", max_seq_len=32)
 
 
+def options_for(case: Path) -> Options:
+    """The fixtures' options, with the traced run's evidence where the case has it."""
+    listing = case.with_name(case.name.removesuffix(".in.py") + ".evidence.json")
+    if not case.name.endswith(".in.py") or not listing.exists():
+        return OPTIONS
+    seen = json.loads(listing.read_text())
+    return replace(OPTIONS, traced=True,
+                   evidence_caches=tuple((case.name, line, dim) for line, dim in seen.get("caches", [])),
+                   position_lines=tuple((case.name, line) for line in seen.get("positions", [])),
+                   host_sync_lines=tuple((case.name, line) for line in seen.get("host_syncs", [])))
+
+
 def _expected_manual(case: Path) -> list[str]:
     listing = case.with_name(case.name.replace(".in.py", ".manual.txt"))
     return listing.read_text().split() if listing.exists() else []
@@ -22,7 +38,7 @@ def _expected_manual(case: Path) -> list[str]:
 def test_codemod_fixture(case):
     codemod = case.parent.name
     expected = case.with_name(case.name.replace(".in.py", ".out.py")).read_text()
-    result = adapt_source(case.read_text(), case.name, {codemod}, OPTIONS)
+    result = adapt_source(case.read_text(), case.name, {codemod}, options_for(case))
     assert result.adapted == expected
     assert [x for m in result.manual for x in (str(m.line), m.codemod)] == _expected_manual(case)
     # A partial match leaves its file untouched: such cases have an .out.py equal to the .in.py. An advisory
@@ -33,7 +49,7 @@ def test_codemod_fixture(case):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name[:-6]}")
 def test_second_run_changes_nothing(case):
-    once = adapt_source(case.read_text(), case.name, None, OPTIONS).adapted
+    once = adapt_source(case.read_text(), case.name, None, options_for(case)).adapted
     twice = adapt_source(once, case.name, None, OPTIONS)
     cst.parse_module(once)
     assert twice.adapted == once and not twice.edits

@@ -6,6 +6,8 @@ Each target under tests/fixtures/targets is a small model in a style of code we 
 - tuple_cache: an older-Hugging-Face-style tuple cache in the [batch, seq, heads, dim] layout grown along
   dim -3, a causal buffer sliced by the key length, attention modules without positions;
 - no_cache: a teaching-style model that recomputes the whole sequence every step;
+- no_positions: BART/OPT style: no position input anywhere (positions from a padding mask's cumsum, the past
+  length read off the cache), the cache grown in one branch of an if/elif chain;
 - mask_rows: torchtune style: the caller resets the module-held caches before Prefill and passes the rows of a
   boolean causal mask with the positions.
 """
@@ -85,7 +87,8 @@ def _printed(script: str, folder: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, applied", [("static_ready", {"split_decode"}),
-                                           ("tuple_cache", {"carried_cache", "split_decode"})])
+                                           ("tuple_cache", {"carried_cache", "split_decode"}),
+                                           ("no_positions", {"carried_cache", "split_decode"})])
 def test_adapts_and_verifies(name, applied, tmp_path):
     done, report, run = _adapt(TARGETS / name, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -124,6 +127,32 @@ def test_entries_are_not_added_when_the_harness_passes_other_inputs():
         assert result.adapted == source
         (item,) = result.manual
         assert reason in item.reason
+
+
+def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
+    """The trace names the statement that makes the positions of the new tokens out of something else (a mask's
+    cumsum cut at the past length), not the views of it; the rewrite hands that statement `position_ids`, counts
+    them from the cached length in the method that reads it, and drops what only fed the old statement."""
+    from agent.nodes import evidence_caches, position_lines
+    from runners.evidence import collect_evidence
+    from transforms.codemods import Options
+    from transforms.pipeline import adapt_source
+
+    folder = TARGETS / "no_positions"
+    source = (folder / "model.py").read_text()
+    evidence = collect_evidence(folder, steps=3).to_dict()
+    lines = source.splitlines()
+    assert [lines[line - 1].strip() for _, line in position_lines(evidence)] == \
+        ["positions = positions[:, past_key_values_length:]"]
+    options = Options(entry_class="NoPositionsLM", traced=True, evidence_caches=evidence_caches(evidence),
+                      position_lines=position_lines(evidence))
+    result = adapt_source(source, "model.py", {"carried_cache"}, options)
+    assert result.applied == ["carried_cache"] and not result.manual
+    assert "torch.cumsum" not in result.adapted and "attention_mask.long()" not in result.adapted
+    assert "positions = position_ids" in result.adapted
+    # Both branches that compute this layer's keys write them; the cross-attention branch is left as it was.
+    assert result.adapted.count("self.kv_cache.update(position_ids[0], key_states, value_states)") == 2
+    assert "key_states = self.k_proj(key_value_states)\n" in result.adapted
 
 
 def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_path):

@@ -42,6 +42,9 @@ class Options:
     changing_int_params: tuple[tuple[str, str, str], ...] = ()
     # Statements the trace saw read the device on the host in Decode: (file, first line of the statement).
     host_sync_lines: tuple[tuple[str, int], ...] = ()
+    # Statements the trace saw make the positions of the tokens computed out of something else (a mask's cumsum,
+    # a length): (file, first line of the statement).
+    position_lines: tuple[tuple[str, int], ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

@@ -14,13 +14,18 @@ shape above is recognised. The pair becomes
 
     key, value = self.kv_cache.update(position_ids[0], key, value)
 
-with `self.kv_cache` a `StaticKVBuffers` that holds `GRAPHMODE_MAX_SEQ_LEN` slots along the growing dim,
-shaped from the first write (Prefill, eager), so no head count or layout has to be named.
+with `self.kv_cache` a `StaticKVBuffers` that holds `GRAPHMODE_MAX_SEQ_LEN` slots along the growing dim
+(one for the keys and one for the values where they differ, as in Bloom), shaped from the first write (Prefill,
+eager), so no head count or layout has to be named. With evidence the pair may sit at any depth of branches;
+the write then goes on every path that computes this layer's keys (`_write_paths`).
 
 Attention then reads every slot, so the causal mask must hide the ones not written yet. The slices of a
 causal buffer by the key length (`self.bias[:, :, key_length - query_length : key_length, :key_length]`)
 become rows picked by the positions (`self.bias[:, :, position_ids[0], :key_length]`). Where a method on the
-way has no positions, `position_ids` is passed down to it from the nearest caller in the file that has them.
+way has no positions, `position_ids` is passed down to it from the nearest caller in the file that has them
+(`_call_graph`). Where no caller has any (OPT, MPT, Bloom: ALiBi or positions from a mask's cumsum), they are
+introduced in the method that reads the past length off the cache and passed down from the model's `forward`
+(`_new_positions`).
 Where the model's forward builds the 4-D mask with a library helper instead
 (`attention_mask = _prepare_4d_causal_attention_mask[_for_sdpa](mask, (batch, length), embeds, past)`, transformers
 4.36 to 4.46), the call becomes rows of one causal mask built at the maximum length and picked by the positions,
@@ -34,11 +39,15 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from transforms.codemods._call_graph import THREADED, Threading, class_tables
+from transforms.codemods._new_positions import KEY_SLOTS, KEY_SLOTS_SOURCE, Derivation, derivation, \
+    dead_lengths, derived_positions, key_length_sizes, take_positions
+from transforms.codemods._write_paths import place_write
 from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
     remove_imports_if_unused, self_attributes
 from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
-from transforms.cstutil import AppendingCat, appending_cat, code_of, dotted_name, find_method, names_in, none_test, \
+from transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
     single_assignment
 
 BUFFERS_CLASS = "StaticKVBuffers"
@@ -46,35 +55,39 @@ BUFFERS_CLASS_SOURCE = f'''
 class {BUFFERS_CLASS}(torch.nn.Module):
     """Keys and values for every position up to the maximum, written in place (added by graphmode).
 
-    The buffers take the layout of the first keys written (Prefill, which runs eagerly), with
-    `max_seq_len` slots along `seq_dim`, so every compiled Decode step sees the same shapes and
-    memory. Slots not written yet hold zeros; the causal mask keeps attention away from them.
+    The buffers take the layout of the first keys and values written (Prefill, which runs eagerly), with
+    `max_seq_len` slots along `seq_dim` (`value_seq_dim` for the values, where they differ), so every compiled
+    Decode step sees the same shapes and memory. Slots not written yet hold zeros; the causal mask keeps
+    attention away from them.
     """
 
-    def __init__(self, max_batch_size, max_seq_len, seq_dim):
+    def __init__(self, max_batch_size, max_seq_len, seq_dim, value_seq_dim=None):
         super().__init__()
-        self.max_batch_size, self.max_seq_len, self.seq_dim = max_batch_size, max_seq_len, seq_dim
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.seq_dim, self.value_seq_dim = seq_dim, seq_dim if value_seq_dim is None else value_seq_dim
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
     def update(self, input_pos, k, v):
         if self.k_cache is None:
-            self.k_cache, self.v_cache = self._zeros_like(k), self._zeros_like(v)
+            self.k_cache, self.v_cache = self._zeros_like(k, self.seq_dim), self._zeros_like(v, self.value_seq_dim)
         k_out, v_out = self.k_cache, self.v_cache
         if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
             k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
         k_out.index_copy_(self.seq_dim, input_pos, k)
-        v_out.index_copy_(self.seq_dim, input_pos, v)
+        v_out.index_copy_(self.value_seq_dim, input_pos, v)
         if not torch.compiler.is_compiling():
             # Eager callers (Prefill, the model's own generate loop) get the written slots only, as the growing
             # cache gave them, so lengths read off the returned keys stay true; the masked slots add nothing.
             written = int(input_pos[-1]) + 1
-            return k_out.narrow(self.seq_dim, 0, written), v_out.narrow(self.seq_dim, 0, written)
+            return k_out.narrow(self.seq_dim, 0, written), v_out.narrow(self.value_seq_dim, 0, written)
         return k_out, v_out
 
-    def _zeros_like(self, new):
+    def _zeros_like(self, new, seq_dim):
+        # Dim 0 holds `max_batch_size` sequences, or as many rows as the first write where it has more
+        # (a batch-times-heads layout).
         shape = list(new.shape)
-        shape[0], shape[self.seq_dim] = self.max_batch_size, self.max_seq_len
+        shape[0], shape[seq_dim] = max(self.max_batch_size, shape[0]), self.max_seq_len
         return new.new_zeros(shape)
 '''
 MASK_ROWS = "graphmode_mask_rows"
@@ -92,7 +105,6 @@ def {MASK_ROWS}(causal_mask, position_ids):
 '''
 # Where a method finds the slots of the tokens it computes, by the position parameter it has.
 _SLOTS = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
-_THREADED = "position_ids"  # the parameter passed down to methods that have no positions
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -143,13 +155,15 @@ def _causal_rows(subscript: cst.Subscript) -> tuple[int, str] | None:
 class _Plan:
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
     drop: set[cst.CSTNode] = field(default_factory=set)
-    init: dict[str, int] = field(default_factory=dict)  # class -> seq dim of its cache
+    init: dict[str, tuple[int, int]] = field(default_factory=dict)  # class -> seq dims of its keys and values
     # (class, method) -> the slots expression it uses; methods that need `position_ids` passed to them
     slots: dict[tuple[str, str], str] = field(default_factory=dict)
     needs: set[tuple[str, str]] = field(default_factory=set)
     masks: int = 0
     mask_buffers: dict[str, str] = field(default_factory=dict)  # class -> name of its causal mask buffer
     helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
+    derive: dict[cst.CSTNode, cst.BaseStatement] = field(default_factory=dict)  # positions counted after the key
+    key_slots: bool = False  # a tensor made for `past + new` keys is made for the key slots (KEY_SLOTS)
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -161,10 +175,14 @@ class CarriedCache(GraphCodemod):
         "along whatever dim), it writes a `StaticKVBuffers` of `GRAPHMODE_MAX_SEQ_LEN` slots along that dim instead, "
         "with `index_copy_` at the positions; the causal buffer sliced by the key length (or the 4-D mask a "
         "library helper builds per call) becomes rows picked by the positions, so attention reads every slot and "
-        "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it. The compiled "
+        "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it; where the model "
+        "has none, the method that reads the past length off the cache takes them (counting them from that length "
+        "when its caller passes none), positions it made otherwise (a padding mask's cumsum) come from them, and "
+        "tensors it made for `past + new` keys are made for the slots attention reads. The compiled "
         "Decode neither reads nor returns cache tuples; eager callers that carry them get the written slots back, so "
         "positions counted from their length stay true. Where a library helper built the mask, a 2-D padding mask "
-        "passed with it is no longer applied."
+        "passed with it is no longer applied, and positions the model made from that mask no longer skip its "
+        "padding: left-padded batches must pass per-row `position_ids`."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301", "GM302", "GM201"})
@@ -191,8 +209,7 @@ class CarriedCache(GraphCodemod):
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
                                   "no causal buffer sliced by the key length was found to hide unwritten slots"))
-        threading = _Threading(self._classes, plan.needs, _class_tables(tree, set(self._classes))) \
-            if not plan.problems else None
+        threading = self._threading(tree, plan) if not plan.problems else None
         if threading is not None and threading.missing:
             plan.problems += threading.missing
         if plan.problems:
@@ -205,19 +222,87 @@ class CarriedCache(GraphCodemod):
         generated = [(BUFFERS_CLASS, BUFFERS_CLASS_SOURCE)]
         if plan.mask_buffers:
             generated += [(MASK_BUILDER, MASK_BUILDER_SOURCE), (MASK_ROWS, MASK_ROWS_SOURCE)]
+        if plan.key_slots:
+            generated.append((KEY_SLOTS, KEY_SLOTS_SOURCE))
         for name, source in reversed(generated):  # each goes first after the imports
             if not defined_at_top(module, name):
                 module = insert_after_imports(module, list(cst.parse_module(source).body))
         return ensure_size_constants(module, self.options)
 
+    def _threading(self, tree: cst.Module, plan: _Plan) -> Threading:
+        """How positions reach every method that needs them; where no caller has any, they are introduced in the
+        method that reads the past length off the cache (`_new_positions`) and passed down from the model's
+        `forward`."""
+        tables = class_tables(tree, set(self._classes))
+        entry = self.options.entry_class
+        entry = (entry, "forward") if entry in self._classes else None
+        threading = Threading(self._classes, plan.needs, tables, entry=entry)
+        if not threading.missing:
+            return threading
+        source = self._positions_source(threading, plan.needs)
+        if source is None:
+            return threading
+        (cls, method), found = source
+        plan.derive[found.after] = derived_positions(found, _line_limit(tree))
+        method_node = find_method(self._classes[cls], method)
+        sizes = key_length_sizes(method_node, found)
+        plan.replace.update(sizes)
+        plan.drop |= dead_lengths(method_node, found, sizes)
+        plan.key_slots = bool(sizes)
+        for size in sizes:
+            self.record_edit(size, f"`{code_of(size)}` (the `past + new` keys) sized by the key slots attention reads")
+        for need, stmt in self._position_statements():
+            new, dead = take_positions(find_method(self._classes[need[0]], need[1]), stmt)
+            plan.replace[stmt] = new
+            plan.drop |= dead
+            if need != (cls, method):
+                plan.needs.add(need)
+            self.record_edit(stmt, f"`{code_of(stmt.body[0].value)}` (the positions, made of something else) replaced by "
+                                   f"`{THREADED}`")
+        self.record_edit(found.after, f"`{THREADED}` added to `{cls}.{method}`, counted from `{found.past}` where "
+                                      "the caller passes none")
+        return Threading(self._classes, plan.needs, tables, sources=frozenset({(cls, method)}), entry=entry)
+
+    def _positions_source(self, threading: Threading, needs: set[tuple[str, str]]
+                          ) -> tuple[tuple[str, str], Derivation] | None:
+        """The method that reads the past length off the cache and calls down to every method that needs positions
+        (the one nearest to them, when several do)."""
+        ancestors: dict[tuple[str, str], set[tuple[str, str]]] = {}
+
+        def up(method: tuple[str, str]) -> set[tuple[str, str]]:
+            if method not in ancestors:
+                ancestors[method] = set()
+                for caller, _ in threading.callers.get(method, []):
+                    ancestors[method] |= {caller} | up(caller)
+            return ancestors[method]
+
+        candidates = []
+        for cls in self._classes.values():
+            for method in cls.body.body:
+                key = (cls.name.value, getattr(method, "name", cst.Name("_")).value)
+                if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock) \
+                        and all(key == need or key in up(need) for need in needs) \
+                        and (found := derivation(method)) is not None:
+                    candidates.append((key, found))
+        nearest = [c for c in candidates if not any(c[0] in up(other[0]) for other in candidates)]
+        return nearest[0] if len(nearest) == 1 else None
+
+    def _position_statements(self) -> list[tuple[tuple[str, str], cst.SimpleStatementLine]]:
+        """The plain assignments the trace saw make the positions out of something else, with their methods."""
+        lines = {line for file, line in self.options.position_lines if file == self.context.filename}
+        found = []
+        for cls in self._classes.values():
+            for method in cls.body.body:
+                if isinstance(method, cst.FunctionDef) and lines:
+                    found += [((cls.name.value, method.name.value), stmt) for stmt in method.body.body
+                              if single_assignment(stmt) and self._lines(stmt)[0] in lines]
+        return found
+
     def _too_long(self, tree: cst.Module, calls: set[cst.Call]) -> set[cst.Call]:
         """Calls whose last line would grow past the file's own line length with the position argument: that
-        argument goes on a line of its own. The file's limit is read as the 99th percentile of its line lengths (a
-        few URLs or tables in docstrings run past any limit the code keeps to), and never below 79."""
-        lines = tree.code.splitlines()
-        lengths = sorted(len(line) for line in lines if line.strip())
-        longest = max(79, lengths[int(0.99 * (len(lengths) - 1))] if lengths else 0)
-        added = len(f", {_THREADED}={_THREADED}")
+        argument goes on a line of its own."""
+        lines, longest = tree.code.splitlines(), _line_limit(tree)
+        added = len(f", {THREADED}={THREADED}")
         return {c for c in calls if len(lines[self._lines(c)[1] - 1]) + added > longest}
 
     # -- the growing pair, in attention methods --------------------------------------------------------
@@ -230,55 +315,56 @@ class CarriedCache(GraphCodemod):
 
     def _plan_cache(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
         seen = self._evidence_lines()
-        cats: list[tuple[AppendingCat, cst.BaseStatement | None]] = []
-        for stmt in method.body.body:
-            # The guard is `if cache is not None:`; with evidence, any `if` without `else` (`if has_layer_past:`):
-            # the trace saw the cat run at every Decode step.
-            guarded = isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock) and stmt.orelse is None \
-                and (seen is not None or none_test(stmt.test))
-            block = list(stmt.body.body) if guarded else [stmt]
-            for inner in block:
-                found = appending_cat(inner)
-                if found is None:
+        cats: list[AppendingCat] = []
+        if seen is not None:
+            # The trace saw these cats grow a cache at every Decode step, at whatever depth of branches they sit.
+            cats = [found for stmt in m.findall(method.body, m.SimpleStatementLine())
+                    if (found := appending_cat(stmt)) is not None and self._lines(stmt)[0] in seen]
+        else:
+            # Without evidence, only the guarded form: `if cache is not None:` reading the cache, then the cats.
+            for stmt in method.body.body:
+                test = none_test(stmt.test) if isinstance(stmt, cst.If) and stmt.orelse is None else None
+                if test is None or not isinstance(stmt.body, cst.IndentedBlock):
                     continue
-                line = self._lines(inner)[0]
-                if seen is not None and line not in seen:
-                    continue  # a cat the trace saw not growing (rotary halves, ...), or never run
-                if seen is None and not (stmt is not inner and _reads_guarded(block, found, none_test(stmt.test)[0])):
-                    continue  # without evidence: only the guarded `if cache is not None:` form
-                cats.append((found, stmt if stmt is not inner else None))
+                block = list(stmt.body.body)
+                cats += [found for inner in block if (found := appending_cat(inner)) is not None
+                         and _reads_guarded(block, found, test[0])]
         if not cats:
             return
         where = f"{cls.name.value}.{method.name.value}"
-        if len(cats) != 2 or cats[0][1] is not cats[1][1]:
+        if len(cats) != 2:
             plan.problems.append((method, f"`{where}` grows {len(cats)} tensors with `torch.cat` where a key and a value "
                                           "pair was expected (stacked keys and values are not handled yet)"))
             return
-        (keys, guard), (values, _) = cats
-        dims = {seen[self._lines(c.stmt)[0]] for c in (keys, values)} if seen is not None else {keys.dim, values.dim}
-        if len(dims) != 1:
-            plan.problems.append((keys.stmt, f"`{where}`: keys and values grow along different dims ({sorted(dims)})"))
-            return
-        seq_dim = seen[self._lines(keys.stmt)[0]] if seen is not None else keys.dim
-        if seq_dim < 0:
-            plan.problems.append((keys.stmt, f"`{where}` grows along dim {keys.dim}, counted from the end, and no "
+        keys, values = cats
+        # Keys and values may grow along different dims (Bloom: keys [b*h, d, s], values [b*h, s, d]).
+        dims = [seen[self._lines(c.stmt)[0]] for c in cats] if seen is not None else [keys.dim, values.dim]
+        if min(dims) < 0:
+            plan.problems.append((keys.stmt, f"`{where}` grows along dim {min(dims)}, counted from the end, and no "
                                              "traced run says the tensors' rank"))
             return
-        if guard is not None:
-            rest = [s for s in guard.body.body if s is not keys.stmt and s is not values.stmt]
-            if not all(_unpacks(s) for s in rest):
-                plan.problems.append((guard, f"`{where}`: the block that grows the cache does more than read it"))
-                return
         slots = self._slots(cls, method, plan)
         update = cst.parse_statement(f"{keys.target}, {values.target} = self.kv_cache.update({slots}, "
                                      f"{keys.target}, {values.target})\n")
-        first = guard if guard is not None else keys.stmt
-        plan.replace[first] = update.with_changes(leading_lines=[*first.leading_lines, _comment(
+        # The comments above the cat describe the concatenation, which is gone; blank lines stay.
+        update = update.with_changes(leading_lines=[*(e for e in keys.stmt.leading_lines if e.comment is None), _comment(
             "written in place into the preallocated cache; attention reads every slot.")])
-        if guard is None:
-            plan.drop.add(values.stmt)
-        plan.init[cls.name.value] = seq_dim
-        self.record_edit(first, f"`torch.cat` growth of `{keys.target}`/`{values.target}` along dim {seq_dim} replaced "
+        unpacks = {s for s in m.findall(method.body, m.SimpleStatementLine()) if _unpacks(s)}
+        placed = place_write(list(method.body.body), (keys.stmt, values.stmt), update, unpacks)
+        if placed is None:
+            plan.problems.append((keys.stmt, f"`{where}`: the write cannot be put on every path that computes the keys: no "
+                                             "branch without the cache computes the same keys and values (Prefill would "
+                                             "not write the cache), or the pair sits in a block other than an `if`"))
+            return
+        for original, replacement in placed.items():
+            if not replacement:
+                plan.drop.add(original)
+            else:
+                plan.replace[original] = replacement[0] if len(replacement) == 1 else cst.FlattenSentinel(replacement)
+        plan.init[cls.name.value] = (dims[0], dims[1])
+        first = next(iter(placed))
+        along = f"dim {dims[0]}" if dims[0] == dims[1] else f"dims {dims[0]} and {dims[1]}"
+        self.record_edit(first, f"`torch.cat` growth of `{keys.target}`/`{values.target}` along {along} replaced "
                                 f"by `self.kv_cache.update` at `{slots}`")
 
     def _slots(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> str:
@@ -286,7 +372,7 @@ class CarriedCache(GraphCodemod):
         slots = next((_SLOTS[p] for p in _SLOTS if p in params), None)
         if slots is None:
             plan.needs.add((cls.name.value, method.name.value))
-            slots = _SLOTS[_THREADED]
+            slots = _SLOTS[THREADED]
         plan.slots[(cls.name.value, method.name.value)] = slots
         return slots
 
@@ -331,7 +417,7 @@ class CarriedCache(GraphCodemod):
             cls.name.value, "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask")
         for stmt, target, call in calls:
             plan.replace[stmt] = cst.parse_statement(
-                f"{target} = {MASK_ROWS}(self.{buffer}, {_THREADED})\n").with_changes(
+                f"{target} = {MASK_ROWS}(self.{buffer}, {THREADED})\n").with_changes(
                 leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once at the maximum "
                                                              "length, picked by position.")])
             plan.masks += 1
@@ -339,163 +425,15 @@ class CarriedCache(GraphCodemod):
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
 
 
-class _Threading:
-    """Passes `position_ids` down the calls from the nearest method that has it to each method that needs it.
-
-    Calls are followed through `self.<attr>(...)` where `__init__` assigns `self.<attr> = Class(...)` (or an
-    `nn.ModuleList` of them iterated by a `for` loop, or a class picked from a table of them), `self.<method>(...)`
-    in the same class and `super().<method>(...)`. Every class a call may reach takes the new parameter."""
-
-    def __init__(self, classes: dict[str, cst.ClassDef], needs: set[tuple[str, str]],
-                 tables: dict[str, set[str]]) -> None:
-        self.classes, self.tables = classes, tables
-        self.params: set[tuple[str, str]] = set()  # (class, method) that get a `position_ids=None` parameter
-        self.calls: set[cst.Call] = set()           # calls that pass `position_ids=position_ids`
-        self.missing: list[tuple[cst.CSTNode, str]] = []
-        callers = self._callers()
-        reached: dict[tuple[str, str], bool] = {}
-        for need in sorted(needs):
-            if not self._reach(need, callers, reached):
-                cls, method = need
-                self.missing.append((find_method(classes[cls], method) or classes[cls],
-                                     f"`{cls}.{method}` has no positions and no caller in this file passes them down"))
-        for callee, sites in callers.items():  # the other classes a passing call may reach must accept it
-            method = find_method(classes[callee[0]], callee[1])
-            if method is not None and any(call in self.calls for _, call in sites) \
-                    and _THREADED not in {p.name.value for p in method.params.params}:
-                self.params.add(callee)
-
-    def _reach(self, target: tuple[str, str], callers: dict, reached: dict) -> bool:
-        """Whether positions can be passed down to `target`; marks the params and calls that do it."""
-        if target in reached:
-            return reached[target]
-        reached[target] = False  # a call cycle reaches nothing new
-        found = False
-        for caller, call in callers.get(target, []):
-            method = find_method(self.classes[caller[0]], caller[1])
-            has = method is not None and _THREADED in {p.name.value for p in method.params.params}
-            if has or self._reach(caller, callers, reached):
-                self.calls.add(call)
-                found = True
-        if found:
-            self.params.add(target)
-        reached[target] = found
-        return found
-
-    def _callers(self) -> dict[tuple[str, str], list[tuple[tuple[str, str], cst.Call]]]:
-        callers: dict[tuple[str, str], list[tuple[tuple[str, str], cst.Call]]] = {}
-        for cls in self.classes.values():
-            members = _members(cls, set(self.classes), self.tables)
-            bases = [code_of(b.value) for b in cls.bases if code_of(b.value) in self.classes]
-            for method in cls.body.body:
-                if not isinstance(method, cst.FunctionDef):
-                    continue
-                for call, callee in _calls(method, cls.name.value, members, bases[0] if bases else None):
-                    callers.setdefault(callee, []).append(((cls.name.value, method.name.value), call))
-        return callers
-
-
-def _members(cls: cst.ClassDef, known: set[str], tables: dict[str, set[str]]) -> dict[str, set[str]]:
-    """`self.attr` -> the same-file classes its `__init__` makes it: directly, as an nn.ModuleList of them, or
-    through a class picked from a module-level table (`attention_class = ATTENTION_CLASSES[config.impl]`)."""
-    init = find_method(cls, "__init__")
-    found: dict[str, set[str]] = {}
-    if init is None:
-        return found
-    picked: dict[str, set[str]] = {}  # local name -> the classes a table lookup may give it
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            target = node.targets[0].target
-            if len(node.targets) != 1:
-                return
-            if isinstance(target, cst.Name) and isinstance(node.value, cst.Subscript) \
-                    and code_of(node.value.value) in tables:
-                picked[target.value] = tables[code_of(node.value.value)]
-                return
-            if not (isinstance(target, cst.Attribute) and code_of(target.value) == "self"):
-                return
-            made = set().union(*[picked.get(c, {c}) for c in _constructed(node.value)]) & known
-            if made:
-                found[target.attr.value] = made
-
-    init.visit(_Collector())
-    return found
-
-
-def _class_tables(module: cst.Module, known: set[str]) -> dict[str, set[str]]:
-    """Module-level dicts whose values are all same-file classes: `ATTENTION_CLASSES = {"eager": A, "sdpa": B}`."""
-    tables: dict[str, set[str]] = {}
-    for stmt in module.body:
-        assigned = single_assignment(stmt)
-        if assigned and isinstance(assigned[1], cst.Dict) and assigned[1].elements:
-            values = {code_of(e.value) for e in assigned[1].elements if isinstance(e, cst.DictElement)}
-            if values <= known and len(values) == len(assigned[1].elements):
-                tables[assigned[0]] = values
-    return tables
-
-
-def _constructed(value: cst.BaseExpression) -> list[str]:
-    """Class names called in `X(...)`, `nn.ModuleList([X(...) for ...])`, `nn.ModuleList(X(...) for ...)`."""
-    names: list[str] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            name = dotted_name(node.func)
-            if name:
-                names.append(name.rsplit(".", 1)[-1])
-
-    value.visit(_Collector())
-    return names
-
-
-def _calls(method: cst.FunctionDef, cls: str, members: dict[str, set[str]],
-           base: str | None) -> list[tuple[cst.Call, tuple[str, str]]]:
-    """The calls in `method` to same-file modules' forward, to methods of its own class, and to its same-file
-    base class's methods through `super()`."""
-    loops: dict[str, str] = {}  # loop variable -> member it iterates
-    found: list[tuple[cst.Call, tuple[str, str]]] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_For(self, node: cst.For) -> None:
-            for name, member in _loop_bindings(node.target, node.iter):
-                if member in members:
-                    loops[name] = member
-
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if isinstance(func, cst.Name) and func.value in loops:
-                found.extend((node, (c, "forward")) for c in sorted(members[loops[func.value]]))
-            elif isinstance(func, cst.Attribute) and code_of(func.value) == "self":
-                name = func.attr.value
-                if name in members:
-                    found.extend((node, (c, "forward")) for c in sorted(members[name]))
-                else:
-                    found.append((node, (cls, name)))
-            elif isinstance(func, cst.Attribute) and code_of(func.value) == "super()" and base is not None:
-                found.append((node, (base, func.attr.value)))
-
-    method.visit(_Collector())
-    return found
-
-
-def _loop_bindings(target: cst.BaseExpression, iterable: cst.BaseExpression) -> list[tuple[str, str]]:
-    """(loop name, member) pairs: `for b in self.h`, `for b, p in zip(self.h, ...)`, `enumerate(...)`."""
-    if isinstance(iterable, cst.Attribute) and code_of(iterable.value) == "self" and isinstance(target, cst.Name):
-        return [(target.value, iterable.attr.value)]
-    if isinstance(iterable, cst.Call) and isinstance(target, (cst.Tuple, cst.List)):
-        name = dotted_name(iterable.func)
-        elements = [e.value for e in target.elements]
-        args = [a.value for a in iterable.args]
-        if name == "enumerate" and len(elements) == 2 and args:
-            return _loop_bindings(elements[1], args[0])
-        if name == "zip" and len(elements) == len(args):
-            return [pair for t, a in zip(elements, args) for pair in _loop_bindings(t, a)]
-    return []
+def _line_limit(tree: cst.Module) -> int:
+    """The file's own line length: the 99th percentile of its line lengths (a few URLs or tables in docstrings run
+    past any limit the code keeps to), and never below 79."""
+    lengths = sorted(len(line) for line in tree.code.splitlines() if line.strip())
+    return max(79, lengths[int(0.99 * (len(lengths) - 1))] if lengths else 0)
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, plan: _Plan, threading: _Threading, wrapped: set[cst.Call]) -> None:
+    def __init__(self, plan: _Plan, threading: Threading, wrapped: set[cst.Call]) -> None:
         self.plan, self.threading, self.wrapped = plan, threading, wrapped
         self._classes: list[str] = []
 
@@ -507,9 +445,10 @@ class _Apply(cst.CSTTransformer):
         init = find_method(updated_node, "__init__")
         lines = []
         if name in self.plan.init:
+            key_dim, value_dim = self.plan.init[name]
+            dims = f"seq_dim={key_dim}" + (f", value_seq_dim={value_dim}" if value_dim != key_dim else "")
             lines.append(cst.parse_statement(
-                f"self.kv_cache = {BUFFERS_CLASS}({MAX_BATCH_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}, "
-                f"seq_dim={self.plan.init[name]})\n").with_changes(
+                f"self.kv_cache = {BUFFERS_CLASS}({MAX_BATCH_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}, {dims})\n").with_changes(
                 leading_lines=[_comment("keys and values of every position, written in place.")]))
         if name in self.plan.mask_buffers:
             lines.append(cst.parse_statement(
@@ -526,7 +465,7 @@ class _Apply(cst.CSTTransformer):
         if not self._classes or (self._classes[-1], original_node.name.value) not in self.threading.params:
             return updated_node
         params = updated_node.params
-        added = cst.Param(cst.Name(_THREADED), default=cst.Name("None"),
+        added = cst.Param(cst.Name(THREADED), default=cst.Name("None"),
                           equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
         if params.kwonly_params or isinstance(params.star_arg, cst.Param):
             params = params.with_changes(kwonly_params=_append(params.kwonly_params, added))
@@ -535,9 +474,10 @@ class _Apply(cst.CSTTransformer):
         return updated_node.with_changes(params=params)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if original_node not in self.threading.calls:
+        if original_node not in self.threading.calls \
+                or any(a.keyword is not None and a.keyword.value == THREADED for a in original_node.args):
             return self.plan.replace.get(original_node, updated_node)
-        arg = cst.Arg(cst.Name(_THREADED), keyword=cst.Name(_THREADED),
+        arg = cst.Arg(cst.Name(THREADED), keyword=cst.Name(THREADED),
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
         args = _append(updated_node.args, arg)
         if original_node in self.wrapped and len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
@@ -549,8 +489,10 @@ class _Apply(cst.CSTTransformer):
 
     def on_leave(self, original_node, updated_node):
         updated = super().on_leave(original_node, updated_node)
-        if original_node in self.plan.drop:
-            return cst.RemoveFromParent()
+        if original_node in self.plan.drop:  # the positions may be counted right after a statement now dead
+            return self.plan.derive.get(original_node, cst.RemoveFromParent())
+        if original_node in self.plan.derive:
+            return cst.FlattenSentinel([self.plan.replace.get(original_node, updated), self.plan.derive[original_node]])
         if isinstance(original_node, cst.Call):
             return updated
         return self.plan.replace.get(original_node, updated)
