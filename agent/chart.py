@@ -19,8 +19,11 @@ def decode_chart(verification: dict, path: Path) -> str | None:
     for side, runs in per_step.items():
         color, label = styles.get(side, ("tab:gray", side))
         for n, steps in enumerate(runs):
+            # The legend names both line weights: run 1 bold, later runs faint (run 1 of the graph side compiles
+            # cold; the others read the compile cache).
+            first = f"{label}: run 1" + (" (bold)" if len(runs) > 1 else "")
             kwargs = {"color": color, "alpha": 0.85 if n == 0 else 0.45, "linewidth": 1.4 if n == 0 else 0.9,
-                      "label": f"{label}, {len(runs)} run(s)" if n == 0 else None}
+                      "label": first if n == 0 else (f"{label}: runs 2-{len(runs)} (faint)" if n == 1 else None)}
             whole.plot(range(1, len(steps) + 1), steps, marker="o", markersize=2.5, **kwargs)
             steady.plot(range(2, len(steps) + 1), steps[1:], marker="o", markersize=2.5, **kwargs)
     whole.set_yscale("log")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
 # The workflow (langgraph, libcst, pydantic) is imported by the commands that run it, not at start-up:
 # `graphmode scan` needs none of it and must stay fast.
 
+# Exit status (README, `graphmode --help`): 0 verified, 1 not verified, 2 bad input, 3 internal error,
+# 4 stopped for confirmation (the session is saved; `graphmode resume ID` continues it), 130 interrupted.
+EXIT_STOPPED = 4
+EXIT_INTERRUPTED = 130
+
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
@@ -43,11 +49,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Adapt PyTorch LLM inference code so its Decode step runs in graph mode, and prove it with a "
                     "measured report. A target is a folder holding the model sources and a harness.py "
                     "(see examples/legacy_llm/harness.py for the contract).",
+        epilog="Exit status: 0 verified (scan: no findings), 1 not verified (scan: findings), 2 bad input, "
+               "3 internal error, 4 stopped for confirmation (the session is saved), 130 interrupted.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
     adapt = commands.add_parser("adapt", help="scan, design, confirm, rewrite, verify and report on one target",
-                                description="Runs the whole workflow on one target. Without --yes it stops at the "
+                                description="Runs the whole workflow on one target. It imports and runs the "
+                                            "target's harness.py, and so the model code, already during analysis, "
+                                            "before anything is confirmed. Without --yes it stops at the "
                                             "confirmation step (or asks, at a terminal) and prints a session id.")
     adapt.add_argument("path", type=Path, help="the target folder (or its harness.py)")
     adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
@@ -64,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or "
                             "'off' (every run compiles cold); default: a fresh one in the run folder, so run 1 "
                             "compiles cold and the report shows the warm-up later runs save")
+    adapt.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                       help="the most one worker process may take (the traced run, the probe, each verify run); "
+                            "one that takes longer is stopped and reported with the step and its last output line "
+                            "(default: 600)")
     adapt.add_argument("--batch-buckets", metavar="1,2,4,8",
                        help="batch sizes a server pads its batches to: the static buffers are sized for the "
                             "largest, and verify pads the prompt to each, checks the real rows are unchanged and "
@@ -100,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # `kill` (SIGTERM) unwinds like Ctrl-C, so the workers' clean-up runs (runners.subprocess_run).
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.command == "adapt":
             return _adapt(args)
@@ -116,13 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         errors.print("[yellow]graphmode: interrupted[/]")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:  # anything else is our bug: one line, the traceback on request
         if os.environ.get("GRAPHMODE_DEBUG"):
             traceback.print_exc()
         errors.print(f"[red]graphmode: internal error:[/] {type(error).__name__}: {error} "
                       "(set GRAPHMODE_DEBUG=1 for the traceback)", soft_wrap=True)
         return 3
+
+
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _adapt(args: argparse.Namespace) -> int:
@@ -144,6 +164,12 @@ def _adapt(args: argparse.Namespace) -> int:
         raise UserError(f"--runs {args.runs}: each side needs at least 1 run")
     if not 0.0 <= args.similarity <= 1.0:
         raise UserError(f"--similarity {args.similarity:g}: a ratio between 0 and 1")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout {args.timeout:g}: a number of seconds above 0")
+    declared = _declared_max_seq_len(target / "harness.py")
+    if declared is not None and args.steps >= declared:
+        raise UserError(f"--steps {args.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the prompt "
+                        "and every Decode step")
     buckets = _batch_buckets(args.batch_buckets)
     try:
         backend, why = resolve(args.backend)
@@ -152,18 +178,67 @@ def _adapt(args: argparse.Namespace) -> int:
     run_dir = (args.out / target.name).resolve()
     if run_dir == target or target in run_dir.parents:
         raise UserError(f"--out {args.out}: the output must be outside the target folder")
+    _check_writable(args.out, run_dir)
 
     state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
                      backend=backend.name, steps=args.steps, runs=args.runs,
                      similarity=args.similarity, compile_cache=args.compile_cache, batch_buckets=buckets,
-                     auto_approve=args.yes)
+                     auto_approve=args.yes, timeout_s=args.timeout)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
+    from agent.output import run_folder_lock
     from agent.workflow import build_graph, open_checkpointer
 
-    with open_checkpointer() as checkpointer:
+    with open_checkpointer() as checkpointer, run_folder_lock(run_dir, state.session_id):
+        _say_what_is_replaced(run_dir)
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _say_what_is_replaced(run_dir: Path) -> None:
+    """A finished session's report in the folder is replaced by this run's: say so, before any work."""
+    import json
+
+    report = run_dir / "report.json"
+    if report.is_file():
+        try:
+            earlier = json.loads(report.read_text(encoding="utf-8")).get("session_id", "an earlier session")
+        except (OSError, ValueError):
+            earlier = "an earlier session"
+        console.print(f"[yellow]note:[/] {run_dir} holds the report of session {earlier}; this run replaces it "
+                      "(give --out another folder to keep both)", soft_wrap=True)
+
+
+def _declared_max_seq_len(harness: Path) -> int | None:
+    """`MAX_SEQ_LEN = N` at the top of the harness, read without running it; None when not written so."""
+    import ast
+
+    try:
+        tree = ast.parse(harness.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None  # analysis reports the harness's own problem with its file and line
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MAX_SEQ_LEN" for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+            return node.value.value
+    return None
+
+
+def _check_writable(out: Path, run_dir: Path) -> None:
+    """The output folder can be made and written, checked before any analysis runs."""
+    import tempfile
+
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UserError(f"--out {out}: {folder} is a file, not a folder")
+            break
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot write to {error.filename or run_dir}: {error.strerror}") from None
 
 
 def _batch_buckets(text: str | None) -> list[int]:
@@ -181,6 +256,7 @@ def _batch_buckets(text: str | None) -> list[int]:
 def _resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
+    from agent.output import run_folder_lock
     from agent.state import RunState
     from agent.workflow import build_graph, open_checkpointer, sessions_db
 
@@ -194,8 +270,21 @@ def _resume(args: argparse.Namespace) -> int:
         if not snapshot.next:
             console.print(f"session {args.session} has finished; its report: {state.report_path}")
             return 0
+        if "confirm" not in snapshot.next:  # interrupted (Ctrl-C) in another step: carry on from there
+            if args.approve is not None or args.reject_all:
+                raise UserError(f"session {args.session} stopped before confirmation (at {', '.join(snapshot.next)}); "
+                                "resume it without --approve/--reject-all, then choose")
+            with run_folder_lock(Path(state.run_dir), args.session):
+                return _drive(graph, None, args.session, interactive=sys.stdin.isatty())
         if args.approve is not None:
-            answer = [c.strip() for c in args.approve.split(",") if c.strip()]
+            from agent.nodes import choice_problem
+
+            answer = [c.strip().upper() for c in args.approve.split(",") if c.strip()]
+            # Checked here, before the session sees it: a wrong answer leaves the session as it was.
+            problem = choice_problem(state.plan, answer)
+            if problem:
+                raise UserError(f"--approve {args.approve}: {problem} (session {args.session} is unchanged; the "
+                                f"design: {state.design_path})")
         elif args.reject_all:
             answer = []
         elif sys.stdin.isatty():
@@ -204,8 +293,9 @@ def _resume(args: argparse.Namespace) -> int:
             console.print(f"approving all {len(state.plan)} changes of {state.design_path}")
             answer = "all"
         if answer is None:
-            return 0
-        return _drive(graph, Command(resume=answer), args.session, interactive=False)
+            return EXIT_STOPPED
+        with run_folder_lock(Path(state.run_dir), args.session):
+            return _drive(graph, Command(resume=answer), args.session, interactive=False)
 
 
 def _config(session: str) -> dict:
@@ -213,16 +303,27 @@ def _config(session: str) -> dict:
 
 
 def _drive(graph, payload, session: str, interactive: bool) -> int:
-    """Streams the workflow with one progress line per step; stops (or asks) at confirmation."""
+    """Streams the workflow with one progress line per step; stops (or asks) at confirmation. Ctrl-C says which
+    session to resume."""
+    config = _config(session)
+    try:
+        return _stream(graph, payload, session, config, interactive)
+    except KeyboardInterrupt:
+        errors.print(f"[yellow]graphmode: interrupted.[/] Session [bold]{session}[/] keeps every step that finished; "
+                     f"continue it with `graphmode resume {session}`.", soft_wrap=True)
+        return EXIT_INTERRUPTED
+
+
+def _stream(graph, payload, session: str, config: dict, interactive: bool) -> int:
     from langgraph.types import Command
 
+    from agent.progress import listening
     from agent.state import RunState
     from agent.workflow import STEPS
 
-    config = _config(session)
     while True:
         started = time.perf_counter()
-        with console.status("working…") as status:
+        with console.status("working…") as status, listening(_progress_listener(status)):
             for update in graph.stream(payload, config, stream_mode="updates"):
                 for step, change in update.items():
                     if step == "__interrupt__":
@@ -244,33 +345,108 @@ def _drive(graph, payload, session: str, interactive: bool) -> int:
             console.print(f"\nDesign document: {state.design_path}")
             console.print(f"Stopped for confirmation. Session: [bold]{session}[/]")
             console.print(f"  apply every change:  graphmode resume {session}")
-            console.print(f"  choose changes:      graphmode resume {session} --approve "
-                          f"{','.join(c.id for c in state.plan[:2]) or 'C1'}")
+            if len(state.plan) > 1:
+                console.print(f"  choose changes:      graphmode resume {session} --approve {_example_choice(state)}")
             console.print(f"  apply nothing:       graphmode resume {session} --reject-all")
-            return 0
+            return EXIT_STOPPED
         payload = Command(resume=answer)
+
+
+_DIFFS_SHOWN_UP_TO = 80  # lines; longer diffs are paged on request
+
+
+def _show_diffs(changes) -> None:
+    from rich.rule import Rule
+    from rich.syntax import Syntax
+
+    for change in changes:
+        console.print(Rule(f"{change.id}. {change.title}", align="left"))
+        if change.diff:
+            console.print(Syntax(change.diff, "diff", theme="ansi_dark", word_wrap=False))
+        else:
+            console.print("(no lines of its own: it changes what other changes' lines do)")
+
+
+def _example_choice(state: RunState) -> str:
+    """A choice to show in the hint that graphmode accepts: the last change (the entry points, usually) with
+    what it needs."""
+    from agent.nodes import unmet_needs
+
+    last = state.plan[-1].id
+    return ",".join(unmet_needs(state.plan, [last]) + [last])
+
+
+def _progress_listener(status):
+    """Where a long step's lines go: the spinner's text at a terminal (with the time since its first line, which
+    the step says as it begins), else one printed line per finished run."""
+    began: list[float] = []
+
+    def listen(line: str) -> None:
+        began[:] = began or [time.perf_counter()]
+        elapsed = time.perf_counter() - began[0]
+        if console.is_terminal:
+            status.update(f"verify: {line} ({elapsed:.0f} s in)")
+        elif not line.endswith(": running"):
+            console.print(f"  verify: {line} ({elapsed:.0f} s in)", soft_wrap=True)
+    return listen
 
 
 def _ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
+    from agent.nodes import unmet_needs
+
     table = Table(title=f"Planned changes (details: {state.design_path})")
-    for column in ("id", "change", "files", "fixes"):
+    for column in ("id", "change", "files", "fixes", "needs"):
         table.add_column(column)
     for change in state.plan:
-        table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)))
+        table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
+                      ", ".join(change.requires))
+    # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
+    total = sum(change.diff.count("\n") for change in state.plan)
+    if total <= _DIFFS_SHOWN_UP_TO:
+        _show_diffs(state.plan)
     console.print(table)
+    console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
+                  + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     while True:
-        reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), or later: ").strip().lower()
+        try:
+            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d [ids] for diffs, or later: "
+                              ).strip().lower()
+        except EOFError:  # Ctrl-D: the same as "later"
+            console.print()
+            return None
         if reply in ("all", "a", "y", "yes", ""):
             return "all"
         if reply in ("none", "n", "no"):
             return []
         if reply in ("later", "l", "q", "quit"):
             return None
+        if reply == "d" or reply == "diff" or reply.startswith(("d ", "diff ")):
+            wanted = {part.strip().upper() for part in reply.split(None, 1)[1].split(",")} if " " in reply else None
+            shown = [c for c in state.plan if wanted is None or c.id in wanted]
+            if not shown:
+                console.print(f"[yellow]unknown id in {reply!r}[/]")
+                continue
+            with console.pager(styles=True):
+                _show_diffs(shown)
+            continue
         chosen = [part.strip().upper() for part in reply.split(",") if part.strip()]
-        if all(c in {change.id for change in state.plan} for c in chosen):
+        if not all(c in {change.id for change in state.plan} for c in chosen):
+            console.print(f"[yellow]unknown id in {reply!r}[/]")
+            continue
+        missing = unmet_needs(state.plan, chosen)
+        if not missing:
             return chosen
-        console.print(f"[yellow]unknown id in {reply!r}[/]")
+        # Never drop what the person chose, and never apply what they did not: ask.
+        try:
+            add = console.input(f"{', '.join(chosen)} need{'s' if len(chosen) == 1 else ''} "
+                                f"{', '.join(missing)} too. Add {'it' if len(missing) == 1 else 'them'}? "
+                                "[bold]yes[/]/no: ").strip().lower()
+        except EOFError:
+            console.print()
+            return None
+        if add in ("", "y", "yes"):
+            return [c.id for c in state.plan if c.id in set(chosen) | set(missing)]
 
 
 def _finish(state: RunState) -> int:
@@ -353,9 +529,9 @@ def _scan(args: argparse.Namespace) -> int:
         else:
             fixes = (f"{sum(bool(may_fix(f.code)) for f in result.findings)} of a kind a codemod may fix; "
                      "--check-fixes runs them to tell which they do")
-        console.print(f"{len(result.findings)} findings ({fixes}) in {result.files} files "
-                      f"({result.parsed} parsed), {len(result.errors)} could not be scanned, "
-                      f"{result.seconds:.2f} s", soft_wrap=True)
+        console.print(f"{len(result.findings)} findings ({fixes}) in {result.files} files: {result.parsed} "
+                      f"checked by the rules, {result.spared} with no model step or compile call (parsed only), "
+                      f"{len(result.errors)} could not be scanned; {result.seconds:.2f} s", soft_wrap=True)
     if result.findings:
         return 1
     return 2 if result.errors else 0
@@ -371,11 +547,19 @@ def _sessions() -> int:
             table.add_column(column)
         # Read the ids first: the saver holds its lock while listing, and get_state needs it too.
         sessions = dict.fromkeys(c.config["configurable"]["thread_id"] for c in checkpointer.list(None))
+        rows = []
         for session in sessions:
             snapshot = graph.get_state(_config(session))
             values = snapshot.values
-            table.add_row(session, values.get("target", ""), ", ".join(snapshot.next) or "finished",
-                          values.get("report_path", ""))
+            rows.append((session, values.get("target", ""), ", ".join(snapshot.next) or "finished",
+                         values.get("report_path", "")))
+        if not console.is_terminal:  # piped or redirected: whole paths, one session per line, tab-separated
+            print("\t".join(("session", "target", "stands at", "report")))
+            for row in rows:
+                print("\t".join(row))
+            return 0
+        for row in rows:
+            table.add_row(*row)
         console.print(table)
     return 0
 

@@ -11,15 +11,17 @@ from pathlib import Path
 import libcst as cst
 from langgraph.types import interrupt
 
+from agent import progress
+from agent.chart import decode_chart
+from agent.diffs import change_diffs
 from agent.errors import UserError
 from agent.knowledge import skill
-from agent.chart import decode_chart
 from agent.leftovers import mark_decode_runs, merge_by_line
 from agent.output import render, write_adapted_tree, write_atomic
 from agent.state import Change, RunState
 from transforms.codemods import CODEMODS, Options
 from transforms.findings import Finding
-from transforms.pipeline import FileAdaptation, adapt_source, fixed_by, with_requirements
+from transforms.pipeline import FileAdaptation, adapt_source, fixed_by
 from transforms.rules import scan_source
 
 
@@ -36,8 +38,8 @@ def analyze(state: RunState) -> dict:
     logs = Path(state.run_dir) / "logs"
     sources = _declared_sources(target)
     findings = [f for relative in sources for f in scan_source(_read(target, relative), relative)]
-    evidence = _probe(lambda: collect_evidence(target, log_dir=logs))
-    baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=logs))
+    evidence = _probe(lambda: collect_evidence(target, log_dir=logs, timeout_s=state.timeout_s))
+    baseline = _probe(lambda: probe(target, steps=8, backend=state.backend, log_dir=logs, timeout_s=state.timeout_s))
     _check_batch_fits(state.batch_buckets, baseline)
     findings = _with_runtime_findings(reconcile(findings, evidence), baseline, sources)
     return {
@@ -154,12 +156,17 @@ def design(state: RunState) -> dict:
         {"kind": "codemod", "path": a.path, **m.to_dict(), "why": skill(m.skill).summary}
         for a in adaptations.values() for m in a.manual
     ])
+    file_diffs = {a.path: a.diff() for a in adaptations.values() if a.changed}
+    diffs = change_diffs(file_diffs, {c.id: c.edits for c in plan})
+    plan = [c.model_copy(update={"diff": diffs.get(c.id, "")}) for c in plan]
+    planned = Path(state.run_dir) / "planned.diff"
+    write_atomic(planned, "".join(file_diffs.values()))
     path = Path(state.run_dir) / "design.md"
     write_atomic(path, render(
         "design.md.j2", state=state, plan=plan, findings=findings, manual=manual, skill=skill,
         fixed={i: change.id for change in plan for i in change.fixes},
     ))
-    return {"plan": plan, "manual": manual, "design_path": str(path)}
+    return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned)}
 
 
 def _adapt(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
@@ -238,7 +245,8 @@ def _plan(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> li
         fixes = [i for i, f in enumerate(findings) if _first_fixer(f, adaptations) == name]
         plan.append(Change(
             id=change_id, codemod=name, title=codemod.TITLE, description=codemod.DESCRIPTION, skill=codemod.SKILL,
-            requires=[ids[r] for r in codemod.REQUIRES if r in ids], files=files[name], edits=edits[name], fixes=fixes,
+            requires=[ids[r] for r in (*codemod.REQUIRES, *codemod.ASSUMES) if r in ids], files=files[name],
+            edits=edits[name], fixes=fixes,
         ))
     return plan
 
@@ -250,35 +258,59 @@ def _first_fixer(finding: Finding, adaptations: dict[str, FileAdaptation]) -> st
 
 # -- confirm ---------------------------------------------------------------------------------------
 def confirm(state: RunState) -> dict:
-    """Waits for a person's choice (or takes every change with --yes); keeps only consistent choices."""
+    """Waits for a person's choice (or takes every change with --yes). The command line checks a choice before
+    the session sees it (agent.cli); this is the last guard: an inconsistent choice is refused, never trimmed."""
     if state.auto_approve:
         chosen = [c.id for c in state.plan]
     else:
         answer = interrupt({"design": state.design_path, "changes": [[c.id, c.title] for c in state.plan]})
         chosen = [c.id for c in state.plan] if answer == "all" else list(answer or [])
-    unknown = sorted(set(chosen) - {c.id for c in state.plan})
+    problem = choice_problem(state.plan, chosen)
+    if problem:
+        raise UserError(problem)
+    return {"approved": [c.id for c in state.plan if c.id in chosen]}
+
+
+def unmet_needs(plan: list[Change], chosen: list[str]) -> list[str]:
+    """The changes the chosen ones need, directly or through each other, that were not chosen (in plan order).
+    Any change at all needs the entry points, when the plan has them: without `prefill`/`decode` the adapted
+    model cannot be run in graph mode, so verify could say nothing about the changes chosen."""
+    needs = {c.id: c.requires for c in plan}
+    entries = [c.id for c in plan if c.codemod == "split_decode"]
+    pending = list(chosen) + (entries if chosen else [])
+    wanted = set(pending)
+    while pending:
+        for need in needs.get(pending.pop(), []):
+            if need not in wanted:
+                wanted.add(need)
+                pending.append(need)
+    return [c.id for c in plan if c.id in wanted - set(chosen)]
+
+
+def choice_problem(plan: list[Change], chosen: list[str]) -> str | None:
+    """Why a choice of changes cannot be applied as it stands (unknown ids, or needs left out); None if it can."""
+    unknown = [c for c in chosen if c not in {change.id for change in plan}]
     if unknown:
-        raise UserError(f"no such change: {', '.join(unknown)} (the design has {', '.join(c.id for c in state.plan)})")
-    return {"approved": consistent_selection(state.plan, chosen)}
-
-
-def consistent_selection(plan: list[Change], chosen: list[str]) -> list[str]:
-    """Drops approved changes that rely on a declined one, so the result is never a half rewrite."""
-    kept = set(chosen)
-    changed = True
-    while changed:
-        changed = False
-        for change in plan:
-            if change.id in kept and not set(change.requires) <= kept:
-                kept.discard(change.id)
-                changed = True
-    return [c.id for c in plan if c.id in kept]
+        return f"no change {', '.join(unknown)} in this design (it has {', '.join(c.id for c in plan) or 'none'})"
+    missing = unmet_needs(plan, chosen)
+    if missing:
+        by_id = {c.id: c for c in plan}
+        reasons = [f"{c} needs {', '.join(n for n in by_id[c].requires if n not in chosen)}"
+                   for c in chosen if any(n not in chosen for n in by_id[c].requires)]
+        entries = next((c.id for c in plan if c.codemod == "split_decode"), None)
+        if entries in missing:
+            reasons.append(f"without {entries} (the prefill/decode entry points) the adapted model cannot run in "
+                           "graph mode")
+        why = "; ".join(reasons)
+        fixed = [c.id for c in plan if c.id in set(chosen) | set(missing)]
+        return f"{why}; approve {','.join(fixed)} instead"
+    return None
 
 
 # -- implement -------------------------------------------------------------------------------------
 def implement(state: RunState) -> dict:
     """Applies the approved codemods to copies of the sources; the originals are never touched."""
-    selected = with_requirements(c.codemod for c in state.plan if c.id in (state.approved or []))
+    selected = {c.codemod for c in state.plan if c.id in (state.approved or [])}  # closed under needs (confirm)
     adaptations = _adapt(state, selected)
     run_dir = Path(state.run_dir)
     adapted_dir = run_dir / "adapted"
@@ -300,7 +332,7 @@ def verify(state: RunState) -> dict:
             return run_verification(
                 Path(state.target), Path(state.adapted_dir), state.backend, steps=state.steps, log_dir=log_dir,
                 runs=state.runs, similarity=state.similarity, compile_cache=_compile_cache(state),
-                batch_buckets=state.batch_buckets or None,
+                batch_buckets=state.batch_buckets or None, timeout_s=state.timeout_s, progress=progress.say,
             )
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left

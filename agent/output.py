@@ -1,9 +1,12 @@
 """Writing a run's files: whole or not at all, and never inside the user's own folder."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import jinja2
@@ -11,11 +14,23 @@ import jinja2
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".graphmode*")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# A plain open() gives a new file 0o666 less the umask; mkstemp gives 0o600, which would make the run's
+# reports unreadable to the rest of a team that shares the folder.
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Writes to a temporary file beside `path` and renames it, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
@@ -25,14 +40,34 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> None:
-    """A copy of the target folder with the rewritten sources in place, swapped in whole."""
+    """A copy of the target folder with the rewritten sources in place, swapped in whole. The copy takes the
+    files' contents, not their modes: a read-only target must not give a read-only copy that nobody can write
+    the rewrites into, or delete."""
     staging = dest.with_name(f".{dest.name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(target, staging, ignore=_IGNORED)
-    for relative, text in rewritten.items():
-        (staging / relative).write_text(text, encoding="utf-8")
-    shutil.rmtree(dest, ignore_errors=True)
-    staging.rename(dest)
+    remove_tree(staging)
+    try:
+        shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile)
+        for folder, _, _ in os.walk(staging):  # copytree copies each folder's mode at the end
+            os.chmod(folder, 0o777 & ~_umask())
+        for relative, text in rewritten.items():
+            (staging / relative).write_text(text, encoding="utf-8")
+        remove_tree(dest)
+        staging.rename(dest)
+    except BaseException:
+        remove_tree(staging)
+        raise
+
+
+def remove_tree(path: Path) -> None:
+    """Removes a folder this run wrote, making read-only entries writable first; nothing when it is absent."""
+    def retry(function, name, _):
+        os.chmod(os.path.dirname(name) or ".", 0o700)
+        if os.path.isdir(name) and not os.path.islink(name):
+            os.chmod(name, 0o700)
+        function(name)
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, onerror=retry)
 
 
 def render(template: str, **context) -> str:
@@ -44,3 +79,33 @@ def render(template: str, **context) -> str:
         keep_trailing_newline=True,
     )
     return environment.get_template(template).render(**context)
+
+
+LOCK_NAME = ".graphmode.lock"
+
+
+@contextlib.contextmanager
+def run_folder_lock(run_dir: Path, session: str) -> Iterator[None]:
+    """Holds the run folder for one session while it works: a second session writing into the same folder would
+    mix the two runs' files (and one report would carry the other's figures). The lock is the kernel's
+    (`flock`), so a session that dies releases it; the file only names who holds it."""
+    from agent.errors import UserError
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another session"
+            raise UserError(f"{run_dir} is in use by graphmode session {holder}; wait for it to finish, or give "
+                            "this run another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(session)
+        handle.flush()
+        yield
+    finally:
+        handle.close()

@@ -20,6 +20,7 @@ class Change(BaseModel):
     files: list[str] = Field(default_factory=list)
     edits: list[dict] = Field(default_factory=list)  # transforms.codemods.Edit as dicts, original lines
     fixes: list[int] = Field(default_factory=list)  # indexes into RunState.findings
+    diff: str = ""  # the hunks of the planned diff its edits touch (agent.diffs), shown before approval
 
 
 class RunState(BaseModel):
@@ -38,6 +39,7 @@ class RunState(BaseModel):
     # then sized for the largest.
     batch_buckets: list[int] = Field(default_factory=list)
     auto_approve: bool = False
+    timeout_s: float = 600  # the most one worker process (evidence, probe, each verify run) may take
 
     # analyze
     sources: list[str] = Field(default_factory=list)  # relative to target
@@ -53,6 +55,7 @@ class RunState(BaseModel):
     plan: list[Change] = Field(default_factory=list)
     manual: list[dict] = Field(default_factory=list)  # findings and codemod items left for a person
     design_path: str = ""
+    planned_diff_path: str = ""  # every change applied, as one diff (planned.diff beside design.md)
     approved: list[str] | None = None  # change ids; None until confirmed
 
     # implement

@@ -29,6 +29,24 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kills the child's whole process group (the group we created for it, named by its id)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: the kernel kills it if graphmode itself is killed (SIGKILL cannot be caught,
+    so no clean-up in the parent would run). Linux only; elsewhere the clean-up above is all there is."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _error_line(stderr: str) -> str | None:
     lines = [line for line in stderr.splitlines() if line.startswith(ERROR_PREFIX)]
     return lines[-1][len(ERROR_PREFIX):].strip() if lines else None
@@ -41,23 +59,32 @@ def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
     the wall seconds from spawn to exit; raises `error` with a one-line message on failure."""
     command = [sys.executable, "-m", module, *args]
     started = time.perf_counter()
-    # A new session so a timeout can kill the whole group (Inductor may fork compile workers).
+    # A new session so a timeout can kill the whole group (Inductor may fork compile workers). Being in its own
+    # session, the child does not get the terminal's Ctrl-C: the parent kills the group on every way out.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_child_env(env), start_new_session=True)
+                            env=_child_env(env), start_new_session=True, preexec_fn=_die_with_parent)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this child, by its id
+        _kill_group(proc)
         stdout, stderr = proc.communicate()
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI raises it as Ctrl-C): no worker outlives graphmode
+        _kill_group(proc)
+        proc.wait()
+        raise
     seconds = time.perf_counter() - started
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{name}.stdout.log").write_text(stdout)
         (log_dir / f"{name}.stderr.log").write_text(stderr)
     if timed_out:
-        raise error(f"the {name} worker timed out after {timeout_s:g} s ({' '.join(command[2:4])})")
+        said = [line.strip() for line in stdout.splitlines() if line.strip()] \
+            or [line.strip() for line in stderr.splitlines() if line.strip()]
+        last = f"; the last line it printed: {said[-1][:200]}" if said else "; it printed nothing"
+        raise error(f"the {name} worker ({' '.join(command[2:4])}) timed out after {timeout_s:g} s{last} "
+                    "(--timeout sets the limit)")
     if proc.returncode != 0:
         message = _error_line(stderr)
         if message is None:

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -338,11 +338,14 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            timeout_s: float = 600, log_dir: Path | None = None,
            logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
            similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None,
-           batch_buckets: list[int] | None = None) -> VerifyResult:
+           batch_buckets: list[int] | None = None,
+           progress: Callable[[str], None] | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
-    `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py)."""
+    `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py).
+    `progress` hears which run starts and how long each took, one line each."""
+    say = progress or (lambda _: None)
     if steps < MIN_STEPS:
         raise ValueError(f"verify needs at least {MIN_STEPS} Decode steps (got {steps}): "
                          "some hazards only fire past a length (lesson 4)")
@@ -360,8 +363,12 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         for run in range(runs):
             # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
+                label = f"{'graph (adapted)' if side == 'adapted' else 'eager (original)'} run {run + 1} of {runs}"
+                say(f"{label}: running")
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
                                              compile_cache))
+                say(f"{label}: done in {sides[side][-1][2]:.1f} s")
+        say("the original harness against the adapted sources: running")
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
                                          sides["original"][0][0].tokens)
         # After the runs, so it disturbs neither their alternation nor their figures.

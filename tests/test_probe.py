@@ -378,3 +378,28 @@ def test_the_chain_is_followed_to_the_innermost_error_and_its_line_in_the_folder
     assert (crash.type, crash.message, crash.where, crash.wrapped_in) == ("ValueError", "no k", "user_code.py:16", [])
     # Outside the folder, no line is claimed.
     assert describe_crash(hidden.value, tmp_path / "elsewhere").where is None
+
+
+def test_a_data_dependent_branch_counts_as_a_graph_break():
+    """torch 2.13 counts a `print` break under counters["graph_break"] but a branch on a tensor value only under
+    counters["unimplemented"]; the probe's count must see both."""
+    import torch
+
+    from runners.probe_worker import _breaks_counted
+
+    def branch(x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+    def prints(x):
+        print("step")
+        return x + 1
+
+    torch._dynamo.reset()
+    before = _breaks_counted()
+    torch.compile(branch, backend="eager")(torch.ones(3))
+    after_branch = _breaks_counted()
+    torch.compile(prints, backend="eager")(torch.ones(3))
+    assert (after_branch - before, _breaks_counted() - after_branch) == (1, 1)
+    torch._dynamo.reset()

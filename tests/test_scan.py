@@ -86,7 +86,35 @@ def test_bad_files_get_one_error_each_and_the_rest_is_scanned(tmp_path):
     errors = done.stderr.strip().splitlines()
     assert len(errors) == 2 and "Traceback" not in done.stderr
     assert any("broken.py: error: 4:" in e and "syntax error" in e for e in errors)
-    assert any("latin1.py: error: not UTF-8" in e for e in errors)
+    assert any("latin1.py: error: not utf-8" in e for e in errors)
+
+
+def test_a_file_that_does_not_parse_is_an_error_even_without_a_model_step(tmp_path):
+    """The pre-filter spares the rules files with no `def forward`; it must not call them clean unread."""
+    (tmp_path / "noise.py").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "half.py").write_text("x = (1,\n")
+    (tmp_path / "plain.py").write_text("x = 1\n")
+    done = scan(str(tmp_path))
+    assert done.returncode == 2, done.stdout
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 2 and any("noise.py: error:" in e for e in errors) and any("half.py: error:" in e for e in errors)
+    assert "3 files: 0 checked by the rules, 1 with no model step" in done.stdout
+    assert "2 could not be scanned" in done.stdout
+
+
+def test_a_coding_line_is_honoured_and_a_fifo_is_skipped_unread(tmp_path):
+    """A latin-1 file that says so is read as Python reads it; a FIFO named x.py is reported, not opened (opening
+    it would wait forever for a writer)."""
+    import os
+
+    (tmp_path / "latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\n" + HAZARD.encode() + b"# caf\xe9\n")
+    os.mkfifo(tmp_path / "pipe.py")
+    done = scan("--json", str(tmp_path))
+    assert done.returncode == 1
+    assert [f["path"] for f in json.loads(done.stdout)] == [str(tmp_path / "latin1.py")]
+    assert "pipe.py: error: not a regular file" in done.stderr
+    direct = scan(str(tmp_path / "pipe.py"))
+    assert direct.returncode == 2 and "not a regular file" in direct.stderr
 
 
 def test_only_errors_exit_2_and_missing_path_is_one_line(tmp_path):

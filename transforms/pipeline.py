@@ -33,17 +33,6 @@ class FileAdaptation:
         ))
 
 
-def with_requirements(names: Iterable[str]) -> set[str]:
-    """The names plus every codemod they rely on, transitively."""
-    selected, pending = set(), list(names)
-    while pending:
-        name = pending.pop()
-        if name not in selected:
-            selected.add(name)
-            pending.extend(CODEMODS[name].REQUIRES)
-    return selected
-
-
 def adapt_source(source: str, path: str, selected: Iterable[str] | None, options: Options) -> FileAdaptation:
     """Applies the selected codemods (all when None). Never returns a half rewrite: a codemod whose
     prerequisite could not be applied is left out, and that is reported as a manual item."""

@@ -1,8 +1,11 @@
 """`graphmode scan`: the static rules over many files, fast, one clear error per unreadable file.
 
-Speed comes from three things: a byte-level pre-filter that skips files which cannot hold a finding
-(no model step, no compile call), the rules' single pass over each remaining file, and worker
-processes when there are enough files to pay for them.
+Speed comes from three things: a byte-level pre-filter that spares the rules files which cannot hold a
+finding (no model step, no compile call), the rules' single pass over each remaining file, and worker
+processes when there are enough files to pay for them. A file the pre-filter spares is still read and
+parsed (Python's own parser, fast): one that cannot be is an error line like any other, never "clean".
+Files are decoded as Python decodes them (a PEP 263 coding line, else UTF-8), and anything that is not a
+regular file (a FIFO named `x.py`) is reported and skipped, never opened.
 
 Whether a codemod fixes a finding is known only by running it: a rule knows which codemods handle
 its kind of hazard (`may_fix`), not whether they recognise the idiom at that line. By default the
@@ -12,8 +15,12 @@ its edits fixes (transforms.pipeline.fixed_by).
 """
 from __future__ import annotations
 
+import ast
+import io
 import os
+import stat
 import time
+import tokenize
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -42,7 +49,8 @@ class FileError:
 @dataclass
 class ScanResult:
     files: int = 0  # Python files found
-    parsed: int = 0  # files that passed the pre-filter and were parsed
+    parsed: int = 0  # files that passed the pre-filter and went through the rules
+    spared: int = 0  # files with no model step or compile call: parsed, not checked by the rules
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     seconds: float = 0.0
@@ -80,7 +88,7 @@ def python_files(paths: Iterable[Path]) -> Iterator[Path]:
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
-        if path.is_file():
+        if not path.is_dir():  # a file, or something that is not one: _scan_file says which
             yield path
             continue
         for folder, subfolders, names in os.walk(path):
@@ -98,7 +106,7 @@ def scan_file(path: Path, check_fixes: bool = False, entry_class: str | None = N
     if not check_fixes or not any(may_fix(f.code) for f in findings):
         return findings, error, parsed, {}
     try:
-        fixed = _fixed(path.read_text(encoding="utf-8"), findings, entry_class)
+        fixed = _fixed(decode_source(path.read_bytes()), findings, entry_class)
     except Exception as exc:  # noqa: BLE001 - a codemod failing on one file must not end the scan
         return findings, FileError(str(path), f"fixes not checked: {type(exc).__name__}: {exc}"), parsed, {}
     marked = {i: replace(findings[i], autofix=True) for i in fixed}
@@ -118,18 +126,37 @@ def _fixed(source: str, findings: list[Finding], entry_class: str | None) -> dic
     return {i: name for i, name in found.items() if name is not None}
 
 
+def decode_source(data: bytes) -> str:
+    """Source bytes as Python reads them: the encoding a PEP 263 coding line (or a BOM) names, else UTF-8.
+    Raises SyntaxError for an unknown encoding, UnicodeDecodeError for bytes that are not in it."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    text = data.decode(encoding)
+    return text[1:] if text.startswith("\ufeff") else text
+
+
 def _scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
-    """Findings of one file, or the reason it could not be scanned; and whether it was parsed."""
+    """Findings of one file, or the reason it could not be scanned; and whether the rules ran over it."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return [], FileError(str(path), "not a regular file (a FIFO, socket or device); skipped unread"), False
         data = path.read_bytes()
     except OSError as error:
         return [], FileError(str(path), f"cannot read: {error.strerror}"), False
-    if not any(marker in data for marker in _MUST_CONTAIN):
-        return [], None, False
     try:
-        text = data.decode("utf-8")
+        text = decode_source(data)
+    except SyntaxError as error:  # detect_encoding: an unknown coding name
+        return [], FileError(str(path), f"cannot decode: {error.msg}"), False
     except UnicodeDecodeError as error:
-        return [], FileError(str(path), f"not UTF-8 text ({error.reason} at byte {error.start})"), False
+        return [], FileError(str(path), f"not {error.encoding} text ({error.reason} at byte {error.start})"), False
+    if not any(marker in data for marker in _MUST_CONTAIN):
+        # No model step: no rule can fire, but a file that does not parse is still an error, not clean.
+        try:
+            ast.parse(text, str(path))
+        except SyntaxError as error:
+            return [], FileError(str(path), f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), False
+        except (RecursionError, ValueError, MemoryError) as error:
+            return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), False
+        return [], None, False
     try:
         return scan_source(text, str(path)), None, True
     except SyntaxError as error:
@@ -155,6 +182,7 @@ def scan_paths(paths: Iterable[Path], jobs: int | None = None, check_fixes: bool
     for findings, error, parsed, fixed in outcomes:
         result.findings += findings
         result.parsed += parsed
+        result.spared += not parsed and error is None
         result.fixed_by.update(fixed)
         if error is not None:
             result.errors.append(error)

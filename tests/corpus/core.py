@@ -215,11 +215,13 @@ def prepare_site(root: Path, package: str, version: str, *, dependencies: tuple[
                  shims: tuple[str, ...] = ()) -> Path:
     """root/PACKAGE-VERSION/site: the package's wheel unzipped, plus each of `dependencies` (light,
     pure-Python requirements it imports) the environment does not already satisfy, plus the named
-    shim folders of tests/corpus/shims/ (stand-ins for heavy imports). Built once, then reused."""
+    shim folders of tests/corpus/shims/ (stand-ins for heavy imports). Built once, then reused; the shims are
+    copied again every time, so a cached site never runs an older stand-in than this checkout's."""
     base = root / f"{package}-{version}"
     site = base / "site"
     manifest = site / "corpus-site.json"
     if manifest.is_file():
+        _copy_shims(site, shims)
         return site
     if site.exists():
         shutil.rmtree(site)  # a build that stopped half-way
@@ -233,13 +235,17 @@ def prepare_site(root: Path, package: str, version: str, *, dependencies: tuple[
         wheel = pip_download(dependency, base / "wheels")
         extract(wheel, site)
         pinned[requirement.name] = wheel.name
+    _copy_shims(site, shims)
+    manifest.write_text(json.dumps({package: version, "pinned": pinned, "shims": list(shims)}, indent=2))
+    return site
+
+
+def _copy_shims(site: Path, shims: tuple[str, ...]) -> None:
     for shim in shims:
         for path in (SHIMS / shim).rglob("*.py"):
             copy = site / path.relative_to(SHIMS / shim)
             copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, copy)
-    manifest.write_text(json.dumps({package: version, "pinned": pinned, "shims": list(shims)}, indent=2))
-    return site
 
 
 def _extract_wheel(requirement: str, wheels: Path, site: Path) -> None:

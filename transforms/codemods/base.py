@@ -81,6 +81,9 @@ class GraphCodemod(VisitorBasedCodemodCommand):
     SKILL: ClassVar[str]
     FIXES: ClassVar[frozenset[str]]  # rule codes whose findings this codemod removes
     REQUIRES: ClassVar[tuple[str, ...]] = ()  # codemods whose output this one's output relies on
+    # Codemods whose rewrite this one's output takes for granted when the plan has them (the entry points assume
+    # the cache and positions are static already): a person choosing this change must choose those too.
+    ASSUMES: ClassVar[tuple[str, ...]] = ()
     METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
     def __init__(self, context: CodemodContext, options: Options) -> None:

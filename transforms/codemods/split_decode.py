@@ -128,6 +128,11 @@ class SplitDecode(GraphCodemod):
     )
     SKILL = "prefill-decode-split"
     FIXES = frozenset({"GM401"})
+    # `decode` neither takes nor returns a cache and is handed positions as a tensor: without the planned rewrites
+    # of the cache, the positions, the mask and the tables it sliced, the entries would run a model that still
+    # expects them carried or as Python ints.
+    ASSUMES = ("static_positions", "static_mask", "static_kv_cache", "sliced_kv_cache", "sliced_tables",
+               "cache_object", "carried_cache")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # Once the KV cache lives in module buffers, returning it from `decode` only costs: a compiled graph

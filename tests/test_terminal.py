@@ -1,0 +1,96 @@
+"""The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
+
+
+def _spawn(*args: str, home: Path, cwd: Path):
+    # PAGER=cat: the diffs a person pages through come straight to the terminal, no `less` to quit.
+    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", "TERM": "xterm", "PAGER": "cat"}
+    return pexpect.spawn(sys.executable, ["-m", "agent.cli", *args], env=env, cwd=str(cwd), encoding="utf-8",
+                         timeout=600, dimensions=(50, 200))
+
+
+def _finish(child) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus if child.exitstatus is not None else 128 + child.signalstatus
+
+
+def _workers_of(home: Path) -> list[int]:
+    """Live worker processes (`python -m runners.worker ...`) of the graphmode run whose GRAPHMODE_HOME is `home`
+    (read from /proc: every worker inherits graphmode's environment)."""
+    found = []
+    marker = f"GRAPHMODE_HOME={home}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                if b"runners.worker" in line and marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verified_model(tmp_path):
+    out = tmp_path / "out"
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+                   home=tmp_path / "home", cwd=tmp_path)
+    child.expect("Apply which changes")
+    child.sendline("d C4")  # one change's diff, through the pager
+    child.expect(r"\+\+\+ b/model\.py")
+    child.expect(r"self\.kv_cache\.update")
+    child.expect("Apply which changes")
+    child.sendline("C4")  # the cache alone needs the positions, the mask and the entry points
+    child.expect(r"need[s]? (C\d(, C\d)*) too\. Add")
+    assert set(child.match.group(1).split(", ")) == {"C3", "C5", "C6"}
+    child.sendline("no")  # nothing is added or dropped behind the person's back: the question comes again
+    child.expect("Apply which changes")
+    child.sendline("all")
+    child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")  # rich colours the word at a terminal
+    assert _finish(child) == 0
+    assert (out / "legacy_llm" / "planned.diff").read_text() == (out / "legacy_llm" / "changes.diff").read_text()
+
+
+@pytest.mark.slow
+def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+                   home=tmp_path / "home", cwd=tmp_path)
+    child.expect("Apply which changes")
+    child.sendeof()
+    child.expect("Stopped for confirmation. Session: ")
+    status = _finish(child)
+    assert status == 4, child.before
+    assert "internal error" not in child.before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the workers")
+def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
+    out, home = tmp_path / "out", tmp_path / "home"
+    child = _spawn("adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager", "--runs", "3", "--out", str(out),
+                   home=home, cwd=tmp_path)
+    child.expect("implement")  # verify starts next; wait until one of its workers runs
+    deadline = time.monotonic() + 120
+    while not _workers_of(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(home), "no verify worker started"
+    child.sendintr()
+    child.expect("interrupted")
+    child.expect(r"graphmode resume (\w+)")
+    assert _finish(child) == 130
+    deadline = time.monotonic() + 5
+    while _workers_of(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(home) == []
