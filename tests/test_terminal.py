@@ -1,6 +1,7 @@
 """The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -61,6 +62,24 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")  # rich colours the word at a terminal
     assert _finish(child) == 0
     assert (out / "legacy_llm" / "planned.diff").read_text() == (out / "legacy_llm" / "changes.diff").read_text()
+
+
+@pytest.mark.slow
+def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
+    """A gpt-fast-style target already graph-ready: the person reads the entry points' diff and approves them
+    alone, leaving out the assert rewrite; the model verifies."""
+    target = Path(__file__).parent / "fixtures" / "targets" / "static_ready"
+    child = _spawn("adapt", str(target), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+                   home=tmp_path / "home", cwd=tmp_path)
+    child.expect("Apply which changes")
+    child.sendline("d C2")
+    child.expect(r"def decode\(self")
+    child.expect("Apply which changes")
+    child.sendline("C2")
+    child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")
+    assert _finish(child) == 0
+    report = json.loads((tmp_path / "out" / "static_ready" / "report.json").read_text())
+    assert report["changes_applied"] == ["split_decode"] and report["changes_declined"] == ["hoist_item"]
 
 
 @pytest.mark.slow
