@@ -716,6 +716,7 @@ class _Analysis:
                     self.growth[site.id] = (k, found)
                     break
         self._statements: dict[str, dict[int, tuple[int, bool]]] = {}
+        self._position_memo: dict[int, int | None] = {}  # site id -> the call holding the positions, or None
 
     def _aligned(self, site: _Site) -> int:
         """Calls per Decode step that can be compared step by step (the k-th call of every step)."""
@@ -930,7 +931,7 @@ class _Analysis:
 
     def _holds_positions(self, site_id: int, prompt: int, new_tokens: int) -> int | None:
         """The index of the site's call that holds the positions at every Decode step, or None."""
-        memo = self.__dict__.setdefault("_position_memo", {})
+        memo = self._position_memo
         if site_id not in memo:
             found = None
             for k in range(self._aligned(self.t._site_list[site_id])):
