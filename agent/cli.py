@@ -410,7 +410,7 @@ def _ask(state: RunState):
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     while True:
         try:
-            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d [ids] for diffs, or later: "
+            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d \\[ids] for diffs, or later: "
                               ).strip().lower()
         except EOFError:  # Ctrl-D: the same as "later"
             console.print()

@@ -111,6 +111,12 @@ class GraphCodemod(VisitorBasedCodemodCommand):
         start, end = self._lines(node)
         self.edits.append(Edit(self.NAME, self.qualname(node), start, end, summary))
 
+    def record_insertion_after(self, node: cst.CSTNode, summary: str) -> None:
+        """An edit that adds code right after `node` (methods after `forward`): it sits at the node's last line,
+        where the person reading the diff finds the added lines, not at its first."""
+        end = self._lines(node)[1]
+        self.edits.append(Edit(self.NAME, self.qualname(node), end, end, summary))
+
     def record_manual(self, node: cst.CSTNode, reason: str) -> None:
         self.manual.append(ManualItem(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL))
 

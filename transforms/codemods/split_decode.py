@@ -196,8 +196,8 @@ class SplitDecode(GraphCodemod):
                                             "inputs are not known (or the cache is not in buffers yet); write "
                                             "`prefill`/`decode` by hand")
                 return refused
-            self.record_edit(forward.name, "`prefill` and `decode` entry points added; they call `forward` with "
-                                           "Decode's keywords")
+            self.record_insertion_after(forward, "`prefill` and `decode` entry points added; they call `forward` "
+                                                 "with Decode's keywords")
             return _add_after_forward(updated_node, entries)
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
@@ -207,7 +207,7 @@ class SplitDecode(GraphCodemod):
         decode_body = list(forward.body.with_changes(body=body).visit(fold).body)
         for node in fold.folded:
             self.record_edit(node, "branch folded in `decode`: " + cst.Module([]).code_for_node(node.test))
-        self.record_edit(forward.name, "`prefill` and `decode` entry points added")
+        self.record_insertion_after(forward, "`prefill` and `decode` entry points added")
         if self._cache_in_buffers:
             decode_body = _return_logits_only(decode_body)
         signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
