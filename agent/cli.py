@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from agent.errors import UserError
+from graphmode.agent.errors import UserError
 
 if TYPE_CHECKING:
-    from agent.state import RunState
+    from graphmode.agent.state import RunState
 # The workflow (langgraph, libcst, pydantic) is imported by the commands that run it, not at start-up:
 # `graphmode scan` needs none of it and must stay fast.
 
@@ -146,7 +146,7 @@ def _terminated(signum, frame) -> None:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from runners.backends import BackendUnavailable, resolve
+    from graphmode.runners.backends import BackendUnavailable, resolve
 
     target = args.path.resolve()
     if target.name == "harness.py":
@@ -156,7 +156,7 @@ def _adapt(args: argparse.Namespace) -> int:
     if not (target / "harness.py").is_file():
         raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
                         "harness.py; see examples/legacy_llm/harness.py)")
-    from agent.state import RunState
+    from graphmode.agent.state import RunState
 
     if args.steps < 32:
         raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
@@ -186,8 +186,8 @@ def _adapt(args: argparse.Namespace) -> int:
                      auto_approve=args.yes, timeout_s=args.timeout)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
-    from agent.output import run_folder_lock
-    from agent.workflow import build_graph, open_checkpointer
+    from graphmode.agent.output import run_folder_lock
+    from graphmode.agent.workflow import build_graph, open_checkpointer
 
     with open_checkpointer() as checkpointer, run_folder_lock(run_dir, state.session_id):
         _say_what_is_replaced(run_dir)
@@ -243,7 +243,7 @@ def _check_writable(out: Path, run_dir: Path) -> None:
 
 def _batch_buckets(text: str | None) -> list[int]:
     """--batch-buckets as sorted sizes; [] when not given."""
-    from runners.batch_buckets import parse_buckets
+    from graphmode.runners.batch_buckets import parse_buckets
 
     if text is None:
         return []
@@ -256,9 +256,9 @@ def _batch_buckets(text: str | None) -> list[int]:
 def _resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
-    from agent.output import run_folder_lock
-    from agent.state import RunState
-    from agent.workflow import build_graph, open_checkpointer, sessions_db
+    from graphmode.agent.output import run_folder_lock
+    from graphmode.agent.state import RunState
+    from graphmode.agent.workflow import build_graph, open_checkpointer, sessions_db
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
@@ -277,7 +277,7 @@ def _resume(args: argparse.Namespace) -> int:
             with run_folder_lock(Path(state.run_dir), args.session):
                 return _drive(graph, None, args.session, interactive=sys.stdin.isatty())
         if args.approve is not None:
-            from agent.nodes import choice_problem
+            from graphmode.agent.nodes import choice_problem
 
             answer = [c.strip().upper() for c in args.approve.split(",") if c.strip()]
             # Checked here, before the session sees it: a wrong answer leaves the session as it was.
@@ -317,9 +317,9 @@ def _drive(graph, payload, session: str, interactive: bool) -> int:
 def _stream(graph, payload, session: str, config: dict, interactive: bool) -> int:
     from langgraph.types import Command
 
-    from agent.progress import listening
-    from agent.state import RunState
-    from agent.workflow import STEPS
+    from graphmode.agent.progress import listening
+    from graphmode.agent.state import RunState
+    from graphmode.agent.workflow import STEPS
 
     while True:
         started = time.perf_counter()
@@ -370,7 +370,7 @@ def _show_diffs(changes) -> None:
 def _example_choice(state: RunState) -> str:
     """A choice to show in the hint that graphmode accepts: the last change (the entry points, usually) with
     what it needs."""
-    from agent.nodes import unmet_needs
+    from graphmode.agent.nodes import unmet_needs
 
     last = state.plan[-1].id
     return ",".join(unmet_needs(state.plan, [last]) + [last])
@@ -393,7 +393,7 @@ def _progress_listener(status):
 
 def _ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
-    from agent.nodes import unmet_needs
+    from graphmode.agent.nodes import unmet_needs
 
     table = Table(title=f"Planned changes (details: {state.design_path})")
     for column in ("id", "change", "files", "fixes", "needs"):
@@ -500,8 +500,8 @@ def _scan(args: argparse.Namespace) -> int:
     import json
     from importlib.metadata import PackageNotFoundError, version
 
-    from transforms.sarif import to_sarif
-    from transforms.scan import finding_record, fix_note, may_fix, scan_paths
+    from graphmode.transforms.sarif import to_sarif
+    from graphmode.transforms.scan import finding_record, fix_note, may_fix, scan_paths
 
     if args.entry_class and not args.check_fixes:
         raise UserError("--entry-class is used only with --check-fixes")
@@ -538,7 +538,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _sessions() -> int:
-    from agent.workflow import build_graph, open_checkpointer, sessions_db
+    from graphmode.agent.workflow import build_graph, open_checkpointer, sessions_db
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)

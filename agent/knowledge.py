@@ -29,7 +29,7 @@ def _front_matter(text: str) -> dict[str, str]:
 @cache
 def skills() -> dict[str, Skill]:
     found = {}
-    for entry in resources.files("skills").iterdir():
+    for entry in resources.files("graphmode.skills").iterdir():
         if entry.name.endswith(".md"):
             meta = _front_matter(entry.read_text(encoding="utf-8"))
             codes = tuple(c.strip() for c in meta.get("codes", "").strip("[]").split(",") if c.strip())

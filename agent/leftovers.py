@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transforms.pipeline import original_to_adapted
+from graphmode.transforms.pipeline import original_to_adapted
 
 
 def merge_by_line(items: list[dict]) -> list[dict]:

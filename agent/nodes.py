@@ -11,18 +11,18 @@ from pathlib import Path
 import libcst as cst
 from langgraph.types import interrupt
 
-from agent import progress
-from agent.chart import decode_chart
-from agent.diffs import change_diffs
-from agent.errors import UserError
-from agent.knowledge import skill
-from agent.leftovers import mark_decode_runs, merge_by_line
-from agent.output import render, write_adapted_tree, write_atomic
-from agent.state import Change, RunState
-from transforms.codemods import CODEMODS, Options
-from transforms.findings import Finding
-from transforms.pipeline import FileAdaptation, adapt_source, fixed_by
-from transforms.rules import scan_source
+from graphmode.agent import progress
+from graphmode.agent.chart import decode_chart
+from graphmode.agent.diffs import change_diffs
+from graphmode.agent.errors import UserError
+from graphmode.agent.knowledge import skill
+from graphmode.agent.leftovers import mark_decode_runs, merge_by_line
+from graphmode.agent.output import render, write_adapted_tree, write_atomic
+from graphmode.agent.state import Change, RunState
+from graphmode.transforms.codemods import CODEMODS, Options
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
+from graphmode.transforms.rules import scan_source
 
 
 # -- analyze ---------------------------------------------------------------------------------------
@@ -30,9 +30,9 @@ def analyze(state: RunState) -> dict:
     """Static rules over the sources, one traced eager run of the unmodified Prefill and Decode (the evidence the
     findings are checked against), then one real run of the unmodified Decode under Dynamo."""
     # torch is imported only by the steps that run models
-    from runners.evidence import collect_evidence
-    from runners.evidence_findings import reconcile
-    from runners.probe import probe
+    from graphmode.runners.evidence import collect_evidence
+    from graphmode.runners.evidence_findings import reconcile
+    from graphmode.runners.probe import probe
 
     target = Path(state.target)
     logs = Path(state.run_dir) / "logs"
@@ -91,7 +91,7 @@ def _read(target: Path, relative: str) -> str:
 
 def _probe(run):
     """Runs a step that executes the user's code in a worker; its one-line failure becomes a UserError."""
-    from runners.subprocess_run import WorkerError
+    from graphmode.runners.subprocess_run import WorkerError
 
     try:
         return run()
@@ -324,7 +324,7 @@ def implement(state: RunState) -> dict:
 # -- verify ----------------------------------------------------------------------------------------
 def verify(state: RunState) -> dict:
     """Original eager against adapted with Decode compiled, each in a fresh process."""
-    from runners.verify import AdaptedNotRunnable, verify as run_verification
+    from graphmode.runners.verify import AdaptedNotRunnable, verify as run_verification
 
     log_dir = Path(state.run_dir) / "logs"
     def run():

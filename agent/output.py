@@ -72,7 +72,7 @@ def remove_tree(path: Path) -> None:
 
 def render(template: str, **context) -> str:
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("templates", ""),
+        loader=jinja2.PackageLoader("graphmode.templates", ""),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -89,7 +89,7 @@ def run_folder_lock(run_dir: Path, session: str) -> Iterator[None]:
     """Holds the run folder for one session while it works: a second session writing into the same folder would
     mix the two runs' files (and one report would carry the other's figures). The lock is the kernel's
     (`flock`), so a session that dies releases it; the file only names who holds it."""
-    from agent.errors import UserError
+    from graphmode.agent.errors import UserError
 
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME

@@ -15,8 +15,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from agent import nodes
-from agent.state import RunState
+from graphmode.agent import nodes
+from graphmode.agent.state import RunState
 
 STEPS = ("analyze", "design", "confirm", "implement", "verify", "report")
 
@@ -44,7 +44,8 @@ def open_checkpointer() -> Iterator[SqliteSaver]:
     connection = sqlite3.connect(sessions_db(), check_same_thread=False)
     try:
         # Checkpoints hold our state classes; name them so they load without an "unregistered type" warning.
-        serde = JsonPlusSerializer(allowed_msgpack_modules=[("agent.state", "Change"), ("agent.state", "RunState")])
+        serde = JsonPlusSerializer(allowed_msgpack_modules=[("graphmode.agent.state", "Change"),
+                                                             ("graphmode.agent.state", "RunState")])
         yield SqliteSaver(connection, serde=serde)
     finally:
         connection.close()

@@ -15,8 +15,8 @@ import ast
 import time
 from pathlib import Path
 
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 
 def _files(paths: list[Path]) -> list[tuple[Path, str | None]]:

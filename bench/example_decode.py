@@ -13,10 +13,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from agent.output import write_adapted_tree
-from runners.verify import verify
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
+from graphmode.agent.output import write_adapted_tree
+from graphmode.runners.verify import verify
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "legacy_llm"
 

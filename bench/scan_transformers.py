@@ -12,7 +12,7 @@ import collections
 import sys
 from pathlib import Path
 
-from transforms.scan import scan_paths
+from graphmode.transforms.scan import scan_paths
 
 
 def main() -> int:

@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/three_way.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from runners.backends import Backend, resolve  # noqa: E402
-from runners.harness import next_token_logits  # noqa: E402
-from transforms.codemods import Options  # noqa: E402
-from transforms.pipeline import adapt_source  # noqa: E402
+from graphmode.runners.backends import Backend, resolve  # noqa: E402
+from graphmode.runners.harness import next_token_logits  # noqa: E402
+from graphmode.transforms.codemods import Options  # noqa: E402
+from graphmode.transforms.pipeline import adapt_source  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "legacy_llm"
 MAX_SEQ_LEN = 64

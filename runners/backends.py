@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from runners.npu_config import (
+from graphmode.runners.npu_config import (
     CACHE_COMPILE_SUBDIR,
     GE_CACHE_COMPILE,
     NPUGRAPH_EX_CACHE_COMPILE,

@@ -24,12 +24,12 @@ from typing import Any, Callable
 
 import torch
 
-from runners.backends import Backend
-from runners.cli import WorkerFailure, call_user
-from runners.dynamo_watch import CompileWatch
-from runners.harness import next_token_logits, require_entry_points
-from runners.memory import peak_device_mb, peak_rss_mb, reset_device_peak
-from runners.timing import timed
+from graphmode.runners.backends import Backend
+from graphmode.runners.cli import WorkerFailure, call_user
+from graphmode.runners.dynamo_watch import CompileWatch
+from graphmode.runners.harness import next_token_logits, require_entry_points
+from graphmode.runners.memory import peak_device_mb, peak_rss_mb, reset_device_peak
+from graphmode.runners.timing import timed
 
 PADDING_SEED = 1234  # padding rows are the same in every process, so runs can be compared
 

@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from runners.harness import describe_exception
+from graphmode.runners.harness import describe_exception
 
 T = TypeVar("T")
 

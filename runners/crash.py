@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners.dynamo_watch import _USER_FRAME, _inside
+from graphmode.runners.dynamo_watch import _USER_FRAME, _inside
 
 # Where a compiler error's message starts the user-code stack it was tracing (outermost first).
 _STACK_MARKERS = ("Original traceback:", "from user code:")

@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.subprocess_run import WorkerError, run_worker
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -1008,7 +1008,7 @@ def collect_evidence(folder: Path, steps: int = 4, timeout_s: float = 300,
         raise ValueError(f"steps must be at least 2 to see what changes between Decode steps, got {steps}")
     with tempfile.TemporaryDirectory(prefix="graphmode-evidence-") as tmp:
         out = Path(tmp) / "evidence.json"
-        seconds = run_worker("runners.evidence_worker",
+        seconds = run_worker("graphmode.runners.evidence_worker",
                              ["--folder", str(Path(folder).resolve()), "--steps", str(steps), "--out", str(out)],
                              name="evidence", timeout_s=timeout_s, log_dir=log_dir, error=EvidenceError)
         evidence = Evidence.from_dict(json.loads(out.read_text()))

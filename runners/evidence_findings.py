@@ -11,9 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runners.evidence import (CAT_OPS, DECODE, PREFILL, _grouped, SLICE_OPS, SYNC_CODES, _SYNC_WORDS, Evidence, FunctionEvidence, Growth,
-                              LineEvidence, ScalarChange, _delta, _shape)
-from transforms.findings import Finding
+from graphmode.runners.evidence import (CAT_OPS, DECODE, PREFILL, _grouped, SLICE_OPS, SYNC_CODES, _SYNC_WORDS,
+                                        Evidence, FunctionEvidence, Growth, LineEvidence, ScalarChange, _delta, _shape)
+from graphmode.transforms.findings import Finding
 
 
 # Codes whose hazard the trace can see or rule out on a line Decode runs.

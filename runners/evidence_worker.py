@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from runners.cli import WorkerFailure, call_user, run_main
-from runners.entry_calls import record_entry_calls
-from runners.evidence import DECODE, PREFILL, EvidenceTracer
-from runners.harness import load_harness, sources
+from graphmode.runners.cli import WorkerFailure, call_user, run_main
+from graphmode.runners.entry_calls import record_entry_calls
+from graphmode.runners.evidence import DECODE, PREFILL, EvidenceTracer
+from graphmode.runners.harness import load_harness, sources
 
 
 def _logits(result: Any, what: str) -> tuple[torch.Tensor, Any]:
@@ -94,7 +94,7 @@ def collect(folder: Path, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m runners.evidence_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.evidence_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)

@@ -6,8 +6,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runners.backends import get, resolve
-from runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.backends import get, resolve
+from graphmode.runners.subprocess_run import WorkerError, run_worker
 
 
 class ProbeError(WorkerError):
@@ -55,7 +55,7 @@ def probe(folder: Path, steps: int = 8, backend: str = "aot_eager", timeout_s: f
     def run(name: str, *extra: str) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="graphmode-probe-") as tmp:
             out = Path(tmp) / "probe.json"
-            run_worker("runners.probe_worker",
+            run_worker("graphmode.runners.probe_worker",
                        ["--folder", str(Path(folder).resolve()), "--steps", str(steps), "--backend", backend,
                         "--out", str(out), *extra],
                        name=name, timeout_s=timeout_s, log_dir=log_dir, error=ProbeError)

@@ -38,12 +38,12 @@ from typing import Any, Callable
 import torch
 from torch._dynamo.utils import counters
 
-from runners.backends import BACKEND_NAMES, get
-from runners.cli import WorkerFailure, call_user, run_main
-from runners.crash import Crash, describe_crash
-from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
-from runners.env_info import environment
-from runners.harness import load_harness, max_seq_len, sources
+from graphmode.runners.backends import BACKEND_NAMES, get
+from graphmode.runners.cli import WorkerFailure, call_user, run_main
+from graphmode.runners.crash import Crash, describe_crash
+from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
+from graphmode.runners.env_info import environment
+from graphmode.runners.harness import load_harness, max_seq_len, sources
 
 PROBE_BACKEND = "aot_eager"
 LOGITS_ATOL = 1e-3
@@ -425,7 +425,7 @@ def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runners.probe_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.probe_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--backend", default=PROBE_BACKEND, choices=[n for n in BACKEND_NAMES if n != "auto"],

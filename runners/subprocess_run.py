@@ -12,21 +12,16 @@ import sys
 import time
 from pathlib import Path
 
-from runners.cli import ERROR_PREFIX
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
+from graphmode.runners.cli import ERROR_PREFIX
 
 class WorkerError(RuntimeError):
     """A worker failed or timed out; the message is one line, the worker's own if it gave one."""
 
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **(extra or {})}
-    # `python -m runners.worker` must import this checkout even when cwd is elsewhere.
-    parts = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+    # Nothing is added to PYTHONPATH: the worker imports the installed graphmode package, and the checkout's
+    # top-level folders (`agent`, `templates`) must not shadow a harness's own packages of the same name.
+    return {**os.environ, **(extra or {})}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

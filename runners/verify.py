@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 import torch
 
-from runners.backends import resolve
-from runners.batch_buckets import BucketSweep
-from runners.npu_config import COMPILE_CACHE_VAR
-from runners.results import WorkerResult
-from runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.backends import resolve
+from graphmode.runners.batch_buckets import BucketSweep
+from graphmode.runners.npu_config import COMPILE_CACHE_VAR
+from graphmode.runners.results import WorkerResult
+from graphmode.runners.subprocess_run import WorkerError, run_worker
 
 MIN_STEPS = 32
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
@@ -295,7 +295,7 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
     if partial_graph:
         args.append("--partial-graph")
     # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
-    run_worker("runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
+    run_worker("graphmode.runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
                error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache", None))
     return BucketSweep.from_dict(json.loads(out.read_text()))
 
@@ -313,7 +313,7 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
         # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
         env = _graph_env(compile_cache if compile_cache is not None else work / f"{name}.compile-cache",
                          compile_cache)
-    seconds = run_worker("runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
+    seconds = run_worker("graphmode.runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
 

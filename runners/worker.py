@@ -36,17 +36,17 @@ from typing import Any, Callable
 
 import torch
 
-from runners.backends import Backend, compile_options, resolve
-from runners.batch_buckets import parse_buckets, run_sweep
-from runners.cli import WorkerFailure, call_user, run_main
-from runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
-from runners.env_info import environment
-from runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
+from graphmode.runners.backends import Backend, compile_options, resolve
+from graphmode.runners.batch_buckets import parse_buckets, run_sweep
+from graphmode.runners.cli import WorkerFailure, call_user, run_main
+from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
+from graphmode.runners.env_info import environment
+from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
     require_entry_points
-from runners.line_trace import lines_run
-from runners.memory import peak_memory
-from runners.results import WorkerResult
-from runners.timing import timed
+from graphmode.runners.line_trace import lines_run
+from graphmode.runners.memory import peak_memory
+from graphmode.runners.results import WorkerResult
+from graphmode.runners.timing import timed
 
 SIDES = ("original", "adapted")
 
@@ -239,7 +239,7 @@ def _reason_text(reason: SourceReason) -> str:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=SIDES, required=True)
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, required=True)

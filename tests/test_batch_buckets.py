@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import cli, nodes
-from agent.errors import UserError
-from runners.batch_buckets import pad_batch, parse_buckets, run_sweep
-from runners.backends import resolve
-from runners.cli import WorkerFailure
-from runners.harness import load_harness, next_token_logits
-from runners.subprocess_run import PROJECT_ROOT, run_worker
-from runners.verify import DEFAULT_LOGITS_ATOL, _bucket_problems
+from graphmode.agent import cli, nodes
+from graphmode.agent.errors import UserError
+from graphmode.runners.batch_buckets import pad_batch, parse_buckets, run_sweep
+from graphmode.runners.backends import resolve
+from graphmode.runners.cli import WorkerFailure
+from graphmode.runners.harness import load_harness, next_token_logits
+from graphmode.runners.subprocess_run import run_worker
+from graphmode.runners.verify import DEFAULT_LOGITS_ATOL, _bucket_problems
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
 
@@ -78,9 +80,9 @@ def test_padding_rows_are_other_tokens_and_the_same_every_time():
 def bucketed_run(tmp_path_factory) -> Path:
     """One whole adapt of the example with buckets 1,2 (the real batch is 1), as a user runs it."""
     tmp = tmp_path_factory.mktemp("buckets")
-    env = {**os.environ, "GRAPHMODE_HOME": str(tmp / "home"), "PYTHONPATH": str(PROJECT_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "eager",
-                           "--runs", "1", "--batch-buckets", "2,1", "--out", str(tmp / "out")],
+    env = {**os.environ, "GRAPHMODE_HOME": str(tmp / "home")}
+    done = subprocess.run([sys.executable, "-m", "graphmode.agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend",
+                           "eager", "--runs", "1", "--batch-buckets", "2,1", "--out", str(tmp / "out")],
                           capture_output=True, text=True, env=env, cwd=tmp, stdin=subprocess.DEVNULL, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return tmp / "out" / EXAMPLE.name
@@ -152,7 +154,7 @@ def test_sweep_catches_padding_rows_leaking_into_real_rows(tmp_path, bucketed_ru
     steps = 4
     torch.save(_reference_logits(folder, steps), tmp_path / "reference.pt")
     out = tmp_path / "sweep.json"
-    run_worker("runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
+    run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
                                   "--backend", "eager", "--out", str(out), "--batch-buckets", "1,2",
                                   "--reference", str(tmp_path / "reference.pt")],
                name="buckets", timeout_s=180, log_dir=tmp_path / "logs")

@@ -11,9 +11,9 @@ import libcst as cst
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
-from transforms.vocabulary import POSITION_PARAM_NAMES
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
+from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES
 
 ROOT = Path(__file__).parents[1]
 SOURCES = sorted((ROOT / "tests" / "fixtures" / "codemods").glob("*/*.in.py")) + [

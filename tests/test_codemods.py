@@ -9,8 +9,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from transforms.codemods import CHAIN, CODEMODS, Options
-from transforms.pipeline import adapt_source
+from graphmode.transforms.codemods import CHAIN, CODEMODS, Options
+from graphmode.transforms.pipeline import adapt_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codemods"
 CASES = sorted(FIXTURES.glob("*/*.in.py"))
@@ -61,8 +61,8 @@ def test_every_codemod_has_a_fixture_pair():
 
 
 def test_example_is_fully_adapted_and_every_finding_is_attributed():
-    from transforms.pipeline import fixed_by
-    from transforms.rules import scan_source
+    from graphmode.transforms.pipeline import fixed_by
+    from graphmode.transforms.rules import scan_source
 
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     result = adapt_source(source, "model.py", None, Options(entry_class="Transformer"))

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.diffs import change_diffs
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
+from graphmode.agent.diffs import change_diffs
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 STATIC_READY = Path(__file__).parent / "fixtures" / "targets" / "static_ready" / "model.py"
 

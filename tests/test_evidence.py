@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from runners.evidence import DECODE, PREFILL, Evidence, EvidenceError, collect_evidence
-from runners.evidence_findings import NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile, reconcile_details
-from runners.harness import load_harness
-from runners.subprocess_run import PROJECT_ROOT
-from transforms.findings import Finding
-from transforms.rules import scan_source
+from graphmode.runners.evidence import DECODE, PREFILL, Evidence, EvidenceError, collect_evidence
+from graphmode.runners.evidence_findings import (NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile,
+                                                 reconcile_details)
+from graphmode.runners.harness import load_harness
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules import scan_source
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLES = PROJECT_ROOT / "examples"
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "evidence"

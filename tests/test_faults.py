@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.output import run_folder_lock, write_adapted_tree, write_atomic
+from graphmode.agent.output import run_folder_lock, write_adapted_tree, write_atomic
 from test_workflow import EXAMPLE, graphmode
 
 

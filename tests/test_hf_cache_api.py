@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from runners.harness import load_harness
-from runners.verify import verify
-from transforms.codemods import CODEMODS, Options
-from transforms.pipeline import adapt_source, fixed_by
-from transforms.rules import scan_source
+from graphmode.runners.harness import load_harness
+from graphmode.runners.verify import verify
+from graphmode.transforms.codemods import CODEMODS, Options
+from graphmode.transforms.pipeline import adapt_source, fixed_by
+from graphmode.transforms.rules import scan_source
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "hf_cache_api"
@@ -118,7 +118,7 @@ def test_adapt_yes_verifies_the_hf_example_and_leaves_it_untouched(tmp_path):
     before = _fingerprint(EXAMPLE)
     env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
+        [sys.executable, "-m", "graphmode.agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
          "--runs", "1", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=600,
     )

@@ -6,8 +6,8 @@ from types import ModuleType
 
 import torch
 
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 CASE = Path(__file__).parent / "fixtures" / "codemods" / "host_scalars" / "stays_tensor.in.py"
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from agent import nodes
-from agent.leftovers import mark_decode_runs
-from agent.state import RunState
-from runners.line_trace import lines_run
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source, fixed_by
-from transforms.rules import scan_source
+from graphmode.agent import nodes
+from graphmode.agent.leftovers import mark_decode_runs
+from graphmode.agent.state import RunState
+from graphmode.runners.line_trace import lines_run
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source, fixed_by
+from graphmode.transforms.rules import scan_source
 
 MODEL = '''import torch
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source, fixed_by
-from transforms.rules import scan_source
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source, fixed_by
+from graphmode.transforms.rules import scan_source
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "meta_llama"
@@ -69,7 +69,7 @@ def test_adapt_yes_verifies_the_meta_example_and_leaves_it_untouched(tmp_path):
     before = _fingerprint(EXAMPLE)
     env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
+        [sys.executable, "-m", "graphmode.agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=600,
     )

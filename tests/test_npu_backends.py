@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners import backends
-from runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
-from runners.npu_config import (
+from graphmode.runners import backends
+from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
+from graphmode.runners.npu_config import (
     COMPILE_CACHE_VAR,
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
@@ -42,14 +42,15 @@ from runners.npu_config import (
     npugraph_ex_options,
     task_queue_advice,
 )
-from runners.subprocess_run import PROJECT_ROOT
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 HAS_TORCH_NPU = __import__("importlib.util").util.find_spec("torch_npu") is not None
 no_torch_npu = pytest.mark.skipif(HAS_TORCH_NPU, reason="torch_npu is installed on this host")
 
 
 def _run_python(code: str, *, env_extra: dict[str, str] | None = None, timeout: int = 180) -> str:
-    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), **(env_extra or {}))
+    env = dict(os.environ, **(env_extra or {}))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=PROJECT_ROOT, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -372,7 +373,7 @@ _REAL_API_CHECK = textwrap.dedent('''
     dynamo = sys.argv[1]
     sys.path.insert(0, dynamo)  # the extracted sources only: torch_npu itself is not importable
     import torch
-    from runners import backends, npu_config as cfg
+    from graphmode.runners import backends, npu_config as cfg
 
     # npugraph_ex imports standalone with torch CPU (torch_npu registers it as top-level "npugraph_ex").
     import npugraph_ex

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from runners import backends
-from runners.backends import BackendUnavailable
-from runners.crash import describe_crash, exception_chain
-from runners.probe import probe
-from runners.subprocess_run import PROJECT_ROOT
+from graphmode.runners import backends
+from graphmode.runners.backends import BackendUnavailable
+from graphmode.runners.crash import describe_crash, exception_chain
+from graphmode.runners.probe import probe
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
 STAGE_NAMES = ["aot_eager", "force_eager", "backend"]
 
@@ -329,8 +329,8 @@ def test_design_and_report_say_the_probe_crashed(decorated_target, tmp_path):
     """The whole workflow on the crashing target: no "0 graph breaks, 0 recompiles" that was never measured."""
     env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     # aot_eager: the probe's crash is at that stage, and verify needs no inductor compile for this test.
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "adapt", str(decorated_target), "--yes", "--backend",
-                           "aot_eager", "--runs", "1", "--out", str(tmp_path / "out")],
+    done = subprocess.run([sys.executable, "-m", "graphmode.agent.cli", "adapt", str(decorated_target), "--yes",
+                           "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=600)
     run = tmp_path / "out" / decorated_target.name
     assert (run / "report.json").is_file(), done.stdout + done.stderr
@@ -385,7 +385,7 @@ def test_a_data_dependent_branch_counts_as_a_graph_break():
     counters["unimplemented"]; the probe's count must see both."""
     import torch
 
-    from runners.probe_worker import _breaks_counted
+    from graphmode.runners.probe_worker import _breaks_counted
 
     def branch(x):
         if x.sum() > 0:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from transforms.rules import RULES, scan_source
+from graphmode.transforms.rules import RULES, scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules"
 
@@ -31,7 +31,7 @@ def test_scan_of_the_bundled_example_finds_its_hazard_kinds_and_only_those():
 
 
 def test_rules_and_codemods_agree_on_what_fixes_what():
-    from transforms.codemods import CODEMODS
+    from graphmode.transforms.codemods import CODEMODS
 
     for rule in RULES:
         for name in rule.FIXED_BY:

@@ -14,14 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners import backends
-from runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
-from runners.cli import ERROR_PREFIX
-from runners.dynamo_watch import parse_recompile_message
-from runners.harness import HarnessError, load_harness, next_token_logits
-from runners.probe import probe
-from runners.subprocess_run import PROJECT_ROOT, WorkerError, run_worker
-from runners.verify import VerificationError, verify
+from graphmode.runners import backends
+from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
+from graphmode.runners.cli import ERROR_PREFIX
+from graphmode.runners.dynamo_watch import parse_recompile_message
+from graphmode.runners.harness import HarnessError, load_harness, next_token_logits
+from graphmode.runners.probe import probe
+from graphmode.runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.verify import VerificationError, verify
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
 HAND_ADAPTED_MODEL = Path(__file__).parent / "fixtures" / "adapted_tiny" / "model.py"
@@ -171,7 +173,7 @@ def test_parse_recompile_message_takes_newest_guard_and_user_line():
 def test_worker_original_side(tmp_path):
     steps = 6
     out, logits_file = tmp_path / "o.json", tmp_path / "o.pt"
-    run_worker("runners.worker", ["--side", "original", "--folder", str(EXAMPLE), "--steps", str(steps),
+    run_worker("graphmode.runners.worker", ["--side", "original", "--folder", str(EXAMPLE), "--steps", str(steps),
                                   "--backend", "aot_eager", "--out", str(out), "--logits", str(logits_file)],
                name="original", timeout_s=120, log_dir=tmp_path / "logs")
     result = json.loads(out.read_text())
@@ -196,7 +198,7 @@ def test_worker_original_side(tmp_path):
 @pytest.mark.slow
 def test_worker_error_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "runners.worker", "--side", "original", "--folder", str(tmp_path),
+        [sys.executable, "-m", "graphmode.runners.worker", "--side", "original", "--folder", str(tmp_path),
          "--steps", "2", "--backend", "eager", "--out", str(tmp_path / "o.json")],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
     assert proc.returncode == 2
@@ -221,7 +223,7 @@ def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
     steps = torch._dynamo.config.recompile_limit + 3
     out = tmp_path / "a.json"
     compile_log = tmp_path / "adapted.compile.log"
-    run_worker("runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
+    run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
                                   "--backend", "aot_eager", "--out", str(out), "--compile-log", str(compile_log)],
                name="adapted", timeout_s=180, env={"TORCH_LOGS": "graph_breaks,recompiles"})
     result = json.loads(out.read_text())

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transforms.rules import RULES
+from graphmode.transforms.rules import RULES
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 HAZARD = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x.sum().item()\n"
@@ -15,7 +15,7 @@ CLEAN = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\
 
 
 def scan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", "scan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", "scan", *args], capture_output=True, text=True,
                           timeout=300)
 
 

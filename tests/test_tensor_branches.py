@@ -8,8 +8,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from transforms.codemods import Options
-from transforms.pipeline import adapt_source
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 CASE = Path(__file__).parent / "fixtures" / "codemods" / "tensor_branches" / "select_on_device.in.py"
 

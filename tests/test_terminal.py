@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 def _spawn(*args: str, home: Path, cwd: Path):
     # PAGER=cat: the diffs a person pages through come straight to the terminal, no `less` to quit.
     env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", "TERM": "xterm", "PAGER": "cat"}
-    return pexpect.spawn(sys.executable, ["-m", "agent.cli", *args], env=env, cwd=str(cwd), encoding="utf-8",
+    return pexpect.spawn(sys.executable, ["-m", "graphmode.agent.cli", *args], env=env, cwd=str(cwd), encoding="utf-8",
                          timeout=600, dimensions=(50, 200))
 
 
@@ -36,7 +36,7 @@ def _workers_of(home: Path) -> list[int]:
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                if b"runners.worker" in line and marker in (entry / "environ").read_bytes().split(b"\0"):
+                if b"graphmode.runners.worker" in line and marker in (entry / "environ").read_bytes().split(b"\0"):
                     found.append(int(entry.name))
             except OSError:
                 continue

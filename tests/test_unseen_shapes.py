@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners.entry_calls import record_entry_calls
-from runners.harness import load_harness
+from graphmode.runners.entry_calls import record_entry_calls
+from graphmode.runners.harness import load_harness
 from test_workflow import graphmode
 
 TARGETS = Path(__file__).parent / "fixtures" / "targets"
@@ -114,8 +114,8 @@ def test_a_model_without_a_kv_cache_gets_a_precise_statement(tmp_path):
 def test_entries_are_not_added_when_the_harness_passes_other_inputs():
     """mistral-inference style `forward(input_ids, seqlens, cache)`: the second input is not a position, and a
     position left as a Python int (its rewrite not applied) cannot feed a compiled Decode either."""
-    from transforms.codemods import Options
-    from transforms.pipeline import adapt_source
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source
 
     source = ("import torch\n\n\nclass Model(torch.nn.Module):\n"
               "    def forward(self, input_ids, seqlens, cache):\n        return self.head(input_ids)\n")
@@ -133,10 +133,10 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
     """The trace names the statement that makes the positions of the new tokens out of something else (a mask's
     cumsum cut at the past length), not the views of it; the rewrite hands that statement `position_ids`, counts
     them from the cached length in the method that reads it, and drops what only fed the old statement."""
-    from agent.nodes import evidence_caches, position_lines
-    from runners.evidence import collect_evidence
-    from transforms.codemods import Options
-    from transforms.pipeline import adapt_source
+    from graphmode.agent.nodes import evidence_caches, position_lines
+    from graphmode.runners.evidence import collect_evidence
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source
 
     folder = TARGETS / "no_positions"
     source = (folder / "model.py").read_text()
@@ -158,9 +158,9 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
 def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_path):
     """torchtune's calling convention: the entries build the mask rows from the positions (from one buffer) and
     reset the caches before Prefill as the harness does, so two generations in a row give the harness's tokens."""
-    from agent.nodes import entry_roles
-    from transforms.codemods import Options
-    from transforms.pipeline import adapt_source
+    from graphmode.agent.nodes import entry_roles
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source
 
     calls = _entry_calls(TARGETS / "mask_rows")
     roles = {p.name: (p.role, p.layout) for p in calls.parameters}
@@ -193,8 +193,8 @@ def test_keyword_entries_pass_every_position_keyword_and_ignore_unused_kwargs():
     **loss_kwargs)` with the cache in buffers. The entries pass the positions to both parameters (rotary tables
     read one, the cache slots and mask rows the other) and leave `**loss_kwargs` empty; a harness seen passing
     something through `**kwargs` gets no entries."""
-    from transforms.codemods import Options
-    from transforms.pipeline import adapt_source
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source
 
     source = ("import torch\n\n\nclass StaticKVCache(torch.nn.Module):\n    pass\n\n\n"
               "class Model(torch.nn.Module):\n"

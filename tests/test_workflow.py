@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 
 def graphmode(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=600)
 
 
@@ -89,8 +89,8 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
 def _unstable_headline_is_not_quoted(run: Path, home: Path) -> None:
     """The same session's report, drawn again as if its runs had spread widely: the headline says the figure is
     unstable and cannot be quoted, instead of printing it in bold."""
-    from agent import nodes, workflow
-    from agent.state import RunState
+    from graphmode.agent import nodes, workflow
+    from graphmode.agent.state import RunState
 
     os.environ["GRAPHMODE_HOME"] = str(home)
     try:

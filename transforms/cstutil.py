@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 
-from transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
+from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
 
 __all__ = ["POSITION_PARAM_NAMES", "POSITION_TENSOR", "TENSOR_FACTORIES"]
 

@@ -9,8 +9,8 @@ import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 from libcst.metadata import MetadataWrapper
 
-from transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
-from transforms.findings import Finding
+from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
+from graphmode.transforms.findings import Finding
 
 
 @dataclass

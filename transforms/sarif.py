@@ -6,9 +6,9 @@ that very finding (`fixedBy`); `mayBeFixedBy` lists the candidates either way.
 """
 from __future__ import annotations
 
-from transforms.findings import Finding
-from transforms.rules import RULES
-from transforms.scan import ScanResult, may_fix
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules import RULES
+from graphmode.transforms.scan import ScanResult, may_fix
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 

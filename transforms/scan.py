@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from transforms.findings import Finding
-from transforms.rules import RULES, scan_source
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules import RULES, scan_source
 
 # Rule code -> the codemods that handle its kind of hazard (they may still not recognise a given line).
 _MAY_FIX: dict[str, tuple[str, ...]] = {rule.CODE: rule.FIXED_BY for rule in RULES}
@@ -117,8 +117,8 @@ def scan_file(path: Path, check_fixes: bool = False, entry_class: str | None = N
 def _fixed(source: str, findings: list[Finding], entry_class: str | None) -> dict[int, str]:
     """Index of each finding one of the codemods' edits fixes -> that codemod, running every codemod
     over the file as `graphmode adapt` would (libcst is imported here only)."""
-    from transforms.codemods import Options
-    from transforms.pipeline import adapt_source, fixed_by
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source, fixed_by
 
     path = findings[0].path
     adaptation = adapt_source(source, path, None, Options(entry_class=entry_class))

@@ -447,7 +447,7 @@ def run_harness(folder: Path, steps: int, timeout_s: float = 900) -> HarnessRun:
 def graphmode(*args: str, home: Path, cwd: Path, timeout_s: float = 3600) -> subprocess.CompletedProcess:
     """The `graphmode` command as a user runs it (a fresh process; sessions kept in `home`)."""
     env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=timeout_s)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.cstutil import code_of, dotted_name, find_method, single_assignment
+from graphmode.transforms.cstutil import code_of, dotted_name, find_method, single_assignment
 
 THREADED = "position_ids"  # the parameter passed down to methods that have no positions
 

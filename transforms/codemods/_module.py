@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
-from transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
+from graphmode.transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from transforms.codemods._call_graph import THREADED
-from transforms.cstutil import code_of, names_in, single_assignment, torch_call_name
+from graphmode.transforms.codemods._call_graph import THREADED
+from graphmode.transforms.cstutil import code_of, names_in, single_assignment, torch_call_name
 
 KEY_SLOTS = "graphmode_key_slots"
 KEY_SLOTS_SOURCE = f'''

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ast
 import libcst as cst
 
-from transforms.cstutil import code_of, names_in
+from graphmode.transforms.cstutil import code_of, names_in
 
 
 def place_write(body: list[cst.BaseStatement], pair: tuple[cst.BaseStatement, cst.BaseStatement],

@@ -14,7 +14,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from transforms.rules.reach import step_qualnames
+from graphmode.transforms.rules.reach import step_qualnames
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
 MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"

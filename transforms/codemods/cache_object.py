@@ -51,14 +51,14 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
-from transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
+from graphmode.transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
     insert_after_imports, remove_imports_if_unused, self_attributes
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
-from transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
+from graphmode.transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
     single_assignment
-from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
+from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 MASK_BUILDER = "graphmode_causal_mask"

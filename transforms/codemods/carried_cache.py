@@ -39,15 +39,15 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
-from transforms.codemods._call_graph import THREADED, Threading, class_tables
-from transforms.codemods._new_positions import KEY_SLOTS, KEY_SLOTS_SOURCE, Derivation, derivation, \
+from graphmode.transforms.codemods._call_graph import THREADED, Threading, class_tables
+from graphmode.transforms.codemods._new_positions import KEY_SLOTS, KEY_SLOTS_SOURCE, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
-from transforms.codemods._write_paths import place_write
-from transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
+from graphmode.transforms.codemods._write_paths import place_write
+from graphmode.transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
     remove_imports_if_unused, self_attributes
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
-from transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
+from graphmode.transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
     single_assignment
 
 BUFFERS_CLASS = "StaticKVBuffers"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.codemods.base import StepCodemod
-from transforms.cstutil import code_of, contains_call, dotted_name
+from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.cstutil import code_of, contains_call, dotted_name
 
 GUARD = "not torch.compiler.is_compiling()"
 _COMMENT = "# graphmode: eager runs only; a compiled graph cannot read tensor values or print."

@@ -25,9 +25,9 @@ import textwrap
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from transforms.codemods.base import StepCodemod
-from transforms.cstutil import code_of, single_assignment
-from transforms.rules.idioms import produces_tensor, tensor_names
+from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.cstutil import code_of, single_assignment
+from graphmode.transforms.rules.idioms import produces_tensor, tensor_names
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
 _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."

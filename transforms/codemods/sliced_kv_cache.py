@@ -19,9 +19,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import (
+from graphmode.transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import (
     POSITION_TENSOR,
     code_of,
     find_method,

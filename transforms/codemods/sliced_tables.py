@@ -17,9 +17,9 @@ import re
 
 import libcst as cst
 
-from transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
-from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import (
+from graphmode.transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
+from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import (
     POSITION_TENSOR,
     code_of,
     find_method,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods._module import append_to_init
-from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
-from transforms.vocabulary import TOKEN_PARAM_NAMES
+from graphmode.transforms.codemods._module import append_to_init
+from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
+from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
 

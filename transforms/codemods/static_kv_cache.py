@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods._module import (
+from graphmode.transforms.codemods._module import (
     BufferCodemod,
     append_to_init,
     defined_at_top,
     insert_after_imports,
     replace_method,
 )
-from transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, position_param
-from transforms.vocabulary import TENSOR_POSITION_PARAMS
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, position_param
+from graphmode.transforms.vocabulary import TENSOR_POSITION_PARAMS
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
 HEAD_DIM_ATTRIBUTES = ("head_dim", "head_size", "d_head")

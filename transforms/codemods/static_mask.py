@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
-from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import (
+from graphmode.transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
+from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import (
     POSITION_TENSOR,
     code_of,
     find_method,
@@ -56,7 +56,7 @@ from transforms.cstutil import (
     single_assignment,
     torch_call_name,
 )
-from transforms.vocabulary import SAME_FILE_MASK_HELPERS, is_position_name
+from graphmode.transforms.vocabulary import SAME_FILE_MASK_HELPERS, is_position_name
 
 _FILL_NAMES = frozenset({"float", "torch", "math"})
 

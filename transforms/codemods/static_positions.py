@@ -18,8 +18,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from transforms.codemods.base import GraphCodemod
-from transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, is_position_param, torch_call_name
+from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, is_position_param, torch_call_name
 
 
 def _is_shifted_arange(call: cst.Call, name: str) -> bool:

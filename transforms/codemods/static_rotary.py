@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
-from transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
-from transforms.cstutil import (
+from graphmode.transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
+from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import (
     find_method,
     is_docstring,
     names_in,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from transforms.codemods.base import StepCodemod
-from transforms.cstutil import code_of, dotted_name, only_raises, single_assignment
+from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.cstutil import code_of, dotted_name, only_raises, single_assignment
 
 # Calls whose result a test can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all"})

@@ -4,28 +4,28 @@ from __future__ import annotations
 import ast
 import warnings
 
-from transforms.findings import Finding
-from transforms.rules.base import Rule, SourceFile
-from transforms.rules.reach import reachable_functions
-from transforms.rules.gm101_host_sync import HostSync
-from transforms.rules.gm102_tensor_to_python import TensorToPython
-from transforms.rules.gm103_copy_to_host import CopyToHost
-from transforms.rules.gm104_print import PrintInStep
-from transforms.rules.gm201_tensor_creation import TensorCreatedInForward
-from transforms.rules.gm301_growing_kv_cache import GrowingKVCache
-from transforms.rules.gm302_position_slice import PositionSlice
-from transforms.rules.gm303_cache_object import CacheObject
-from transforms.rules.gm401_shape_branch import ShapeBranch
-from transforms.rules.gm402_tensor_branch import TensorBranch
-from transforms.rules.gm501_int_position import IntPosition
-from transforms.rules.gm502_library_mask import LibraryMask
-from transforms.rules.gm601_random_ops import RandomOps
-from transforms.rules.gm602_logging import LoggingInStep
-from transforms.rules.gm701_fused_attention_lengths import FusedAttentionLengths
-from transforms.rules.gm801_ge_dynamic import GEDynamic
-from transforms.rules.gm802_npugraph_ex_fullgraph import NpugraphExFullgraph
-from transforms.rules.gm803_whole_model import WholeModelCompiled
-from transforms.rules.gm804_low_limits import LowLimit
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules.base import Rule, SourceFile
+from graphmode.transforms.rules.reach import reachable_functions
+from graphmode.transforms.rules.gm101_host_sync import HostSync
+from graphmode.transforms.rules.gm102_tensor_to_python import TensorToPython
+from graphmode.transforms.rules.gm103_copy_to_host import CopyToHost
+from graphmode.transforms.rules.gm104_print import PrintInStep
+from graphmode.transforms.rules.gm201_tensor_creation import TensorCreatedInForward
+from graphmode.transforms.rules.gm301_growing_kv_cache import GrowingKVCache
+from graphmode.transforms.rules.gm302_position_slice import PositionSlice
+from graphmode.transforms.rules.gm303_cache_object import CacheObject
+from graphmode.transforms.rules.gm401_shape_branch import ShapeBranch
+from graphmode.transforms.rules.gm402_tensor_branch import TensorBranch
+from graphmode.transforms.rules.gm501_int_position import IntPosition
+from graphmode.transforms.rules.gm502_library_mask import LibraryMask
+from graphmode.transforms.rules.gm601_random_ops import RandomOps
+from graphmode.transforms.rules.gm602_logging import LoggingInStep
+from graphmode.transforms.rules.gm701_fused_attention_lengths import FusedAttentionLengths
+from graphmode.transforms.rules.gm801_ge_dynamic import GEDynamic
+from graphmode.transforms.rules.gm802_npugraph_ex_fullgraph import NpugraphExFullgraph
+from graphmode.transforms.rules.gm803_whole_model import WholeModelCompiled
+from graphmode.transforms.rules.gm804_low_limits import LowLimit
 
 RULES: tuple[type[Rule], ...] = (
     HostSync, TensorToPython, CopyToHost, PrintInStep,

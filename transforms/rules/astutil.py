@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Iterator
 
-from transforms.vocabulary import is_position_name
+from graphmode.transforms.vocabulary import is_position_name
 
 FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef)  # libcst's FunctionDef is both
 SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)

@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from transforms.findings import Finding
-from transforms.rules.astutil import CHILD_FIELDS, FUNCTION_TYPES, dotted_name
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules.astutil import CHILD_FIELDS, FUNCTION_TYPES, dotted_name
 
 # `not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored.
 _GUARD_CALLS = frozenset({"torch.compiler.is_compiling", "torch._dynamo.is_compiling"})

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import method_call_name
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.astutil import method_call_name
+from graphmode.transforms.rules.base import Rule
 
 _SYNC_METHODS = frozenset({"item", "tolist"})
 

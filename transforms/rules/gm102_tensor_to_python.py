@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.base import Rule
-from transforms.rules.idioms import produces_tensor, tensor_names
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import produces_tensor, tensor_names
 
 _CONVERSIONS = frozenset({"int", "float", "bool"})
 

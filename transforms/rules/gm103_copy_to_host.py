@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import arg_value, first_arg, is_positional, method_call_name
-from transforms.rules.base import Rule, SourceFile
-from transforms.rules.idioms import keyword, string_value
+from graphmode.transforms.rules.astutil import arg_value, first_arg, is_positional, method_call_name
+from graphmode.transforms.rules.base import Rule, SourceFile
+from graphmode.transforms.rules.idioms import keyword, string_value
 
 
 def _to_cpu(node: ast.Call, file: SourceFile) -> bool:

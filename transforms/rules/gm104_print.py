@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.base import Rule
 
 
 def _is_literal_text(node: ast.expr) -> bool:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.vocabulary import TENSOR_FACTORIES
-from transforms.rules.astutil import torch_call_name
-from transforms.rules.base import Rule
+from graphmode.transforms.vocabulary import TENSOR_FACTORIES
+from graphmode.transforms.rules.astutil import torch_call_name
+from graphmode.transforms.rules.base import Rule
 
 
 class TensorCreatedInForward(Rule):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import arg_value, first_arg, name_of, torch_call_name
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.astutil import arg_value, first_arg, name_of, torch_call_name
+from graphmode.transforms.rules.base import Rule
 
 
 def _first_item_is_subscript(call: ast.Call) -> bool:

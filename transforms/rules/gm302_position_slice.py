@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import is_position_param, name_of, names_in
-from transforms.rules.base import Rule
-from transforms.rules.idioms import local_assignments, per_function
+from graphmode.transforms.rules.astutil import is_position_param, name_of, names_in
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import local_assignments, per_function
 
 
 def _int_arithmetic(node: ast.expr) -> bool:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.base import Rule
-from transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE
 
 _CACHE_WORDS = ("past", "cache")
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import names_in
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.astutil import names_in
+from graphmode.transforms.rules.base import Rule
 
 # Names that, in inference code, mean "how many new tokens" or "is this the prompt".
 SEQUENCE_LENGTH_NAMES = frozenset({"seqlen", "seq_len", "q_len", "query_length", "num_tokens", "tgt_len"})

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import method_call_name, names_in, preorder, torch_call_name
-from transforms.rules.base import Rule
-from transforms.rules.idioms import produces_tensor, tensor_names_at
+from graphmode.transforms.rules.astutil import method_call_name, names_in, preorder, torch_call_name
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import produces_tensor, tensor_names_at
 
 # Calls whose result a branch can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all", "equal", "allclose"})

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import is_position_param
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.astutil import is_position_param
+from graphmode.transforms.rules.base import Rule
 
 
 class IntPosition(Rule):

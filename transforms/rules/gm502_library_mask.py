@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import dotted_name
-from transforms.rules.base import Rule
-from transforms.vocabulary import LIBRARY_MASK_HELPERS
+from graphmode.transforms.rules.astutil import dotted_name
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.vocabulary import LIBRARY_MASK_HELPERS
 
 
 class LibraryMask(Rule):

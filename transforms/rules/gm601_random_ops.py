@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import dotted_name, name_of, torch_call_name
-from transforms.rules.base import Rule
-from transforms.rules.idioms import keyword, positional_args
+from graphmode.transforms.rules.astutil import dotted_name, name_of, torch_call_name
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import keyword, positional_args
 
 RANDOM_OPS = frozenset(
     {"rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "poisson", "rand_like",

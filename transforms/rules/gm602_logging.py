@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import dotted_name
-from transforms.rules.base import Rule
+from graphmode.transforms.rules.astutil import dotted_name
+from graphmode.transforms.rules.base import Rule
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
                         "warning_once", "info_once"})

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import method_call_name, name_of
-from transforms.rules.base import Rule
-from transforms.rules.idioms import names_assigned, per_function
+from graphmode.transforms.rules.astutil import method_call_name, name_of
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import names_assigned, per_function
 
 FUSED_ATTENTION_OPS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 LENGTH_KEYWORDS = frozenset({"actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen"})

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.base import Rule
-from transforms.rules.compile_calls import GE, BackendNames, compile_backend, is_torch_compile
-from transforms.rules.idioms import is_true, keyword
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.compile_calls import GE, BackendNames, compile_backend, is_torch_compile
+from graphmode.transforms.rules.idioms import is_true, keyword
 
 
 class GEDynamic(BackendNames, Rule):

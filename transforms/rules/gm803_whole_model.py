@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional, is_starred
-from transforms.rules.astutil import name_of, statements
-from transforms.rules.base import Rule
-from transforms.rules.compile_calls import is_torch_compile
-from transforms.rules.idioms import has_positional, keyword
+from graphmode.transforms.rules.astutil import (FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional,
+                                                is_starred)
+from graphmode.transforms.rules.astutil import name_of, statements
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.compile_calls import is_torch_compile
+from graphmode.transforms.rules.idioms import has_positional, keyword
 
 _ENTRY_HINTS = ("decode", "step")
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from transforms.rules.astutil import dotted_name
-from transforms.rules.base import Rule
-from transforms.rules.idioms import int_value, string_value
+from graphmode.transforms.rules.astutil import dotted_name
+from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.rules.idioms import int_value, string_value
 
 # Setting name -> its default: Dynamo's recompile_limit (alias cache_size_limit) and npugraph_ex's
 # capture_limit (TorchAir: debug.aclgraph.static_capture_size_limit).
