@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphmode.agent.errors import UserError
+from graphmode.runners.backends import help_text as backend_help
 
 if TYPE_CHECKING:
     from graphmode.agent.state import RunState
@@ -36,12 +37,6 @@ EXIT_INTERRUPTED = 130
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
-
-BACKEND_HELP = (
-    "where Decode is compiled: auto (npugraph_ex on an Ascend host, CUDA graphs on a CUDA host, else inductor), "
-    "npugraph_ex, ge, cudagraphs, inductor, aot_eager, eager"
-)
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -61,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                                             "confirmation step (or asks, at a terminal) and prints a session id.")
     adapt.add_argument("path", type=Path, help="the target folder (or its harness.py)")
     adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
-    adapt.add_argument("--backend", default="auto", help=BACKEND_HELP)
+    adapt.add_argument("--backend", default="auto", help=backend_help())
     adapt.add_argument("--out", type=Path, default=Path("graphmode-out"),
                        help="output folder; the run writes to OUT/<target name>/ (default: ./graphmode-out)")
     adapt.add_argument("--steps", type=int, default=32, help="Decode steps to compare and time (at least 32)")

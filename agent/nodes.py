@@ -19,6 +19,7 @@ from graphmode.agent.knowledge import skill
 from graphmode.agent.leftovers import mark_decode_runs, merge_by_line
 from graphmode.agent.output import render, write_adapted_tree, write_atomic
 from graphmode.agent.state import Change, RunState
+from graphmode.runners.backends import get as get_backend
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
@@ -369,7 +370,7 @@ def report(state: RunState) -> dict:
     write_atomic(run_dir / "report.json", json.dumps(summary, indent=2) + "\n")
     path = run_dir / "report.md"
     write_atomic(path, render("report.md.j2", state=state, summary=summary, skill=skill, chart=chart,
-                              manual=manual))
+                              manual=manual, backend_device=get_backend(state.verification["backend"]).device))
     return {"report_path": str(path)}
 
 

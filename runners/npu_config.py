@@ -280,8 +280,8 @@ def task_queue_advice(environ: Mapping[str, str] | None = None) -> str:
 # which is set for every graph run (an empty per-run folder under "off", so inductor is always
 # cold). The NPU backends need to tell "off" apart, since under "off" they must not go through
 # cache_compile at all (it forces fullgraph and skips guards once loaded), so the folder reaches
-# them in a variable of its own, set only when a cache is asked for (runners/verify.py).
-COMPILE_CACHE_VAR = "GRAPHMODE_COMPILE_CACHE"
+# them as an argument of its own (the worker's --npu-compile-cache, then `compile(..., compile_cache=)`),
+# "off" unless a cache is asked for (runners/verify.py).
 CACHE_COMPILE_SUBDIR = "cache_compile"  # the NPU caches' part of the shared folder (beside inductor's)
 COMPILE_CACHE_OFF = "off"
 
@@ -299,13 +299,11 @@ GE_CACHE_COMPILE = "torchair.inference.cache_compile"
 NPUGRAPH_EX_CACHE_COMPILE = "torch.npu.npugraph_ex.inference.cache_compile"
 
 
-def compile_cache_setting(value: str | os.PathLike[str] | None = None,
-                          environ: Mapping[str, str] | None = None) -> str | None:
-    """The compile-cache folder to use, or None for none: `value` as given ("off" or "": none),
-    else $GRAPHMODE_COMPILE_CACHE (unset or empty: none). The folder is made absolute because
+def compile_cache_setting(value: str | os.PathLike[str] | None = None) -> str | None:
+    """The compile-cache folder to use, or None for none (None, "off" or ""). The folder is made absolute because
     cache_compile keys nothing on the working directory."""
     if value is None:
-        value = (os.environ if environ is None else environ).get(COMPILE_CACHE_VAR, "")
+        return None
     value = os.fspath(value)
     if value in ("", COMPILE_CACHE_OFF):
         return None

@@ -273,28 +273,6 @@ def _breaks_counted() -> int:
 
 # -- the stages per backend ----------------------------------------------------------------------
 
-def _force_eager_plan(backend: str) -> tuple[str, str | None, Callable[[Callable[..., Any]], Any] | None, str]:
-    """(what runs, why it is skipped or None, compile function, device) for stage 2."""
-    if backend in ("eager", "aot_eager"):
-        return backend, "the backend has no separate eager mode", None, "cpu"
-    if backend == "npugraph_ex":
-        npu = get("npugraph_ex")  # its availability check imports torch_npu only when it is installed
-        return ('npugraph_ex options={"force_eager": True}', npu.available(),
-                lambda fn: npu.compile(fn, False, force_eager=True), "npu")
-    if backend == "ge":
-        ge = get("ge")  # TorchAir's eager mode: the converted FX graph runs without GE
-        return ('ge debug.run_eagerly=True', ge.available(),
-                lambda fn: ge.compile(fn, False, fields={"debug.run_eagerly": True}), "npu")
-    if backend == "cudagraphs":
-        what = "inductor (mode=default, no CUDA graphs)"
-        reason = get("cudagraphs").available()
-        return what, reason, lambda fn: torch.compile(fn, backend="inductor", dynamic=False), "cuda"
-    if backend == "inductor":
-        inductor = get("inductor")
-        return "inductor", inductor.available(), lambda fn: inductor.compile(fn, fullgraph=False), "cpu"
-    raise WorkerFailure(f"unknown backend {backend!r}; valid names: {', '.join(BACKEND_NAMES)}")
-
-
 def _stage_dict(name: str, backend: str, status: str, reason: str,
                 run: StageRun | None = None) -> dict[str, Any]:
     # A run that crashed counted only what it saw before the crash: no figure, rather than a 0.
@@ -335,23 +313,19 @@ def triage(target: _Target, backend: str, steps: int, stage1: StageRun) -> dict[
         return f"not run: triage stopped at stage {failed['name']} ({failed['classification']})"
 
     # Stage 2: the backend's own pipeline without capture.
-    what, unavailable, compile_fn, device = _force_eager_plan(backend)
+    target_backend = get(backend)
+    plan = target_backend.force_eager()
     if stopped():
-        stages.append(_stage_dict("force_eager", what, "skipped", stopped()))
-    elif unavailable is not None or compile_fn is None:
-        stages.append(_stage_dict("force_eager", what, "skipped", unavailable or ""))
+        stages.append(_stage_dict("force_eager", plan.what, "skipped", stopped()))
+    elif plan.unavailable is not None or plan.compile is None:
+        stages.append(_stage_dict("force_eager", plan.what, "skipped", plan.unavailable or ""))
     else:
-        stages.append(_ran("force_eager", what, run_stage(target, compile_fn, reference(device), device, False)))
+        stages.append(_ran("force_eager", plan.what,
+                           run_stage(target, plan.compile, reference(plan.device), plan.device, False)))
 
     # Stage 3: the target backend itself.
-    target_backend = get(backend)
-    if backend == "cudagraphs":
-        what3 = "cudagraphs (inductor, mode=reduce-overhead)"
-    elif backend == "npugraph_ex":
-        what3 = "npugraph_ex"
-    else:
-        what3 = backend
-    same_as = {"aot_eager": "aot_eager", "inductor": "force_eager"}.get(backend)
+    what3 = target_backend.stage_label
+    same_as = target_backend.backend_stage_same_as
     if stopped():
         stages.append(_stage_dict("backend", what3, "skipped", stopped()))
     elif same_as is not None:
@@ -362,7 +336,7 @@ def triage(target: _Target, backend: str, steps: int, stage1: StageRun) -> dict[
         stages.append(copied)
     elif target_backend.available() is not None:
         stages.append(_stage_dict("backend", what3, "skipped", target_backend.available()))
-    elif stages[1]["status"] == "skipped" and backend not in ("eager", "aot_eager"):
+    elif stages[1]["status"] == "skipped" and plan.compile is not None:
         stages.append(_stage_dict("backend", what3, "skipped",
                                   f"not run: the force_eager stage was skipped ({stages[1]['reason']})"))
     else:

@@ -27,7 +27,6 @@ import torch
 
 from graphmode.runners.backends import resolve
 from graphmode.runners.batch_buckets import BucketSweep
-from graphmode.runners.npu_config import COMPILE_CACHE_VAR
 from graphmode.runners.results import WorkerResult
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 
@@ -274,11 +273,11 @@ def _torch_logs() -> str:
     return ",".join(dict.fromkeys(asked + COMPILE_TORCH_LOGS.split(",")))
 
 
-def _graph_env(inductor_cache: Path, npu_cache: Path | None) -> dict[str, str]:
-    """A graph-side worker's environment: the compile logs, inductor's on-disk cache, and the NPU backends'
-    cache_compile folder (runners/backends.py; "off" overrides one inherited from the shell)."""
+def _graph_env(inductor_cache: Path) -> dict[str, str]:
+    """A graph-side worker's environment: the compile logs and inductor's on-disk cache (torch reads both from the
+    environment; the NPU backends' own compile cache is the worker's --npu-compile-cache argument)."""
     return {"TORCH_LOGS": _torch_logs(), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", COMPILE_CACHE_VAR: str(npu_cache) if npu_cache is not None else "off"}
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
 
 
 BUCKETS_RUN = "adapted.buckets"
@@ -291,12 +290,12 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
     args = ["--side", "adapted", "--folder", str(folder), "--steps", str(steps), "--backend", backend,
             "--out", str(out), "--batch-buckets", ",".join(map(str, buckets)),
             "--reference", str(work / f"{run_name('adapted', 0)}.logits.pt"),
-            "--compile-log", str(work / f"{BUCKETS_RUN}.compile.log")]
+            "--compile-log", str(work / f"{BUCKETS_RUN}.compile.log"), "--npu-compile-cache", "off"]
     if partial_graph:
         args.append("--partial-graph")
     # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
     run_worker("graphmode.runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
-               error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache", None))
+               error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache"))
     return BucketSweep.from_dict(json.loads(out.read_text()))
 
 
@@ -309,10 +308,10 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
             "--backend", backend, "--out", str(out), "--logits", str(logits)]
     env = None
     if side == "adapted":
-        args += ["--compile-log", str(work / f"{name}.compile.log")]
+        args += ["--compile-log", str(work / f"{name}.compile.log"),
+                 "--npu-compile-cache", str(compile_cache) if compile_cache is not None else "off"]
         # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
-        env = _graph_env(compile_cache if compile_cache is not None else work / f"{name}.compile-cache",
-                         compile_cache)
+        env = _graph_env(compile_cache if compile_cache is not None else work / f"{name}.compile-cache")
     seconds = run_worker("graphmode.runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
                          error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds

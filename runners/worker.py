@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from graphmode.runners.backends import Backend, compile_options, resolve
+from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.batch_buckets import parse_buckets, run_sweep
 from graphmode.runners.cli import WorkerFailure, call_user, run_main
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
@@ -142,7 +142,7 @@ class AdaptedRun:
 
 
 def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
-                backend: Backend, folder: Path) -> AdaptedRun:
+                backend: Backend, folder: Path, compile_cache: str | None = None) -> AdaptedRun:
     require_entry_points(model, f"is {folder} an adapted folder?")
     device = prompt.device
     prompt_len = prompt.shape[1]
@@ -172,7 +172,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     call_user("model.prefill", folder, lambda: model.prefill(prompt, prefill_pos))
 
     fullgraph = graph_breaks == 0
-    compiled = backend.compile(model.decode, fullgraph=fullgraph)
+    compiled = backend.compile(model.decode, fullgraph=fullgraph, compile_cache=compile_cache)
     step_fn: Callable[..., Any] = compiled
     stance = "fail_on_recompile"
     stance_failures: list[str] = []
@@ -254,6 +254,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="adapted side: run the batch-bucket sweep instead, writing its record to --out")
     parser.add_argument("--reference", type=Path,
                         help="with --batch-buckets: the unpadded graph run's logits (its --logits file)")
+    parser.add_argument("--npu-compile-cache", metavar="DIR|off",
+                        help="adapted side: the folder for the backend's own compile cache (torch_npu's cache_compile "
+                             "on the NPU backends; the others ignore it)")
     parser.add_argument("--partial-graph", action="store_true",
                         help="with --batch-buckets: compile with fullgraph=False (Decode has graph breaks)")
     return parser.parse_args(argv)
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
             trace = run_original(harness, model, prompt, args.steps, backend, folder)
             adapted = None
         else:
-            adapted = run_adapted(model, prompt, args.steps, backend, folder)
+            adapted = run_adapted(model, prompt, args.steps, backend, folder, args.npu_compile_cache)
             trace = adapted.trace
 
     generation = trace.generation
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         new_tokens=generation.new_tokens,
         peak_rss_mb=memory["peak_rss_mb"],
         peak_device_mb=memory["peak_device_mb"],
-        compile_options=compile_options(backend, adapted.fullgraph) if adapted else {},
+        compile_options=backend.compile_options(adapted.fullgraph, args.npu_compile_cache) if adapted else {},
     )
     if adapted:
         result.graph_breaks = adapted.graph_breaks

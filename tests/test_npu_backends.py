@@ -9,10 +9,10 @@ loaded, and nothing that is validated is stubbed.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -28,7 +28,6 @@ import torch
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
 from graphmode.runners.npu_config import (
-    COMPILE_CACHE_VAR,
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
     TORCH_NPU_VERSION,
@@ -63,7 +62,8 @@ def test_importing_graphmode_never_imports_torch_npu():
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0: on an Ascend host `import torch` itself loads torch_npu
     # through its [torch.backends] entry point; what is checked here is graphmode's own imports.
     out = _run_python(
-        "import sys, runners.backends, agent.cli, runners.worker, runners.probe_worker, runners.verify\n"
+        "import sys, graphmode.runners.backends, graphmode.agent.cli, graphmode.runners.worker, "
+        "graphmode.runners.probe_worker, graphmode.runners.verify\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'torchair', 'npugraph_ex')))\n",
         env_extra={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert out.strip() == "[]"
@@ -78,10 +78,26 @@ def test_registry_names_devices_and_knobs():
         "npugraph_ex": "npu", "ge": "npu"}
     assert set(backends.get("npugraph_ex").knobs) == {
         "frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
-        "seq_lengths_as_list", "options", "compile_cache"}
+        "seq_lengths_as_list", "options"}
     assert set(backends.get("ge").knobs) == {
-        "frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields", "compile_cache"}
+        "frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields"}
     assert backends.get("inductor").knobs == ()
+    # Only the NPU backends have a compile cache of their own; every backend's compile() takes the argument.
+    assert {b.name for b in map(backends.get, BACKEND_NAMES[1:]) if b.takes_compile_cache} == {"npugraph_ex", "ge"}
+
+
+def test_each_backend_is_one_module_of_the_package_and_everything_else_reads_it_from_there():
+    """Adding a backend is adding one file: the package imports every module in it, `--help` and `auto` list what
+    registered, and the probe's triage asks the backend for its stages."""
+    modules = [m.name for m in pkgutil.iter_modules(backends.__path__)
+               if not m.name.startswith("_") and m.name != "base"]
+    assert sorted(modules) == sorted(BACKEND_NAMES[1:])
+    for name in modules:
+        assert type(backends.get(name)).__module__ == f"{backends.__name__}.{name}"
+    text = backends.help_text()
+    assert all(f"{b.name} = {b.summary}" in text for b in map(backends.get, BACKEND_NAMES[1:]))
+    assert backends.get("aot_eager").force_eager().compile is None  # no separate eager mode: stage 2 is skipped
+    assert backends.get("cudagraphs").stage_label.startswith("cudagraphs (inductor")
 
 
 def test_unknown_knob_is_a_type_error_naming_the_valid_ones():
@@ -116,8 +132,7 @@ def test_auto_on_this_host_is_inductor_and_says_why():
 
 
 def test_auto_picks_npugraph_ex_when_an_ascend_npu_is_available(monkeypatch):
-    npu = backends.get("npugraph_ex")
-    monkeypatch.setitem(backends._REGISTRY, "npugraph_ex", dataclasses.replace(npu, _available=lambda: None))
+    monkeypatch.setattr(type(backends.get("npugraph_ex")), "available", lambda self: None)
     backend, reason = resolve("auto")
     assert backend.name == "npugraph_ex" and "Ascend NPU is available" in reason
 
@@ -271,16 +286,12 @@ class _TinyDecoder(torch.nn.Module):
         return torch.softmax(self.proj(t), dim=-1)
 
 
-def test_compile_cache_setting_follows_the_flag_and_the_environment(tmp_path, monkeypatch):
-    monkeypatch.delenv(COMPILE_CACHE_VAR, raising=False)
+def test_compile_cache_setting_follows_the_argument_alone(tmp_path, monkeypatch):
     assert compile_cache_setting() is None
     assert compile_cache_setting("off") is None and compile_cache_setting("") is None
     assert compile_cache_setting(tmp_path) == str(tmp_path)
     assert compile_cache_setting("rel") == os.path.abspath("rel")
-    monkeypatch.setenv(COMPILE_CACHE_VAR, str(tmp_path))
-    assert compile_cache_setting() == str(tmp_path)
-    assert compile_cache_setting("off") is None  # the knob wins over the environment
-    monkeypatch.setenv(COMPILE_CACHE_VAR, "off")  # what runners/verify.py sets under --compile-cache off
+    monkeypatch.setenv("GRAPHMODE_COMPILE_CACHE", str(tmp_path))  # the variable earlier versions read
     assert compile_cache_setting() is None
 
 
@@ -323,22 +334,20 @@ def test_a_cache_that_cannot_apply_is_announced_not_dropped(name, tmp_path):
                 backends.get(name).compile(decode, fullgraph=True, compile_cache=cache)
 
 
-def test_compile_options_report_the_cache(tmp_path, monkeypatch):
-    monkeypatch.delenv(COMPILE_CACHE_VAR, raising=False)
+def test_compile_options_report_the_cache(tmp_path):
     ge, npx = backends.get("ge"), backends.get("npugraph_ex")
-    assert backends.compile_options(ge, True)["cache_compile"] is None
-    assert backends.compile_options(npx, True, "off")["cache_compile"] is None
-    monkeypatch.setenv(COMPILE_CACHE_VAR, str(tmp_path))
-    assert backends.compile_options(ge, True)["cache_compile"] == {
+    assert ge.compile_options(True)["cache_compile"] is None
+    assert npx.compile_options(True, "off")["cache_compile"] is None
+    assert ge.compile_options(True, tmp_path)["cache_compile"] == {
         "api": "torchair.inference.cache_compile", "cache_dir": str(tmp_path / "cache_compile" / "<model key>"),
         "used": True, "config": "<compiler_config>", "dynamic": False, "ge_cache": True}
-    assert backends.compile_options(npx, True)["cache_compile"] == {
+    assert npx.compile_options(True, tmp_path)["cache_compile"] == {
         "api": "torch.npu.npugraph_ex.inference.cache_compile",
         "cache_dir": str(tmp_path / "cache_compile" / "<model key>"),
         "used": True, "dynamic": False, "options": {"frozen_parameter": True}}
-    unused = backends.compile_options(npx, False)["cache_compile"]
+    unused = npx.compile_options(False, tmp_path)["cache_compile"]
     assert unused["used"] is False and "graph breaks" in unused["why"]
-    assert "cache_compile" not in backends.compile_options(backends.get("inductor"), True)
+    assert "cache_compile" not in backends.get("inductor").compile_options(True, tmp_path)
 
 
 # --- against the real torch_npu 2.13.0 classes (opt-in: pytest -m npu_api) ---------------------

@@ -144,7 +144,7 @@ def test_training_code_is_not_reported(tmp_path):
 
 
 def test_scanning_imports_neither_torch_nor_libcst():
-    code = ("import sys; from agent.cli import main; main(['scan', '--json', %r]); "
+    code = ("import sys; from graphmode.agent.cli import main; main(['scan', '--json', %r]); "
             "sys.stderr.write(repr(sorted(m for m in ('torch', 'libcst', 'langgraph') if m in sys.modules)))"
             ) % str(EXAMPLE)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,54 @@
+"""graphmode installs as one named package and keeps its import-time promises."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_nothing_outside_the_runners_imports_torch_at_import_time():
+    """`graphmode scan` and `--help` must start without torch: every module of the agent, the transforms, the
+    skills and the templates, and the backend registry (which `--help` lists), imports without it."""
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        "import graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates\n"
+        "names = ['graphmode.runners.backends']\n"
+        "for package in (graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates):\n"
+        "    names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps({'modules': len(names), 'torch': 'torch' in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["modules"] > 40 and result["torch"] is False
+
+
+@pytest.mark.slow
+def test_installs_beside_other_packages_named_agent_and_templates(tmp_path):
+    """A project with its own top-level `agent` and `templates` packages shares the environment: both it and
+    graphmode import, and the graphmode command runs."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for name in ("agent", "templates"):
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text(f"OWNER = 'another project ({name})'\n")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", str(PROJECT_ROOT)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-3000:]
+    both = subprocess.run([python, "-c", "import agent, templates, graphmode.agent.cli, graphmode.templates; "
+                                         "print(agent.OWNER, '|', templates.OWNER)"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert both.stdout.strip() == "another project (agent) | another project (templates)", both.stderr[-2000:]
+    scan = subprocess.run([env_dir / "bin" / "graphmode", "scan", str(PROJECT_ROOT / "examples" / "legacy_llm")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert scan.returncode == 1 and "GM" in scan.stdout, scan.stderr[-2000:]  # findings, printed by graphmode
