@@ -151,7 +151,7 @@ def _adapt(args: argparse.Namespace) -> int:
     if not (target / "harness.py").is_file():
         raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
                         "harness.py; see examples/legacy_llm/harness.py)")
-    from graphmode.agent.state import RunState
+    from graphmode.agent.state import RunOptions, RunState
 
     if args.steps < 32:
         raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
@@ -175,10 +175,10 @@ def _adapt(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: the output must be outside the target folder")
     _check_writable(args.out, run_dir)
 
-    state = RunState(session_id=uuid.uuid4().hex[:8], target=str(target), run_dir=str(run_dir),
-                     backend=backend.name, steps=args.steps, runs=args.runs,
-                     similarity=args.similarity, compile_cache=args.compile_cache, batch_buckets=buckets,
-                     auto_approve=args.yes, timeout_s=args.timeout)
+    options = RunOptions(target=str(target), run_dir=str(run_dir), backend=backend.name, steps=args.steps,
+                         runs=args.runs, similarity=args.similarity, compile_cache=args.compile_cache,
+                         batch_buckets=buckets, auto_approve=args.yes, timeout_s=args.timeout)
+    state = RunState(session_id=uuid.uuid4().hex[:8], options=options)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
     from graphmode.agent.output import run_folder_lock
@@ -252,8 +252,7 @@ def _resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
     from graphmode.agent.output import run_folder_lock
-    from graphmode.agent.state import RunState
-    from graphmode.agent.workflow import build_graph, open_checkpointer, sessions_db
+    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_state, sessions_db
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
@@ -261,7 +260,7 @@ def _resume(args: argparse.Namespace) -> int:
         snapshot = graph.get_state(config)
         if not snapshot.values:
             raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
-        state = RunState(**snapshot.values)
+        state = saved_state(args.session, snapshot.values)
         if not snapshot.next:
             console.print(f"session {args.session} has finished; its report: {state.report_path}")
             return 0
@@ -269,10 +268,10 @@ def _resume(args: argparse.Namespace) -> int:
             if args.approve is not None or args.reject_all:
                 raise UserError(f"session {args.session} stopped before confirmation (at {', '.join(snapshot.next)}); "
                                 "resume it without --approve/--reject-all, then choose")
-            with run_folder_lock(Path(state.run_dir), args.session):
+            with run_folder_lock(Path(state.options.run_dir), args.session):
                 return _drive(graph, None, args.session, interactive=sys.stdin.isatty())
         if args.approve is not None:
-            from graphmode.agent.nodes import choice_problem
+            from graphmode.agent.choices import choice_problem
 
             answer = [c.strip().upper() for c in args.approve.split(",") if c.strip()]
             # Checked here, before the session sees it: a wrong answer leaves the session as it was.
@@ -289,7 +288,7 @@ def _resume(args: argparse.Namespace) -> int:
             answer = "all"
         if answer is None:
             return EXIT_STOPPED
-        with run_folder_lock(Path(state.run_dir), args.session):
+        with run_folder_lock(Path(state.options.run_dir), args.session):
             return _drive(graph, Command(resume=answer), args.session, interactive=False)
 
 
@@ -313,8 +312,7 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
     from langgraph.types import Command
 
     from graphmode.agent.progress import listening
-    from graphmode.agent.state import RunState
-    from graphmode.agent.workflow import STEPS
+    from graphmode.agent.workflow import STEPS, saved_state
 
     while True:
         started = time.perf_counter()
@@ -331,7 +329,7 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
                     if following < len(STEPS):
                         status.update(f"{STEPS[following]}…")
         snapshot = graph.get_state(config)
-        state = RunState(**snapshot.values)
+        state = saved_state(session, snapshot.values)
         if not snapshot.next:
             return _finish(state)
         # Stopped at confirmation.
@@ -365,7 +363,7 @@ def _show_diffs(changes) -> None:
 def _example_choice(state: RunState) -> str:
     """A choice to show in the hint that graphmode accepts: the last change (the entry points, usually) with
     what it needs."""
-    from graphmode.agent.nodes import unmet_needs
+    from graphmode.agent.choices import unmet_needs
 
     last = state.plan[-1].id
     return ",".join(unmet_needs(state.plan, [last]) + [last])
@@ -388,7 +386,7 @@ def _progress_listener(status):
 
 def _ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
-    from graphmode.agent.nodes import unmet_needs
+    from graphmode.agent.choices import unmet_needs
 
     table = Table(title=f"Planned changes (details: {state.design_path})")
     for column in ("id", "change", "files", "fixes", "needs"):
@@ -447,18 +445,17 @@ def _ask(state: RunState):
 def _finish(state: RunState) -> int:
     v = state.verification
     console.print(f"\nReport: [bold]{state.report_path}[/]")
-    if v.get("passed"):
+    if v is not None and v.passed:
         console.print("[green]Verified:[/] identical tokens, 0 graph breaks, 0 recompiles in Decode.")
         return 0
-    console.print("[red]Not verified:[/] " + "; ".join(v.get("problems", [])))
+    console.print("[red]Not verified:[/] " + "; ".join(v.problems if v is not None else ["no verification"]))
     return 1
 
 
 def _describe(step: str, change: dict) -> str:
     if step == "analyze":
-        base = change.get("baseline", {})
-        figures = base.get("headline") or (f"{base.get('graph_breaks', '?')} graph breaks, "
-                                            f"{base.get('recompiles', '?')} recompiles")
+        base = change["baseline"]
+        figures = base.headline or f"{base.graph_breaks} graph breaks, {base.recompiles} recompiles"
         return (f"{len(change.get('findings', []))} findings in {len(change.get('sources', []))} file(s); the "
                 f"unmodified Decode under Dynamo: {figures}")
     if step == "design":
@@ -469,13 +466,13 @@ def _describe(step: str, change: dict) -> str:
     if step == "implement":
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
     if step == "verify":
-        v = change.get("verification", {})
-        if v.get("ran") is False:
-            return "not run: " + "; ".join(v.get("problems", []))
-        return (f"tokens equal: {v['tokens_equal']}, graph breaks {v['graph_breaks']}, recompiles "
-                f"{v['recompiles']}, Decode {v['eager']['decode_ms_per_token']:.3f} -> "
-                f"{v['graph']['decode_ms_per_token']:.3f} ms/token (warm-up {v['graph']['warmup_s']:.1f} s), "
-                f"median of {v.get('runs', 1)} run(s) per side" + _describe_buckets(v.get("bucket_sweep", {})))
+        v = change["verification"]
+        if not v.ran:
+            return "not run: " + "; ".join(v.problems)
+        return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles "
+                f"{v.recompiles}, Decode {v.eager.decode_ms_per_token:.3f} -> "
+                f"{v.graph.decode_ms_per_token:.3f} ms/token (warm-up {v.graph.warmup_s:.1f} s), "
+                f"median of {v.runs} run(s) per side" + _describe_buckets(v.bucket_sweep))
     if step == "report":
         return str(change.get("report_path"))
     return ""
@@ -533,7 +530,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _sessions() -> int:
-    from graphmode.agent.workflow import build_graph, open_checkpointer, sessions_db
+    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_target, sessions_db
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
@@ -546,7 +543,7 @@ def _sessions() -> int:
         for session in sessions:
             snapshot = graph.get_state(_config(session))
             values = snapshot.values
-            rows.append((session, values.get("target", ""), ", ".join(snapshot.next) or "finished",
+            rows.append((session, saved_target(values), ", ".join(snapshot.next) or "finished",
                          values.get("report_path", "")))
         if not console.is_terminal:  # piped or redirected: whole paths, one session per line, tab-separated
             print("\t".join(("session", "target", "stands at", "report")))

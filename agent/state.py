@@ -1,11 +1,137 @@
 """The state one adaptation carries from node to node.
 
-Everything in it is plain JSON (lists, dicts, strings, numbers), so a session checkpointed to
-SQLite can be resumed by a later process, and batch tools can read it back.
+Run options (what the person asked for) are kept apart from results (what each step found). The results that
+graphmode itself reads are typed models: the baseline probe, the verification, the findings and the items left for a
+person. A runner's record may hold more than graphmode reads (figures kept for the reports); those extra fields are
+kept as they came (`extra="allow"`), so nothing a runner measured is lost on the way to the report.
+
+Everything serialises to plain JSON, so a session checkpointed to SQLite can be resumed by a later process, and
+batch tools can read it back. `schema_version` says which layout a saved session has: a session saved by an
+earlier layout is refused with a clear message rather than misread (agent.cli).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graphmode.transforms.findings import Finding
+
+# 2: options nested under `options`; typed baseline, verification and manual items (1: every field flat, dicts).
+SCHEMA_VERSION = 2
+
+
+class RunOptions(BaseModel):
+    """What to adapt and how: set by the command line, never changed by a step."""
+
+    target: str  # absolute path of the target folder (holds harness.py and the sources)
+    run_dir: str  # where this run writes design.md, adapted/, changes.diff, report.*
+    backend: str = "auto"
+    steps: int = 32
+    runs: int = 3  # fresh processes per side in verify; figures are their median [min, max]
+    similarity: float = 0.95  # lowest acceptable difflib ratio of graph tokens against eager
+    # Inductor's on-disk compile cache for the graph runs: "" = a fresh one in the run folder (run 1
+    # compiles cold, later runs read it), "off" = every run compiles cold, else a folder kept across sessions.
+    compile_cache: str = ""
+    # Batch sizes to pad the prompt to in verify (one capture each); [] = none. The static buffers are
+    # then sized for the largest.
+    batch_buckets: list[int] = Field(default_factory=list)
+    auto_approve: bool = False
+    timeout_s: float = 600  # the most one worker process (evidence, probe, each verify run) may take
+
+
+class Record(BaseModel):
+    """A runner's record saved with the session: the fields graphmode reads are declared, the rest is kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Baseline(Record):
+    """The unmodified Decode under Dynamo (graphmode.runners.probe.probe; its docstring says every field)."""
+
+    entry_class: str = ""
+    entry_file: str | None = None
+    max_seq_len: int = 64
+    sources: list[str] = Field(default_factory=list)
+    prompt_shape: list[int] = Field(default_factory=list)
+    steps: int = 0
+    # None when the probe crashed and nothing could be measured (`crash` says why).
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    recompile_limit_hit: bool | None = None
+    break_reasons: list[dict[str, Any]] = Field(default_factory=list)  # {"reason", "file", "line"}
+    recompile_reasons: list[str] = Field(default_factory=list)
+    recompile_sites: list[dict[str, Any]] = Field(default_factory=list)  # {"file", "line", "function", "count", ...}
+    crash: dict[str, Any] | None = None
+    retry_crash: dict[str, Any] | None = None
+    measured_with: str | None = None
+    headline: str = ""  # all of the above in one line
+    triage: dict[str, Any] | None = None  # {"stages": [...], "failed_stage", "classification"}
+
+
+class SideFigures(BaseModel):
+    """One side's timings: each the median over the runs (decode_ms_min/max: over all steps of all runs)."""
+
+    prefill_ms: float
+    decode_ms_per_token: float
+    decode_ms_min: float
+    decode_ms_max: float
+    warmup_s: float
+    load_s: float
+
+
+class Verification(Record):
+    """Eager original against compiled adapted (graphmode.runners.verify.VerifyResult), or why it did not run."""
+
+    ran: bool = True  # False: the adapted model could not be run at all; `problems` says why
+    passed: bool = False
+    problems: list[str] = Field(default_factory=list)
+    backend: str = ""
+    backend_reason: str = ""
+    steps: int = 0
+    tokens_equal: bool = False
+    first_divergent_step: int | None = None
+    logits_max_abs_diff: float | None = None
+    logits_max_abs_diff_per_step: list[float] = Field(default_factory=list)
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    recompile_limit_hit: bool = False
+    decode_speedup: float | None = None
+    eager: SideFigures | None = None
+    graph: SideFigures | None = None
+    original: dict[str, Any] = Field(default_factory=dict)  # run 1 of each side (runners.results.WorkerResult)
+    adapted: dict[str, Any] = Field(default_factory=dict)
+    runs: int = 1
+    figures: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)  # side -> figure -> stats
+    decode_speedup_range: dict[str, float] = Field(default_factory=dict)
+    decode_ms_per_step: dict[str, list[list[float]]] = Field(default_factory=dict)
+    tokens_identical_across_runs: dict[str, bool] = Field(default_factory=dict)
+    logits_max_abs_diff_across_runs: dict[str, float] = Field(default_factory=dict)
+    tokens_compared: int | None = None
+    tokens_differing: int | None = None
+    similarity: float | None = None
+    similarity_threshold: float | None = None
+    compile_logs: list[str] = Field(default_factory=list)
+    variables: dict[str, Any] = Field(default_factory=dict)
+    unstable_figures: list[str] = Field(default_factory=list)
+    compile_cache: dict[str, Any] = Field(default_factory=dict)
+    bucket_sweep: dict[str, Any] = Field(default_factory=dict)
+    own_harness: dict[str, Any] = Field(default_factory=dict)
+
+
+class ManualItem(Record):
+    """A line left for a person: a finding no change fixes, or a spot a codemod recognised only in part
+    (agent.leftovers merges the items of one line; `reasons` lists each)."""
+
+    kind: str  # "finding" or "codemod"
+    path: str
+    line: int
+    code: str = ""  # the rule's code (findings)
+    codemod: str = ""  # the codemod's name (codemod items)
+    message: str = ""
+    reason: str = ""
+    why: str = ""
+    reasons: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Change(BaseModel):
@@ -24,36 +150,24 @@ class Change(BaseModel):
 
 
 class RunState(BaseModel):
-    # What to adapt and how
+    schema_version: int = SCHEMA_VERSION
     session_id: str
-    target: str  # absolute path of the target folder (holds harness.py and the sources)
-    run_dir: str  # where this run writes design.md, adapted/, changes.diff, report.*
-    backend: str = "auto"
-    steps: int = 32
-    runs: int = 3  # fresh processes per side in verify; figures are their median [min, max]
-    similarity: float = 0.95  # lowest acceptable difflib ratio of graph tokens against eager
-    # Inductor's on-disk compile cache for the graph runs: "" = a fresh one in the run folder (run 1
-    # compiles cold, later runs read it), "off" = every run compiles cold, else a folder kept across sessions.
-    compile_cache: str = ""
-    # Batch sizes to pad the prompt to in verify (one capture each); [] = none. The static buffers are
-    # then sized for the largest.
-    batch_buckets: list[int] = Field(default_factory=list)
-    auto_approve: bool = False
-    timeout_s: float = 600  # the most one worker process (evidence, probe, each verify run) may take
+    options: RunOptions
 
     # analyze
-    sources: list[str] = Field(default_factory=list)  # relative to target
+    sources: list[str] = Field(default_factory=list)  # relative to the target
     entry_class: str = ""
     max_seq_len: int = 64
-    findings: list[dict] = Field(default_factory=list)  # transforms.findings.Finding as dicts
-    baseline: dict = Field(default_factory=dict)  # the unmodified Decode under Dynamo (runners.probe)
+    findings: list[Finding] = Field(default_factory=list)
+    baseline: Baseline = Field(default_factory=Baseline)
     # One traced eager run of the unmodified Prefill and Decode (runners.evidence.Evidence as a dict): what grows,
-    # which ints change, where the host syncs are, and how the harness calls forward.
+    # which ints change, where the host syncs are, and how the harness calls forward. The codemods' options are
+    # read from it by agent.adaptation.
     evidence: dict = Field(default_factory=dict)
 
     # design / confirm
     plan: list[Change] = Field(default_factory=list)
-    manual: list[dict] = Field(default_factory=list)  # findings and codemod items left for a person
+    manual: list[ManualItem] = Field(default_factory=list)
     design_path: str = ""
     planned_diff_path: str = ""  # every change applied, as one diff (planned.diff beside design.md)
     approved: list[str] | None = None  # change ids; None until confirmed
@@ -64,5 +178,5 @@ class RunState(BaseModel):
     diff_path: str = ""
 
     # verify / report
-    verification: dict = Field(default_factory=dict)
+    verification: Verification | None = None
     report_path: str = ""

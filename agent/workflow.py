@@ -16,7 +16,11 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
 from graphmode.agent import nodes
-from graphmode.agent.state import RunState
+from graphmode.agent.errors import UserError
+from graphmode.agent.state import SCHEMA_VERSION, RunState
+
+STATE_MODULE = "graphmode.agent.state"
+STATE_CLASSES = ("RunState", "RunOptions", "Baseline", "Verification", "SideFigures", "ManualItem", "Change")
 
 STEPS = ("analyze", "design", "confirm", "implement", "verify", "report")
 
@@ -44,8 +48,25 @@ def open_checkpointer() -> Iterator[SqliteSaver]:
     connection = sqlite3.connect(sessions_db(), check_same_thread=False)
     try:
         # Checkpoints hold our state classes; name them so they load without an "unregistered type" warning.
-        serde = JsonPlusSerializer(allowed_msgpack_modules=[("graphmode.agent.state", "Change"),
-                                                             ("graphmode.agent.state", "RunState")])
+        serde = JsonPlusSerializer(allowed_msgpack_modules=[*((STATE_MODULE, name) for name in STATE_CLASSES),
+                                                             ("graphmode.transforms.findings", "Finding")])
         yield SqliteSaver(connection, serde=serde)
     finally:
         connection.close()
+
+
+def saved_state(session: str, values: dict) -> RunState:
+    """A checkpointed session's state, or a clear refusal when an earlier graphmode saved it in another layout."""
+    saved = values.get("schema_version", 1)
+    if saved != SCHEMA_VERSION:
+        raise UserError(f"session {session} was saved by an earlier graphmode (state layout {saved}, this one reads "
+                        f"{SCHEMA_VERSION}); start it again with `graphmode adapt {saved_target(values) or 'PATH'}`")
+    return RunState.model_validate(values)
+
+
+def saved_target(values: dict) -> str:
+    """The target folder of a checkpointed session, whatever its layout (for listing sessions)."""
+    options = values.get("options")
+    if options is None:
+        return str(values.get("target", ""))  # layout 1: the options were top-level fields
+    return options.target if hasattr(options, "target") else str(options.get("target", ""))

@@ -94,7 +94,8 @@ def collect(folder: Path, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.evidence_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.evidence_worker",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)

@@ -399,7 +399,8 @@ def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.probe_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphmode.runners.probe_worker",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--backend", default=PROBE_BACKEND, choices=[n for n in BACKEND_NAMES if n != "auto"],

@@ -17,6 +17,7 @@ import torch
 
 from graphmode.agent import cli, nodes
 from graphmode.agent.errors import UserError
+from graphmode.agent.state import Baseline
 from graphmode.runners.batch_buckets import pad_batch, parse_buckets, run_sweep
 from graphmode.runners.backends import resolve
 from graphmode.runners.cli import WorkerFailure
@@ -56,9 +57,9 @@ def test_bad_batch_buckets_exit_2_with_one_line(text, says, capsys):
 def test_a_batch_larger_than_the_largest_bucket_is_refused():
     # Early, in analyze, from the probe's prompt shape...
     with pytest.raises(UserError, match="batch of 3, larger than the largest bucket"):
-        nodes._check_batch_fits([1, 2], {"prompt_shape": [3, 8]})
-    nodes._check_batch_fits([1, 2], {"prompt_shape": [2, 8]})
-    nodes._check_batch_fits([], {"prompt_shape": [3, 8]})
+        nodes.check_batch_fits([1, 2], Baseline(prompt_shape=[3, 8]))
+    nodes.check_batch_fits([1, 2], Baseline(prompt_shape=[2, 8]))
+    nodes.check_batch_fits([], Baseline(prompt_shape=[3, 8]))
     # ...and by the sweep itself, before it runs anything.
     prompt = load_harness(EXAMPLE).make_prompt().expand(3, -1)
     with pytest.raises(WorkerFailure, match="batch of 3, larger than the largest bucket"):

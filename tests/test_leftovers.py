@@ -10,7 +10,7 @@ import torch
 
 from graphmode.agent import nodes
 from graphmode.agent.leftovers import mark_decode_runs
-from graphmode.agent.state import RunState
+from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
 from graphmode.runners.line_trace import lines_run
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source, fixed_by
@@ -80,10 +80,9 @@ def test_each_line_is_left_for_a_person_once_with_every_reason(tmp_path):
     target.mkdir()
     (target / "model.py").write_text(TWICE_LEFT)
     findings = scan_source(TWICE_LEFT, "model.py")
-    state = RunState(session_id="leftovers", target=str(target), run_dir=str(tmp_path / "run"), sources=["model.py"],
-                     entry_class="Model", max_seq_len=32, findings=[f.to_dict() for f in findings],
-                     baseline={"headline": "not probed: this test is about the items left", "steps": 8,
-                               "recompile_reasons": []})
+    state = RunState(session_id="leftovers", options=RunOptions(target=str(target), run_dir=str(tmp_path / "run")),
+                     sources=["model.py"], entry_class="Model", max_seq_len=32, findings=findings,
+                     baseline=Baseline(headline="not probed: this test is about the items left", steps=8))
     # What is left before merging: the findings no codemod fixes and the codemods' own items.
     adaptation = adapt_source(TWICE_LEFT, "model.py", None, Options(entry_class="Model", max_seq_len=32))
     left = [(f.line, f.code, f.message) for f in findings if fixed_by(f, adaptation.edits) is None]
@@ -105,7 +104,8 @@ def test_each_line_is_left_for_a_person_once_with_every_reason(tmp_path):
     assert all(text in section for _, _, text in left)
 
     # The report of a run that could not verify lists the same items, once each, with every code.
-    state = state.model_copy(update={**designed, "approved": [], "verification": {"ran": False, "problems": ["x"]}})
+    state = RunState.model_validate({**state.model_dump(), **designed, "approved": [],
+                                     "verification": Verification(ran=False, problems=["x"])})
     reported = nodes.report(state)
     detail = json.loads((tmp_path / "run" / "report.json").read_text())["manual_items_detail"]
     assert [(d["line"], d["codes"]) for d in detail] == [

@@ -90,19 +90,20 @@ def _unstable_headline_is_not_quoted(run: Path, home: Path) -> None:
     """The same session's report, drawn again as if its runs had spread widely: the headline says the figure is
     unstable and cannot be quoted, instead of printing it in bold."""
     from graphmode.agent import nodes, workflow
-    from graphmode.agent.state import RunState
 
     os.environ["GRAPHMODE_HOME"] = str(home)
     try:
         with workflow.open_checkpointer() as checkpointer:
             graph = workflow.build_graph(checkpointer)
             sessions = {c.config["configurable"]["thread_id"] for c in checkpointer.list(None)}
-            state = RunState(**graph.get_state({"configurable": {"thread_id": sessions.pop()}}).values)
+            session = sessions.pop()
+            state = workflow.saved_state(session, graph.get_state({"configurable": {"thread_id": session}}).values)
     finally:
         os.environ.pop("GRAPHMODE_HOME")
-    spread = {**state.verification["decode_speedup_range"], "min": 0.24, "max": 50.9}
-    state = state.model_copy(update={"run_dir": str(run.parent / "redrawn"),
-                                     "verification": {**state.verification, "decode_speedup_range": spread}})
+    spread = {**state.verification.decode_speedup_range, "min": 0.24, "max": 50.9}
+    state = state.model_copy(update={
+        "options": state.options.model_copy(update={"run_dir": str(run.parent / "redrawn")}),
+        "verification": state.verification.model_copy(update={"decode_speedup_range": spread})})
     nodes.report(state)
     text = (run.parent / "redrawn" / "report.md").read_text()
     assert "**unstable**: the runs put the speed-up anywhere in [0.24, 50.90]" in text
@@ -220,3 +221,20 @@ def test_non_utf8_source_and_unknown_backend_and_session(tmp_path, home):
 
     unknown = graphmode("resume", "nosuchid", home=home, cwd=tmp_path)
     assert unknown.returncode == 2 and "no session nosuchid" in unknown.stderr
+
+
+def test_a_session_saved_in_an_earlier_layout_is_refused_with_what_to_do():
+    """Sessions saved before the options were nested (layout 1: every field top-level) are not misread."""
+    from graphmode.agent.errors import UserError
+    from graphmode.agent.state import SCHEMA_VERSION, RunOptions, RunState
+    from graphmode.agent.workflow import saved_state, saved_target
+
+    earlier = {"session_id": "old1", "target": "/models/llama", "run_dir": "/out/llama", "backend": "inductor"}
+    with pytest.raises(UserError, match=r"session old1 was saved by an earlier graphmode \(state layout 1, this one "
+                                        rf"reads {SCHEMA_VERSION}\); start it again with `graphmode adapt "
+                                        r"/models/llama`"):
+        saved_state("old1", earlier)
+    assert saved_target(earlier) == "/models/llama"
+    current = RunState(session_id="new1", options=RunOptions(target="/models/gpt", run_dir="/out/gpt"))
+    values = dict(current)  # what the checkpointer hands back: one value per field, models kept as models
+    assert saved_state("new1", values) == current and saved_target(values) == "/models/gpt"

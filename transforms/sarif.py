@@ -20,7 +20,7 @@ def to_sarif(result: ScanResult, version: str) -> dict:
             "name": rule.__name__,
             "shortDescription": {"text": rule.MESSAGE.replace("{name}", "…")},
             "help": {"text": f"See skills/{rule.SKILL}.md"},
-            "properties": {"skill": rule.SKILL, "codemods": list(rule.FIXED_BY)},
+            "properties": {"skill": rule.SKILL, "codemods": list(may_fix(rule.CODE))},
         }
         for rule in RULES
     ]

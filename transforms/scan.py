@@ -7,8 +7,8 @@ parsed (Python's own parser, fast): one that cannot be is an error line like any
 Files are decoded as Python decodes them (a PEP 263 coding line, else UTF-8), and anything that is not a
 regular file (a FIFO named `x.py`) is reported and skipped, never opened.
 
-Whether a codemod fixes a finding is known only by running it: a rule knows which codemods handle
-its kind of hazard (`may_fix`), not whether they recognise the idiom at that line. By default the
+Whether a codemod fixes a finding is known only by running it: the codemods say which kinds of hazard
+they handle (`FIXES`, read by `may_fix`), not whether they recognise the idiom at that line. By default the
 scan claims no fix (and imports no libcst); `check_fixes=True` runs the codemod pipeline over each
 file with findings, as `graphmode adapt` would, and marks `autofix` exactly on the findings one of
 its edits fixes (transforms.pipeline.fixed_by).
@@ -16,6 +16,7 @@ its edits fixes (transforms.pipeline.fixed_by).
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 import stat
@@ -28,10 +29,10 @@ from functools import partial
 from pathlib import Path
 
 from graphmode.transforms.findings import Finding
-from graphmode.transforms.rules import RULES, scan_source
+from graphmode.transforms.rules import scan_source
 
-# Rule code -> the codemods that handle its kind of hazard (they may still not recognise a given line).
-_MAY_FIX: dict[str, tuple[str, ...]] = {rule.CODE: rule.FIXED_BY for rule in RULES}
+# The codemods' package, whose sources `_fixers` reads.
+_CODEMODS_FOLDER = Path(__file__).parent / "codemods"
 
 # A finding needs a model step (a method these words name) or a compile call; a file with none of
 # these bytes is skipped unread by the parser.
@@ -59,8 +60,34 @@ class ScanResult:
 
 
 def may_fix(code: str) -> tuple[str, ...]:
-    """The codemods that handle this kind of hazard; () when only a person can fix it."""
-    return _MAY_FIX.get(code, ())
+    """The codemods that handle this kind of hazard (they may still not recognise a given line), in the order
+    they run; () when only a person can fix it. Each codemod's `FIXES` is the one statement of this."""
+    return _fixers().get(code, ())
+
+
+@functools.cache
+def _fixers() -> dict[str, tuple[str, ...]]:
+    """Rule code -> the codemods whose `FIXES` name it, in `CHAIN` order. Read from the codemods' source (the
+    literal `NAME` and `FIXES` of each class `CHAIN` lists) rather than imported: importing them loads libcst,
+    which a scan without `check_fixes` never does. tests/test_rules.py checks this against the imported CHAIN."""
+    package = ast.parse((_CODEMODS_FOLDER / "__init__.py").read_text(encoding="utf-8"))
+    modules = {alias.asname or alias.name: stmt.module.rpartition(".")[2]
+               for stmt in package.body if isinstance(stmt, ast.ImportFrom) and stmt.module
+               for alias in stmt.names}
+    chain = next(stmt.value for stmt in package.body
+                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "CHAIN")
+    found: dict[str, list[str]] = {}
+    for element in chain.elts:
+        module = ast.parse((_CODEMODS_FOLDER / f"{modules[element.id]}.py").read_text(encoding="utf-8"))
+        codemod = next(s for s in module.body if isinstance(s, ast.ClassDef) and s.name == element.id)
+        values = {target.id: stmt.value for stmt in codemod.body if isinstance(stmt, ast.Assign)
+                  for target in stmt.targets if isinstance(target, ast.Name)}
+        fixes = values["FIXES"]  # `frozenset({"GM101", ...})`
+        if not (isinstance(fixes, ast.Call) and len(fixes.args) == 1 and not fixes.keywords):
+            raise ValueError(f"{element.id}.FIXES is not written `frozenset({{...}})`")
+        for code in ast.literal_eval(fixes.args[0]):
+            found.setdefault(code, []).append(ast.literal_eval(values["NAME"]))
+    return {code: tuple(names) for code, names in found.items()}
 
 
 def fix_note(finding: Finding, result: ScanResult) -> str:

@@ -30,15 +30,7 @@ import libcst.matchers as m
 from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.cstutil import code_of, names_in, single_assignment, torch_call_name
 
-KEY_SLOTS = "graphmode_key_slots"
-KEY_SLOTS_SOURCE = f'''
-def {KEY_SLOTS}(position_ids):
-    """How many key slots attention reads (added by graphmode): every slot of the static cache in a compiled
-    graph, the ones written so far in an eager call."""
-    if torch.compiler.is_compiling():
-        return GRAPHMODE_MAX_SEQ_LEN
-    return int(position_ids.reshape(-1)[-1]) + 1
-'''
+KEY_SLOTS = "graphmode_key_slots"  # its code: helper-code/helpers.py, inserted by name
 _FACTORIES = frozenset({"ones", "zeros", "full", "empty"})
 
 

@@ -14,7 +14,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from graphmode.transforms.rules.reach import step_qualnames
+from graphmode.transforms.analysis.reach import step_qualnames
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
 MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
@@ -132,7 +132,7 @@ class GraphCodemod(VisitorBasedCodemodCommand):
 
 class StepCodemod(GraphCodemod):
     """A codemod that only touches code a model step reaches (`forward`, `decode`, ... and what they call in
-    the same file; transforms.rules.reach), as the rules only report there."""
+    the same file; transforms.analysis.reach), as the rules only report there."""
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._step_functions = step_qualnames(tree.code)

@@ -51,43 +51,20 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
     insert_after_imports, remove_imports_if_unused, self_attributes
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, CACHE_CLASS_SOURCE, HEAD_DIM_ATTRIBUTES, \
+from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
     single_assignment
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
+# The helpers inserted by name; their code is in helper-code/helpers.py.
 MASK_BUILDER = "graphmode_causal_mask"
-MASK_BUILDER_SOURCE = f'''
-def {MASK_BUILDER}(max_seq_len, sliding_window=None):
-    """The additive causal mask for every position, built once (added by graphmode).
-
-    Row p holds 0 where position p may attend and the float32 minimum elsewhere, as transformers'
-    mask helpers fill it; with a sliding window, p sees only the last `sliding_window` positions.
-    Columns past p are hidden, which also hides the slots a static cache has not written yet.
-    """
-    visible = torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).tril()
-    if sliding_window is not None:
-        visible = visible.triu(1 - sliding_window)
-    return torch.zeros(max_seq_len, max_seq_len).masked_fill(~visible, torch.finfo(torch.float32).min)
-'''
 WRITTEN_SLOTS = "graphmode_written"
-WRITTEN_SLOTS_SOURCE = f'''
-def {WRITTEN_SLOTS}(k, v, input_pos, seq_dim=2):
-    """The slots of static cache buffers written so far (added by graphmode).
-
-    Eager callers that carry the cache read the past length off it, so they get the written slots only;
-    a compiled graph gets the whole buffers and no host sync.
-    """
-    if torch.compiler.is_compiling():
-        return k, v
-    end = int(input_pos[-1]) + 1
-    return k.narrow(seq_dim, 0, end), v.narrow(seq_dim, 0, end)
-'''
 _ALL_MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS | CACHE_POSITION_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
@@ -327,12 +304,12 @@ class CacheObject(GraphCodemod):
             return tree
         module = tree.visit(_Apply(plan))
         module = remove_imports_if_unused(module, plan.helpers)
-        module = insert_after_imports(module, list(cst.parse_module(MASK_BUILDER_SOURCE).body)) \
+        module = insert_after_imports(module, helper_statements(MASK_BUILDER)) \
             if not defined_at_top(module, MASK_BUILDER) else module
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
-            module = insert_after_imports(module, list(cst.parse_module(WRITTEN_SLOTS_SOURCE).body))
+            module = insert_after_imports(module, helper_statements(WRITTEN_SLOTS))
         if not defined_at_top(module, CACHE_CLASS):
-            module = insert_after_imports(module, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
+            module = insert_after_imports(module, helper_statements(CACHE_CLASS))
         return ensure_size_constants(module, self.options)
 
     # -- the cache writes and lengths, in attention methods -----------------------------------------

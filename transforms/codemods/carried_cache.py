@@ -40,69 +40,20 @@ import libcst as cst
 import libcst.matchers as m
 
 from graphmode.transforms.codemods._call_graph import THREADED, Threading, class_tables
-from graphmode.transforms.codemods._new_positions import KEY_SLOTS, KEY_SLOTS_SOURCE, Derivation, derivation, \
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
 from graphmode.transforms.codemods._write_paths import place_write
 from graphmode.transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
     remove_imports_if_unused, self_attributes
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_BUILDER_SOURCE, mask_helper_call
+from graphmode.transforms.codemods.cache_object import MASK_BUILDER, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
     single_assignment
 
+# The helpers inserted by name; their code is in helper-code/helpers.py.
 BUFFERS_CLASS = "StaticKVBuffers"
-BUFFERS_CLASS_SOURCE = f'''
-class {BUFFERS_CLASS}(torch.nn.Module):
-    """Keys and values for every position up to the maximum, written in place (added by graphmode).
-
-    The buffers take the layout of the first keys and values written (Prefill, which runs eagerly), with
-    `max_seq_len` slots along `seq_dim` (`value_seq_dim` for the values, where they differ), so every compiled
-    Decode step sees the same shapes and memory. Slots not written yet hold zeros; the causal mask keeps
-    attention away from them.
-    """
-
-    def __init__(self, max_batch_size, max_seq_len, seq_dim, value_seq_dim=None):
-        super().__init__()
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.seq_dim, self.value_seq_dim = seq_dim, seq_dim if value_seq_dim is None else value_seq_dim
-        self.register_buffer("k_cache", None, persistent=False)
-        self.register_buffer("v_cache", None, persistent=False)
-
-    def update(self, input_pos, k, v):
-        if self.k_cache is None:
-            self.k_cache, self.v_cache = self._zeros_like(k, self.seq_dim), self._zeros_like(v, self.value_seq_dim)
-        k_out, v_out = self.k_cache, self.v_cache
-        if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
-            k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
-        k_out.index_copy_(self.seq_dim, input_pos, k)
-        v_out.index_copy_(self.value_seq_dim, input_pos, v)
-        if not torch.compiler.is_compiling():
-            # Eager callers (Prefill, the model's own generate loop) get the written slots only, as the growing
-            # cache gave them, so lengths read off the returned keys stay true; the masked slots add nothing.
-            written = int(input_pos[-1]) + 1
-            return k_out.narrow(self.seq_dim, 0, written), v_out.narrow(self.value_seq_dim, 0, written)
-        return k_out, v_out
-
-    def _zeros_like(self, new, seq_dim):
-        # Dim 0 holds `max_batch_size` sequences, or as many rows as the first write where it has more
-        # (a batch-times-heads layout).
-        shape = list(new.shape)
-        shape[0], shape[seq_dim] = max(self.max_batch_size, shape[0]), self.max_seq_len
-        return new.new_zeros(shape)
-'''
 MASK_ROWS = "graphmode_mask_rows"
-MASK_ROWS_SOURCE = f'''
-def {MASK_ROWS}(causal_mask, position_ids):
-    """Rows of the causal mask for the tokens computed, (batch, 1, tokens, slots) (added by graphmode).
-
-    A compiled graph reads every slot of the static cache; an eager call gets the written slots only
-    ({BUFFERS_CLASS}.update hands back as many), so its rows stop at the last position written.
-    """
-    rows = causal_mask[position_ids][:, None]
-    if not torch.compiler.is_compiling():
-        rows = rows[..., : int(position_ids.reshape(-1)[-1]) + 1]
-    return rows
-'''
 # Where a method finds the slots of the tokens it computes, by the position parameter it has.
 _SLOTS = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
 
@@ -219,14 +170,14 @@ class CarriedCache(GraphCodemod):
             return tree
         module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
         module = remove_imports_if_unused(module, plan.helpers)
-        generated = [(BUFFERS_CLASS, BUFFERS_CLASS_SOURCE)]
+        generated = [BUFFERS_CLASS]
         if plan.mask_buffers:
-            generated += [(MASK_BUILDER, MASK_BUILDER_SOURCE), (MASK_ROWS, MASK_ROWS_SOURCE)]
+            generated += [MASK_BUILDER, MASK_ROWS]
         if plan.key_slots:
-            generated.append((KEY_SLOTS, KEY_SLOTS_SOURCE))
-        for name, source in reversed(generated):  # each goes first after the imports
+            generated.append(KEY_SLOTS)
+        for name in reversed(generated):  # each goes first after the imports
             if not defined_at_top(module, name):
-                module = insert_after_imports(module, list(cst.parse_module(source).body))
+                module = insert_after_imports(module, helper_statements(name))
         return ensure_size_constants(module, self.options)
 
     def _threading(self, tree: cst.Module, plan: _Plan) -> Threading:

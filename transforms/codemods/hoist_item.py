@@ -3,7 +3,7 @@
 
 They stay in eager runs (the original model, Prefill) and are skipped while Dynamo traces, so the
 compiled Decode never waits for the device to hand a value to Python, nor breaks its graph to print.
-Only functions a model step reaches are touched (see transforms.rules.reach).
+Only functions a model step reaches are touched (see transforms.analysis.reach).
 """
 from __future__ import annotations
 

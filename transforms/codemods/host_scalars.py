@@ -25,9 +25,9 @@ import textwrap
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, single_assignment
-from graphmode.transforms.rules.idioms import produces_tensor, tensor_names
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
 _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."
@@ -136,7 +136,7 @@ def _conversion(value: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | N
 
 
 def _tensor_names(function: cst.FunctionDef) -> frozenset[str]:
-    """The rules' guess at which local names hold tensors (transforms.rules.idioms), on this function."""
+    """The rules' guess at which local names hold tensors (transforms.analysis.idioms), on this function."""
     tree = ast.parse(textwrap.dedent(code_of(function.with_changes(decorators=[]))))
     return tensor_names(tree.body[0])
 

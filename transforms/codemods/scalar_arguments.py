@@ -22,9 +22,9 @@ import ast
 
 import libcst as cst
 
+from graphmode.transforms.analysis.idioms import produces_tensor
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name
-from graphmode.transforms.rules.idioms import produces_tensor
 
 # op -> {scalar keyword: (position, keyword) of the operand it multiplies}, positions counted for `torch.op(...)`;
 # the method form `input.op(...)` has them one lower.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import (
     BufferCodemod,
     append_to_init,
@@ -27,34 +28,7 @@ from graphmode.transforms.vocabulary import TENSOR_POSITION_PARAMS
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
 HEAD_DIM_ATTRIBUTES = ("head_dim", "head_size", "d_head")
-CACHE_CLASS = "StaticKVCache"
-
-CACHE_CLASS_SOURCE = f'''
-class {CACHE_CLASS}(torch.nn.Module):
-    """Keys and values for every position up to the maximum, written in place (added by graphmode).
-
-    Every Decode step sees the same shapes and the same memory, which capture/replay backends need.
-    Slots not written yet hold zeros; the causal mask keeps attention away from them.
-    """
-
-    def __init__(self, max_batch_size, n_heads, max_seq_len, head_dim, seq_dim=2):
-        super().__init__()
-        shape = [max_batch_size, n_heads, head_dim]
-        shape.insert(seq_dim, max_seq_len)
-        self.seq_dim = seq_dim
-        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
-
-    def update(self, input_pos, k, v):
-        # The buffers themselves, not views of them: a compiled graph hands an output that is an
-        # input straight back, but rebuilds a view of a mutated input on every call.
-        k_out, v_out = self.k_cache, self.v_cache
-        if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
-            k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
-        k_out.index_copy_(self.seq_dim, input_pos, k)
-        v_out.index_copy_(self.seq_dim, input_pos, v)
-        return k_out, v_out
-'''
+CACHE_CLASS = "StaticKVCache"  # its code: helper-code/helpers.py, inserted by name
 
 
 def cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
@@ -138,5 +112,5 @@ class StaticKVCacheCodemod(BufferCodemod):
 
     def finish_module(self, module: cst.Module) -> cst.Module:
         if not defined_at_top(module, CACHE_CLASS):
-            module = insert_after_imports(module, list(cst.parse_module(CACHE_CLASS_SOURCE).body))
+            module = insert_after_imports(module, helper_statements(CACHE_CLASS))
         return super().finish_module(module)

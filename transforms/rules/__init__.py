@@ -4,9 +4,9 @@ from __future__ import annotations
 import ast
 import warnings
 
+from graphmode.transforms.analysis.reach import reachable_functions
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.rules.base import Rule, SourceFile
-from graphmode.transforms.rules.reach import reachable_functions
 from graphmode.transforms.rules.gm101_host_sync import HostSync
 from graphmode.transforms.rules.gm102_tensor_to_python import TensorToPython
 from graphmode.transforms.rules.gm103_copy_to_host import CopyToHost

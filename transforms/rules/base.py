@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+from graphmode.transforms.analysis.astutil import CHILD_FIELDS, FUNCTION_TYPES, dotted_name
 from graphmode.transforms.findings import Finding
-from graphmode.transforms.rules.astutil import CHILD_FIELDS, FUNCTION_TYPES, dotted_name
 
 # `not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored.
 _GUARD_CALLS = frozenset({"torch.compiler.is_compiling", "torch._dynamo.is_compiling"})
@@ -45,7 +45,7 @@ class SourceFile:
         self.source = source
         self.path = path
         self.tree = tree
-        self.step_functions = step_functions  # see transforms.rules.reach
+        self.step_functions = step_functions  # see transforms.analysis.reach
         self._ascii = source.isascii()
         self._starts: list[int] | None = None
         self._facts: dict[str, object] = {}
@@ -300,13 +300,15 @@ class Rule:
     CODE: ClassVar[str]
     MESSAGE: ClassVar[str]
     SKILL: ClassVar[str]
-    # Codemods (transforms.codemods) that remove this hazard where they recognise its idiom; empty
-    # when only a person can fix it. A finding is not marked fixed from this alone: only running the
-    # codemods shows whether they recognise it (transforms.scan, `graphmode scan --check-fixes`).
-    FIXED_BY: ClassVar[tuple[str, ...]] = ()
+    # Which codemods fix a rule is stated once, by each codemod's FIXES (transforms.scan.may_fix reads them).
     # True when the rule reports only where `in_step_code(node)` holds for the visited node: the walk
     # then skips it outside step code.
     STEP_ONLY: ClassVar[bool] = False
+    # Fixit-style examples, each scanned as a whole file of its own (tests/test_rule_examples.py): snippets
+    # this rule must not report, and snippets it must report at least once. They document where the rule's
+    # edges lie (what it deliberately leaves alone), so they are written indented and dedented before use.
+    VALID: ClassVar[tuple[str, ...]]
+    INVALID: ClassVar[tuple[str, ...]]
 
     def __init__(self, file: SourceFile) -> None:
         self.file = file
@@ -348,7 +350,7 @@ class Rule:
         return None
 
     def in_step_code(self, node: ast.AST) -> bool:
-        """Inside a function a model step reaches (see transforms.rules.reach), and not under an
+        """Inside a function a model step reaches (see transforms.analysis.reach), and not under an
         `if not torch.compiler.is_compiling():` guard (eager-only code)."""
         file = self.file
         current = file.current

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import dotted_name, name_of, statements
+from graphmode.transforms.analysis.astutil import dotted_name, name_of, statements
+from graphmode.transforms.analysis.idioms import keyword, string_value
 from graphmode.transforms.rules.base import SourceFile
-from graphmode.transforms.rules.idioms import keyword, string_value
 
 GE = "ge"
 NPUGRAPH_EX = "npugraph_ex"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import method_call_name
+from graphmode.transforms.analysis.astutil import method_call_name
 from graphmode.transforms.rules.base import Rule
 
 _SYNC_METHODS = frozenset({"item", "tolist"})
@@ -13,8 +13,69 @@ class HostSync(Rule):
     CODE = "GM101"
     MESSAGE = "`.{name}()` waits for the device and copies a value to the host; a captured graph cannot contain it"
     SKILL = "host-syncs"
-    FIXED_BY = ("hoist_item", "static_rotary", "host_scalars", "scalar_arguments")
     STEP_ONLY = True
+    VALID = (
+        # Read once per call in eager code only: the guard keeps it out of the compiled step.
+        """
+        import torch
+
+
+        class Head(torch.nn.Module):
+            def forward(self, logits):
+                if not torch.compiler.is_compiling():
+                    self.last_max = logits.max().item()
+                return logits.argmax(-1)
+        """,
+        # A training loop is not reached from any model step.
+        """
+        import torch
+
+
+        def train_epoch(model, batches, optimizer):
+            for batch in batches:
+                loss = model(batch).mean()
+                loss.backward()
+                optimizer.step()
+                print(loss.item())
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x * 2
+        """,
+        # `.item(i)` with an argument is numpy's element access, not the tensor sync.
+        """
+        import torch
+
+
+        class Table(torch.nn.Module):
+            def forward(self, x):
+                return x * self.scales.item(0)
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Sampler(torch.nn.Module):
+            def forward(self, logits):
+                next_token = logits.argmax(-1).item()
+                return next_token
+        """,
+        # Reached through `self._lengths(...)` from forward.
+        """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, mask):
+                return x[:, : max(self._lengths(mask))]
+
+            def _lengths(self, mask):
+                return mask.sum(-1).tolist()
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         name = method_call_name(node)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
+from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import produces_tensor, tensor_names
 
 _CONVERSIONS = frozenset({"int", "float", "bool"})
 
@@ -17,6 +17,61 @@ class TensorToPython(Rule):
     )
     SKILL = "host-syncs"
     STEP_ONLY = True
+    VALID = (
+        # Shapes are Python ints already: no device read.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x):
+                bsz = int(x.shape[0])
+                head_dim = int(x.size(-1))
+                return x.view(bsz, -1, head_dim)
+        """,
+        # `torch.finfo(...).min` is a Python float, not a tensor.
+        """
+        import torch
+
+
+        class Mask(torch.nn.Module):
+            def forward(self, scores, mask):
+                fill = float(torch.finfo(scores.dtype).min)
+                return scores.masked_fill(mask, fill)
+        """,
+        # Eager-only code under the guard.
+        """
+        import torch
+
+
+        class Stats(torch.nn.Module):
+            def forward(self, x):
+                if not torch.compiler.is_compiling():
+                    self.peak = float(x.abs().max())
+                return x
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Trim(torch.nn.Module):
+            def forward(self, x, mask):
+                length = int(mask.sum())
+                return x[:, :length]
+        """,
+        # A local name assigned a tensor, converted later.
+        """
+        import torch
+
+
+        class Scale(torch.nn.Module):
+            def forward(self, x):
+                peak = torch.amax(x.abs())
+                return x / float(peak)
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

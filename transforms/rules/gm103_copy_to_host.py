@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import arg_value, first_arg, is_positional, method_call_name
+from graphmode.transforms.analysis.astutil import arg_value, first_arg, is_positional, method_call_name
+from graphmode.transforms.analysis.idioms import keyword, string_value
 from graphmode.transforms.rules.base import Rule, SourceFile
-from graphmode.transforms.rules.idioms import keyword, string_value
 
 
 def _to_cpu(node: ast.Call, file: SourceFile) -> bool:
@@ -28,6 +28,56 @@ class CopyToHost(Rule):
     )
     SKILL = "host-syncs"
     STEP_ONLY = True
+    VALID = (
+        # Moves between devices or dtypes stay on the device.
+        """
+        import torch
+
+
+        class Cast(torch.nn.Module):
+            def forward(self, x):
+                return x.to(self.device).to(torch.float16)
+        """,
+        # The eager caller copies the result after the compiled call.
+        """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, ids):
+                return self.lm_head(self.body(ids))
+
+            def generate(self, ids):
+                return self(ids).argmax(-1).cpu().numpy()
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Head(torch.nn.Module):
+            def forward(self, logits):
+                return logits.argmax(-1).cpu()
+        """,
+        """
+        import torch
+
+
+        class Head(torch.nn.Module):
+            def forward(self, logits):
+                return logits.float().to("cpu")
+        """,
+        """
+        import torch
+
+
+        class Head(torch.nn.Module):
+            def forward(self, logits):
+                probs = logits.softmax(-1)
+                return probs.to(device="cpu")
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         name = method_call_name(node)

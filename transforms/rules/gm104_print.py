@@ -23,8 +23,51 @@ class PrintInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "host-syncs"
-    FIXED_BY = ("hoist_item",)
     STEP_ONLY = True
+    VALID = (
+        # A literal message prints no computed value.
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                print("block entered")
+                return x + 1
+        """,
+        # Eager-only code under the guard.
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                if not torch.compiler.is_compiling():
+                    print(x.shape)
+                return x + 1
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                print(x.shape)
+                return x + 1
+        """,
+        # An f-string that interpolates is a computed value.
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                print(f"mean={x.mean()}")
+                return x + 1
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         if not (node.func.__class__ is ast.Name and node.func.id == "print"):

@@ -3,17 +3,60 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.vocabulary import TENSOR_FACTORIES
-from graphmode.transforms.rules.astutil import torch_call_name
+from graphmode.transforms.analysis.astutil import torch_call_name
 from graphmode.transforms.rules.base import Rule
+from graphmode.transforms.vocabulary import TENSOR_FACTORIES
 
 
 class TensorCreatedInForward(Rule):
     CODE = "GM201"
     MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
     SKILL = "static-buffers"
-    FIXED_BY = ("static_rotary", "static_mask", "static_positions", "cache_object", "carried_cache")
     STEP_ONLY = True
+    VALID = (
+        # Built once in __init__ (no step reaches it) and indexed in forward.
+        """
+        import torch
+
+
+        class Rotary(torch.nn.Module):
+            def __init__(self, dim, max_len):
+                super().__init__()
+                self.register_buffer("positions", torch.arange(max_len))
+
+            def forward(self, x):
+                return self.positions[: x.shape[1]]
+        """,
+        # `torch.where` selects between existing tensors; it is no factory.
+        """
+        import torch
+
+
+        class Mask(torch.nn.Module):
+            def forward(self, scores, keep):
+                return torch.where(keep, scores, scores.new_tensor(float("-inf")))
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Mask(torch.nn.Module):
+            def forward(self, x):
+                n = x.shape[1]
+                mask = torch.full((n, n), float("-inf"), device=x.device)
+                return torch.triu(mask, diagonal=1)
+        """,
+        """
+        import torch
+
+
+        def forward(tokens):
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            return tokens + positions
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         name = torch_call_name(node)

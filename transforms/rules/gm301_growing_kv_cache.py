@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import arg_value, first_arg, name_of, torch_call_name
+from graphmode.transforms.analysis.astutil import arg_value, first_arg, name_of, torch_call_name
 from graphmode.transforms.rules.base import Rule
 
 
@@ -32,8 +32,49 @@ class GrowingKVCache(Rule):
         "preallocate it and write in place at the position"
     )
     SKILL = "static-kv-cache"
-    FIXED_BY = ("static_kv_cache", "cache_object", "carried_cache")
     STEP_ONLY = True
+    VALID = (
+        # rotate_half: its first part is a negated slice, not an old cache.
+        """
+        import torch
+
+
+        class Rotary(torch.nn.Module):
+            def forward(self, x):
+                half = x.shape[-1] // 2
+                return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        """,
+        # Joining two new tensors, not growing a cache.
+        """
+        import torch
+
+
+        class Fuse(torch.nn.Module):
+            def forward(self, k, v):
+                return torch.cat([k, v], dim=-1)
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, v, past_key_value=None):
+                if past_key_value is not None:
+                    k = torch.cat([past_key_value[0], k], dim=2)
+                    v = torch.cat([past_key_value[1], v], dim=2)
+                return k, v
+        """,
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, past_key):
+                return torch.cat((past_key, k), dim=-2)
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         if torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):

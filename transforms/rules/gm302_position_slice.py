@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import is_position_param, name_of, names_in
+from graphmode.transforms.analysis.astutil import is_position_param, name_of, names_in
+from graphmode.transforms.analysis.idioms import local_assignments, per_function
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import local_assignments, per_function
 
 
 def _int_arithmetic(node: ast.expr) -> bool:
@@ -47,7 +47,6 @@ def position_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, st
 
 class PositionSlice(Rule):
     CODE = "GM302"
-    FIXED_BY = ("sliced_tables", "sliced_kv_cache", "carried_cache")
     MESSAGE = (
         "a slice bounded by the Python-int position `{name}` changes every Decode step (a new constant, "
         "and for a read a new shape), so the graph recompiles or recaptures; read the whole cache under "
@@ -55,6 +54,60 @@ class PositionSlice(Rule):
     )
     SKILL = "static-kv-cache"
     STEP_ONLY = True
+    VALID = (
+        # The position is a tensor: written with index_copy_, no slice by it.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, input_pos: torch.Tensor):
+                self.cache_k.index_copy_(1, input_pos, k)
+                return self.cache_k
+        """,
+        # A slice by the new tokens' length is not a slice by the position.
+        """
+        import torch
+
+
+        class Rotary(torch.nn.Module):
+            def forward(self, x, seqlen):
+                return x * self.freqs[:seqlen]
+        """,
+        # Indexing one element at the position is not a slice.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, start_pos: int):
+                self.cache_k[:, start_pos] = k[:, 0]
+                return self.cache_k
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, start_pos: int):
+                seqlen = k.shape[1]
+                self.cache_k[:, start_pos : start_pos + seqlen] = k
+                return self.cache_k
+        """,
+        # A local name computed from the position by int arithmetic.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, k, start_pos: int):
+                seqlen = k.shape[1]
+                end = start_pos + seqlen
+                return self.cache_k[:, :end]
+        """,
+    )
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         index = node.slice

@@ -22,8 +22,55 @@ class CacheObject(Rule):
         "has one"
     )
     SKILL = "static-kv-cache"
-    FIXED_BY = ("cache_object",)
     STEP_ONLY = True
+    VALID = (
+        # Written for static caches: `cache_position` says the caller picks a cache that does not grow.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, hidden_states, past_key_value=None, cache_position=None):
+                k, v = self.k_proj(hidden_states), self.v_proj(hidden_states)
+                cache_kwargs = {"cache_position": cache_position}
+                k, v = past_key_value.update(k, v, self.layer_idx, cache_kwargs)
+                return k, v
+        """,
+        # A dict's one-argument `update` is not a cache write.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, hidden_states, sin, cos):
+                cache_kwargs = {}
+                cache_kwargs.update({"sin": sin, "cos": cos})
+                return hidden_states, cache_kwargs
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, hidden_states, past_key_value=None):
+                k, v = self.k_proj(hidden_states), self.v_proj(hidden_states)
+                if past_key_value is not None:
+                    k, v = past_key_value.update(k, v, self.layer_idx)
+                return k, v
+        """,
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, hidden_states, past_key_value=None):
+                kv_seq_len = hidden_states.shape[-2]
+                kv_seq_len += past_key_value.get_usable_length(kv_seq_len, self.layer_idx)
+                return kv_seq_len
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import names_in
+from graphmode.transforms.analysis.astutil import names_in
 from graphmode.transforms.rules.base import Rule
 
 # Names that, in inference code, mean "how many new tokens" or "is this the prompt".
@@ -24,8 +24,68 @@ class ShapeBranch(Rule):
         "the Decode entry should hold only the Decode path"
     )
     SKILL = "prefill-decode-split"
-    FIXED_BY = ("static_rotary", "static_mask", "split_decode")
     STEP_ONLY = True
+    VALID = (
+        # A shape check that only raises: Dynamo settles it while tracing.
+        """
+        import torch
+
+
+        class Decode(torch.nn.Module):
+            def forward(self, x):
+                q_len = x.shape[1]
+                if q_len != 1:
+                    raise ValueError("decode takes one token")
+                return self.proj(x)
+        """,
+        # Branches on other values (an optional input) are not a Prefill/Decode split.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, scores, attention_mask=None):
+                if attention_mask is not None:
+                    scores = scores + attention_mask
+                return scores.softmax(-1)
+        """,
+        # Eager-only code under the guard.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, seq_len):
+                if not torch.compiler.is_compiling():
+                    if seq_len > 1:
+                        self.prompts_seen += 1
+                return x
+        """,
+    )
+    INVALID = (
+        # A Python-int length is still a length: Prefill takes one side, Decode the other.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, scores):
+                seqlen = scores.shape[-1]
+                if seqlen > 1:
+                    scores = scores + self.causal_mask[:seqlen, :seqlen]
+                return scores.softmax(-1)
+        """,
+        """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, is_prefill=False):
+                if is_prefill:
+                    return self.prefill_path(x)
+                return self.decode_path(x)
+        """,
+    )
 
     def visit_If(self, node: ast.If) -> None:
         if not self.in_step_code(node) or _only_raises(node):

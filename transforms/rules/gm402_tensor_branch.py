@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import method_call_name, names_in, preorder, torch_call_name
+from graphmode.transforms.analysis.astutil import method_call_name, names_in, preorder, torch_call_name
+from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names_at
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import produces_tensor, tensor_names_at
 
 # Calls whose result a branch can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all", "equal", "allclose"})
@@ -59,8 +59,73 @@ class TensorBranch(Rule):
         "or decide in the eager caller"
     )
     SKILL = "refactoring-principles"
-    FIXED_BY = ("tensor_branches", "hoist_item")
     STEP_ONLY = True
+    VALID = (
+        # `torch.is_*` answers a Python bool about the runtime, not about tensor data.
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                if torch.is_autocast_enabled():
+                    x = x.float()
+                return self.proj(x)
+        """,
+        # A Python-int length read from the shape is no tensor value.
+        """
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                seq_len = x.shape[1]
+                if seq_len > self.window:
+                    x = x[:, -self.window :]
+                return x
+        """,
+        # Identity tests look at no data.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, scores, mask=None):
+                return scores if mask is None else scores + mask
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Guard(torch.nn.Module):
+            def forward(self, x):
+                if torch.isnan(x).any():
+                    x = torch.nan_to_num(x)
+                return x
+        """,
+        """
+        import torch
+
+
+        class Generator(torch.nn.Module):
+            def forward(self, tokens, eos_id):
+                while (tokens[:, -1] != eos_id).any():
+                    tokens = self.step(tokens)
+                return tokens
+        """,
+        # A local name assigned a reduction, compared in a conditional expression.
+        """
+        import torch
+
+
+        class Clip(torch.nn.Module):
+            def forward(self, x):
+                peak = x.abs().max()
+                return x / peak if peak > 1 else x
+        """,
+    )
 
     def _check(self, node: ast.AST, test: ast.expr, kind: str) -> None:
         if not self.in_step_code(node):

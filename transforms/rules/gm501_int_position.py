@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import is_position_param
+from graphmode.transforms.analysis.astutil import is_position_param
 from graphmode.transforms.rules.base import Rule
 
 
@@ -14,7 +14,49 @@ class IntPosition(Rule):
         "and recompiles each step; pass a position tensor instead"
     )
     SKILL = "positions-as-tensors"
-    FIXED_BY = ("static_positions",)
+    VALID = (
+        # The position arrives as a tensor.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, start_pos: torch.Tensor):
+                return x + self.freqs[start_pos]
+        """,
+        # A `pos` without an int annotation may be anything; only the well-known names count unannotated.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, pos):
+                return x + self.freqs[pos]
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Transformer(torch.nn.Module):
+            def forward(self, tokens, start_pos: int):
+                return self.layers(tokens, start_pos)
+        """,
+        # An int-annotated name that reads as a position.
+        """
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, cache_pos: int):
+                return x + self.freqs[cache_pos]
+        """,
+        """
+        def decode_one_token(model, token, past_length):
+            return model(token, past_length)
+        """,
+    )
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for param in node.args.args:

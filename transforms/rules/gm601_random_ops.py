@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import dotted_name, name_of, torch_call_name
+from graphmode.transforms.analysis.astutil import dotted_name, name_of, torch_call_name
+from graphmode.transforms.analysis.idioms import keyword, positional_args
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import keyword, positional_args
 
 RANDOM_OPS = frozenset(
     {"rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "poisson", "rand_like",
@@ -53,6 +53,59 @@ class RandomOps(Rule):
     )
     SKILL = "inference-hygiene"
     STEP_ONLY = True
+    VALID = (
+        # Dropout that follows `model.eval()`: a module, or the functional form with `training=self.training`.
+        """
+        import torch
+        import torch.nn.functional as F
+
+
+        class MLP(torch.nn.Module):
+            def forward(self, x):
+                x = self.dropout(self.fc1(x))
+                return F.dropout(self.fc2(x), p=0.1, training=self.training)
+        """,
+        # Sampling in the eager caller, after the compiled step.
+        """
+        import torch
+
+
+        class LM(torch.nn.Module):
+            def forward(self, ids):
+                return self.lm_head(self.body(ids))
+
+            def sample(self, ids, temperature):
+                probs = (self(ids)[:, -1] / temperature).softmax(-1)
+                return torch.multinomial(probs, num_samples=1)
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        class Noisy(torch.nn.Module):
+            def forward(self, x):
+                return x + 0.01 * torch.randn_like(x)
+        """,
+        """
+        import torch
+        import torch.nn.functional as F
+
+
+        class MLP(torch.nn.Module):
+            def forward(self, x):
+                return F.dropout(self.fc(x), p=0.1)
+        """,
+        """
+        import torch
+
+
+        def decode_one_token(model, token):
+            probs = model(token)[:, -1].softmax(-1)
+            return torch.multinomial(probs, num_samples=1)
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         op = torch_call_name(node)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import dotted_name
+from graphmode.transforms.analysis.astutil import dotted_name
 from graphmode.transforms.rules.base import Rule
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
@@ -32,8 +32,69 @@ class LoggingInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "inference-hygiene"
-    FIXED_BY = ("hoist_item",)
     STEP_ONLY = True
+    VALID = (
+        # A logger made at import time, used in __init__, which no step reaches.
+        """
+        import logging
+
+        import torch
+
+        logger = logging.getLogger(__name__)
+
+
+        class Model(torch.nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                logger.info("building %d layers", config.num_layers)
+
+            def forward(self, x):
+                return x
+        """,
+        # Eager-only code under the guard.
+        """
+        import logging
+
+        import torch
+
+        logger = logging.getLogger(__name__)
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                if not torch.compiler.is_compiling():
+                    logger.debug("input %s", tuple(x.shape))
+                return x
+        """,
+    )
+    INVALID = (
+        """
+        import logging
+
+        import torch
+
+        logger = logging.getLogger(__name__)
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, output_attentions=False):
+                if output_attentions:
+                    logger.warning_once("sdpa cannot return attention weights")
+                return x
+        """,
+        """
+        import warnings
+
+        import torch
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, x, padding_mask=None):
+                if padding_mask is not None:
+                    warnings.warn("padding_mask is deprecated")
+                return x
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         name = _logging_call(node)

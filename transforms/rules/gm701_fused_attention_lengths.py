@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import method_call_name, name_of
+from graphmode.transforms.analysis.astutil import method_call_name, name_of
+from graphmode.transforms.analysis.idioms import names_assigned, per_function
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import names_assigned, per_function
 
 FUSED_ATTENTION_OPS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 LENGTH_KEYWORDS = frozenset({"actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen"})
@@ -46,6 +46,63 @@ class FusedAttentionLengths(Rule):
     MESSAGE = "`{name}` passed to fused attention is {kind}"
     SKILL = "fused-attention"
     STEP_ONLY = True
+    VALID = (
+        # No lengths passed.
+        """
+        import torch
+        import torch_npu
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                out, _ = torch_npu.npu_fused_infer_attention_score(
+                    q, k, v, num_heads=self.num_heads, input_layout="BSH"
+                )
+                return out
+        """,
+        # Lengths passed as None say nothing about their form.
+        """
+        import torch
+        import torch_npu
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                out, _ = torch_npu.npu_fused_infer_attention_score(
+                    q, k, v, num_heads=self.num_heads, actual_seq_lengths=None, actual_seq_lengths_kv=None
+                )
+                return out
+        """,
+    )
+    INVALID = (
+        # A list: fine for npugraph_ex with dynamic=True, not for GE.
+        """
+        import torch
+        import torch_npu
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                bsz = q.shape[0]
+                out, _ = torch_npu.npu_fused_infer_attention_score(
+                    q, k, v, num_heads=self.num_heads, actual_seq_lengths=[1] * bsz
+                )
+                return out
+        """,
+        # A tensor: fine for GE's torchair.ops variant, not for npugraph_ex.
+        """
+        import torch
+        import torch_npu
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v, kv_lens):
+                out, _ = torch.ops.npu.npu_fused_infer_attention_score.default(
+                    q, k, v, num_heads=self.num_heads, actual_seq_lengths_kv=kv_lens
+                )
+                return out
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         op = _op_name(node.func)

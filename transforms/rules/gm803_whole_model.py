@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import (FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional,
-                                                is_starred)
-from graphmode.transforms.rules.astutil import name_of, statements
+from graphmode.transforms.analysis.astutil import (FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional,
+                                                   is_starred)
+from graphmode.transforms.analysis.astutil import name_of, statements
+from graphmode.transforms.analysis.idioms import has_positional, keyword
 from graphmode.transforms.rules.base import Rule
 from graphmode.transforms.rules.compile_calls import is_torch_compile
-from graphmode.transforms.rules.idioms import has_positional, keyword
 
 _ENTRY_HINTS = ("decode", "step")
 
@@ -40,6 +40,60 @@ class WholeModelCompiled(Rule):
         "compile only the Decode entry (`torch.compile(model.decode, ...)`) and run Prefill eagerly"
     )
     SKILL = "compile-calls"
+    VALID = (
+        # Only the Decode entry is compiled.
+        """
+        import torch
+
+
+        def build(model):
+            return torch.compile(model.decode, backend="npugraph_ex", fullgraph=True)
+        """,
+        # A function of the file whose name says it is the step.
+        """
+        import torch
+
+
+        def decode_one_token(model, token, input_pos):
+            return model(token, input_pos)
+
+
+        decode = torch.compile(decode_one_token, fullgraph=True)
+        """,
+        # `re.compile(pattern)` takes a positional argument: not a model's compile.
+        """
+        import re
+
+        WORD = re.compile(r"\\w+")
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+
+        def build(model):
+            return torch.compile(model, backend="npugraph_ex", fullgraph=True)
+        """,
+        # nn.Module.compile() compiles the module's whole forward in place.
+        """
+        import torch
+
+
+        def build(model):
+            model.compile(backend="npugraph_ex", fullgraph=True)
+            return model
+        """,
+        """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            @torch.compile(fullgraph=True)
+            def forward(self, x):
+                return self.layers(x)
+        """,
+    )
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import dotted_name
+from graphmode.transforms.analysis.astutil import dotted_name
+from graphmode.transforms.analysis.idioms import int_value, string_value
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.idioms import int_value, string_value
 
 # Setting name -> its default: Dynamo's recompile_limit (alias cache_size_limit) and npugraph_ex's
 # capture_limit (TorchAir: debug.aclgraph.static_capture_size_limit).
@@ -19,6 +19,40 @@ class LowLimit(Rule):
         "(raises under fullgraph); size it to cover every shape Decode is expected to see (one per batch bucket)"
     )
     SKILL = "compile-limits"
+    VALID = (
+        # Raised above the default to cover every batch bucket.
+        """
+        import torch
+
+        torch._dynamo.config.recompile_limit = 32
+        """,
+        # At the default is not below it.
+        """
+        import torchair
+
+        config = torchair.CompilerConfig()
+        config.debug.aclgraph.static_capture_size_limit = 64
+        """,
+    )
+    INVALID = (
+        """
+        import torch
+
+        torch._dynamo.config.cache_size_limit = 1
+        """,
+        """
+        import torch
+
+
+        def compile_decode(model):
+            return torch.compile(model.decode, backend="npugraph_ex", fullgraph=True, options={"capture_limit": 16})
+        """,
+        """
+        import torchair
+
+        config = torchair.CompilerConfig(capture_limit=8)
+        """,
+    )
 
     def _check(self, node: ast.AST, name: str | None, value: ast.expr, within: ast.AST | None = None) -> None:
         if name not in DEFAULTS:

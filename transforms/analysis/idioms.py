@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 import functools
 from collections.abc import Callable, Iterable
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from graphmode.transforms.rules.astutil import is_positional, method_call_name, names_in, statements, torch_call_name
-from graphmode.transforms.rules.base import SourceFile
+from graphmode.transforms.analysis.astutil import is_positional, method_call_name, names_in, statements, torch_call_name
+
+if TYPE_CHECKING:  # for a hint only: importing the rules here would be circular, as they import this module
+    from graphmode.transforms.rules.base import SourceFile
 
 # `torch.X(...)` calls that return Python values, not tensors. Every `torch.is_*` and `torch.are_*` does
 # too (`is_tensor`, `is_autocast_enabled`, `is_grad_enabled`, `are_deterministic_algorithms_enabled`, ...):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.rules.astutil import FUNCTION_TYPES
+from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 
 STEP_METHODS = frozenset({"forward", "decode", "prefill", "decode_one_token", "prefill_forward", "_forward"})
 

@@ -1,0 +1,102 @@
+"""From the traced run's evidence to the codemods' options, and from the codemods' edits to the planned changes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graphmode.agent.sources import read_source
+from graphmode.agent.state import Change, RunState
+from graphmode.transforms.codemods import CODEMODS, Options
+from graphmode.transforms.findings import Finding
+from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
+
+
+def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
+    """Every file of the target through the codemods (`selected`: only these; None: all), with the options
+    the traced run's evidence gives them."""
+    # With batch buckets, the static buffers must hold the largest one.
+    calls = state.evidence.get("entry_calls") or {}
+    options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
+                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size),
+                      entry_roles=entry_roles(calls),
+                      recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
+                      prefill_resets=tuple(calls.get("prefill_resets", [])),
+                      traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
+                      changing_int_params=changing_int_params(state.evidence),
+                      host_sync_lines=host_sync_lines(state.evidence),
+                      position_lines=position_lines(state.evidence))
+    target = Path(state.options.target)
+    return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
+    """(parameter, role) for the codemods, from how the harness called the entry class's forward
+    (runners.entry_calls): a parameter Decode never gets is "omitted"; positions carry their layout."""
+    if not calls or calls.get("entry_class") is None:
+        return ()
+    roles = []
+    for use in calls.get("parameters", []):
+        role = use["role"] if use["in_decode"] else "omitted"
+        if (role == "positions" and use.get("layout") != "1d") or role == "mask_rows":
+            role = f"{role}:{use.get('layout')}"
+        roles.append((use["name"], role))
+    return tuple(roles)
+
+
+def evidence_caches(evidence: dict) -> tuple[tuple[str, int, int], ...]:
+    """(file, statement line, growing dim) of every KV cache the traced run saw grown by a `torch.cat` written
+    in the sources themselves (not inside a library call)."""
+    found = []
+    for key, entry in evidence.get("lines", {}).items():
+        file, _, line = key.rpartition(":")
+        for growth in entry.get("growing", []):
+            if growth.get("kind") == "cache" and not growth.get("via") and growth.get("dims"):
+                found.append((file, entry.get("statement") or int(line), growth["dims"][0]))
+    return tuple(sorted(set(found)))
+
+
+def host_sync_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+    """(file, statement line) of every statement the traced run saw read the device on the host in Decode."""
+    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
+                         for key, entry in evidence.get("lines", {}).items()
+                         if any(sync.get("decode") for sync in entry.get("syncs", []))}))
+
+
+def position_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+    """(file, statement line) of every statement the traced run saw make the positions of the tokens computed."""
+    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
+                         for key, entry in evidence.get("lines", {}).items() if entry.get("positions")}))
+
+
+def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:
+    """(file, function qualname, parameter) of the int parameters the traced run saw change every Decode step."""
+    return tuple(sorted((key.rpartition(":")[0], function["name"], param)
+                        for key, function in evidence.get("functions", {}).items()
+                        for param in function.get("params", {})))
+
+
+def plan_changes(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> list[Change]:
+    """One change per codemod that edits some file, in chain order, with the changes it needs and the findings
+    it fixes."""
+    edits = {name: [] for name in CODEMODS}
+    files = {name: [] for name in CODEMODS}
+    for adaptation in adaptations.values():
+        for name in adaptation.applied:
+            files[name].append(adaptation.path)
+        for edit in adaptation.edits:
+            edits[edit.codemod].append({"path": adaptation.path, **edit.to_dict()})
+    ids = {name: f"C{n}" for n, name in enumerate([n for n in CODEMODS if files[n]], start=1)}
+    plan = []
+    for name, change_id in ids.items():
+        codemod = CODEMODS[name]
+        fixes = [i for i, f in enumerate(findings) if _first_fixer(f, adaptations) == name]
+        plan.append(Change(
+            id=change_id, codemod=name, title=codemod.TITLE, description=codemod.DESCRIPTION, skill=codemod.SKILL,
+            requires=[ids[r] for r in (*codemod.REQUIRES, *codemod.ASSUMES) if r in ids], files=files[name],
+            edits=edits[name], fixes=fixes,
+        ))
+    return plan
+
+
+def _first_fixer(finding: Finding, adaptations: dict[str, FileAdaptation]) -> str | None:
+    adaptation = adaptations.get(finding.path)
+    return fixed_by(finding, adaptation.edits) if adaptation else None

@@ -1,0 +1,41 @@
+"""The helper code the codemods insert into the adapted file, taken by name from `helper-code/helpers.py`.
+
+That file is ordinary Python that imports torch, so graphmode never imports it (`graphmode scan` runs without
+torch): it ships as package data and is parsed here with libcst. Each definition is copied as written there,
+docstring and inner comments included, so what the adapted file gets is exactly that text.
+"""
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import libcst as cst
+
+HELPER_CODE = Path(__file__).with_name("helper-code") / "helpers.py"
+
+
+@cache
+def _definitions() -> dict[str, cst.ClassDef | cst.FunctionDef]:
+    """The top-level classes and functions of the helper file, by name (parsed once per process)."""
+    module = cst.parse_module(HELPER_CODE.read_text(encoding="utf-8"))
+    return {s.name.value: s for s in module.body if isinstance(s, (cst.ClassDef, cst.FunctionDef))}
+
+
+def helper_names() -> frozenset[str]:
+    """Every helper the file defines."""
+    return frozenset(_definitions())
+
+
+def helper_statements(name: str) -> list[cst.BaseStatement]:
+    """The definition of helper `name`, for `insert_after_imports`. The comment lines above it stay behind (they
+    are for graphmode's maintainers), and the copy is fresh: codemods key their plans by node identity, so no
+    node may sit in two trees."""
+    definition = _definitions().get(name)
+    if definition is None:
+        raise KeyError(f"{HELPER_CODE} defines no helper named {name!r}")
+    return [definition.deep_clone().with_changes(leading_lines=())]
+
+
+def helper_source(name: str) -> str:
+    """The text `helper_statements(name)` inserts (as a module of its own, without the blank lines before it)."""
+    return cst.Module(body=helper_statements(name)).code
