@@ -5,6 +5,7 @@
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
+    graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
 """
 from __future__ import annotations
 
@@ -104,6 +105,24 @@ def _parser() -> argparse.ArgumentParser:
     scan.add_argument("--entry-class", metavar="NAME", default=None,
                       help="with --check-fixes: the model class a harness would build, the one `adapt` gives "
                            "prefill/decode entries (default: none, so split_decode fixes nothing)")
+    from graphmode.transforms.conventions import CONVENTIONS  # stdlib `ast` only: no torch, no libcst
+
+    init = commands.add_parser(
+        "init", help="write PATH/harness.py for a model folder, in the model's own calling convention",
+        description="Reads the model sources in PATH (statically: nothing is imported or run), finds the model "
+                    "class and its calling convention, and writes PATH/harness.py: SOURCES, MAX_SEQ_LEN, "
+                    "build_model(), make_prompt(), prefill() and decode(). Conventions: hf (forward takes "
+                    "past_key_values and/or cache_position), start_pos (Meta style: forward(tokens, start_pos), "
+                    "caches made in __init__), input_pos (gpt-fast style: forward(idx, input_pos) after "
+                    "setup_caches(...)), full-sequence (no cache: the whole sequence is run again every step). "
+                    "The file's header says which was chosen and why; every line to check or fill is marked "
+                    "TODO(graphmode). Exit status: 0 written, 2 refused (nothing written).")
+    init.add_argument("path", type=Path, help="the folder with the model's .py files")
+    init.add_argument("--convention", choices=CONVENTIONS, default=None,
+                      help="the calling convention to write, instead of the detected one (needed when detection "
+                           "says unknown)")
+    init.add_argument("--force", action="store_true",
+                      help="replace an existing harness.py (the old one is kept as harness.py.orig)")
     return parser
 
 
@@ -118,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             return _resume(args)
         if args.command == "scan":
             return _scan(args)
+        if args.command == "init":
+            return _init(args)
         return _sessions()
     except UserError as error:
         errors.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
@@ -527,6 +548,46 @@ def _scan(args: argparse.Namespace) -> int:
     if result.findings:
         return 1
     return 2 if result.errors else 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    """`graphmode init`: refuses (exit 2, nothing written) without model files, over an existing harness.py unless
+    --force, and when the convention is unknown and none was named."""
+    import shutil
+
+    from graphmode.agent.output import render, write_atomic
+    from graphmode.transforms.conventions import (
+        CONVENTIONS, HARNESS_FILE, TODO, UNKNOWN, detect, harness_context, model_files)
+
+    folder = args.path
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder (graphmode init takes the folder with the model's .py files)")
+    if not model_files(folder):
+        raise UserError(f"{folder}: no .py model file there (graphmode init reads the model's own sources)")
+    harness = folder / HARNESS_FILE
+    if harness.exists() and not args.force:
+        raise UserError(f"{harness} exists; --force replaces it (keeping the old one as {HARNESS_FILE}.orig)")
+    found = detect(folder, args.convention)
+    if found.model_class is None:
+        raise UserError(f"{folder}: {found.reason}")
+    if found.convention == UNKNOWN:
+        raise UserError(f"{folder}: the calling convention is unknown: {found.reason}; name one with --convention "
+                        f"{'|'.join(CONVENTIONS)}")
+    context = harness_context(folder.resolve().name, found)
+    # Rendered twice: the header says how many lines carry the TODO marker, which only the rendered text knows.
+    todo = sum(TODO in line for line in render("harness.py.j2", **context, todo_count=0).splitlines())
+    text = render("harness.py.j2", **context, todo_count=todo)
+    if harness.exists():
+        shutil.copyfile(harness, harness.with_name(HARNESS_FILE + ".orig"))
+    write_atomic(harness, text)
+    how = "named" if found.named else "detected"
+    console.print(f"wrote {harness}: {found.model_class} ({found.file}), convention {found.convention} ({how})",
+                  soft_wrap=True, markup=False)
+    console.print(f"{todo} line(s) marked TODO(graphmode) to fill or check" if todo else
+                  "nothing is left to fill in; check the sizes", soft_wrap=True, markup=False)
+    console.print(f"then: python {harness} (one greedy run), and graphmode adapt {folder}", soft_wrap=True,
+                  markup=False)
+    return 0
 
 
 def _sessions() -> int:
