@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 
 from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
@@ -120,9 +121,8 @@ def is_docstring(stmt: cst.CSTNode) -> bool:
 
 def _plus_position(node: cst.BaseExpression | None, name: str) -> bool:
     """`P + n` or `n + P`, where P is the Name `name`."""
-    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add) and any(
-        isinstance(side, cst.Name) and side.value == name for side in (node.left, node.right)
-    )
+    return m.matches(node, m.BinaryOperation(left=m.Name(name), operator=m.Add())
+                     | m.BinaryOperation(operator=m.Add(), right=m.Name(name)))
 
 
 def is_position_window(element: cst.SubscriptElement, name: str) -> bool:
@@ -147,9 +147,7 @@ def is_full_slice(element: cst.SubscriptElement) -> bool:
 
 def self_attribute_name(node: cst.CSTNode) -> str | None:
     """`self.X` -> "X"; None for anything else."""
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-        return node.attr.value
-    return None
+    return node.attr.value if m.matches(node, m.Attribute(value=m.Name("self"))) else None
 
 
 def only_raises(stmt: cst.CSTNode) -> bool:

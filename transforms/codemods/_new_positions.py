@@ -144,8 +144,7 @@ def _is_shape(value: cst.BaseExpression) -> bool:
         value = value.value
     if isinstance(value, cst.Attribute):
         return value.attr.value == "shape"
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size" \
-        and not value.args
+    return m.matches(value, m.Call(func=m.Attribute(attr=m.Name("size")), args=[]))
 
 
 def _shape_names(method: cst.FunctionDef) -> set[str]:

@@ -222,10 +222,9 @@ def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseSt
             nonlocal count
             if any(node is r for r in recognised):
                 return False
-            if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == cache:
+            if m.matches(node, m.Subscript(value=m.Name(cache))):
                 count += 1
-            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
-                    and isinstance(node.func.value, cst.Name) and node.func.value.value == cache:
+            elif m.matches(node, m.Call(func=m.Attribute(value=m.Name(cache)))):
                 count += 1
             return True
 

@@ -26,6 +26,7 @@ and forward returns the whole tables, which callers index by position (`cos[posi
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphmode.transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
 from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
@@ -327,7 +328,7 @@ def _sliced_tables(stmt: cst.BaseStatement, length: str, tables: set[str]) -> di
     items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
     found: dict[cst.Subscript, str] = {}
     for item in items:
-        while isinstance(item, cst.Call) and isinstance(item.func, cst.Attribute) and item.func.attr.value == "to":
+        while m.matches(item, m.Call(func=m.Attribute(attr=m.Name("to")))):
             item = item.func.value
         if not isinstance(item, cst.Subscript):
             return None
