@@ -7,7 +7,7 @@ kept as they came (`extra="allow"`), so nothing a runner measured is lost on the
 
 Everything serialises to plain JSON, so a session checkpointed to SQLite can be resumed by a later process, and
 batch tools can read it back. `schema_version` says which layout a saved session has: a session saved by an
-earlier layout is refused with a clear message rather than misread (agent.cli).
+earlier layout is refused with a clear message rather than misread (agent.workflow.saved_state).
 """
 from __future__ import annotations
 

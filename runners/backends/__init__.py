@@ -33,9 +33,14 @@ def get(name: str) -> Backend:
     raise BackendUnavailable(f"unknown backend {name!r}; valid names: {', '.join(BACKEND_NAMES)}")
 
 
+def _auto_ranked() -> list[Backend]:
+    """The backends `auto` may choose, in its order of preference."""
+    return sorted((b for b in registered() if b.auto_preference is not None), key=lambda b: b.auto_preference)
+
+
 def _auto() -> tuple[Backend, str]:
     """The first available backend in `auto`'s preference, and why: what the better ones lacked, what it has."""
-    ranked = sorted((b for b in registered() if b.auto_preference is not None), key=lambda b: b.auto_preference)
+    ranked = _auto_ranked()
     passed_over: list[str] = []
     for backend in ranked:
         if backend.available() is None:
@@ -60,7 +65,7 @@ def resolve(name: str) -> tuple[Backend, str]:
 
 def help_text() -> str:
     """The --backend help: `auto`'s order, then each backend's one line."""
-    ranked = sorted((b for b in registered() if b.auto_preference is not None), key=lambda b: b.auto_preference)
+    ranked = _auto_ranked()
     lines = [f"where Decode is compiled: auto (the first available of {', '.join(b.name for b in ranked)})"]
     lines += [f"{backend.name} = {backend.summary}" for backend in registered()]
     return "; ".join(lines)
