@@ -6,6 +6,7 @@
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
     graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
+    graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] ...  a Hugging Face model, no harness to write
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from graphmode.runners.backends import help_text as backend_help
 
 if TYPE_CHECKING:
     from graphmode.agent.state import RunState
+    from graphmode.agent.target_file import TargetFile
 # The workflow (langgraph, libcst, pydantic) is imported by the commands that run it, not at start-up:
 # `graphmode scan` needs none of it and must stay fast.
 
@@ -44,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="graphmode",
         description="Adapt PyTorch LLM inference code so its Decode step runs in graph mode, and prove it with a "
                     "measured report. A target is a folder holding the model sources and a harness.py "
-                    "(see examples/legacy_llm/harness.py for the contract).",
+                    "(see examples/legacy_llm/harness.py for the contract; `graphmode init` writes one), a "
+                    "graphmode.toml target file, or a Hugging Face model (`adapt --hf`).",
         epilog="Exit status: 0 verified (scan: no findings), 1 not verified (scan: findings), 2 bad input, "
                "3 internal error, 4 stopped for confirmation (the session is saved), 130 interrupted.",
     )
@@ -55,22 +58,35 @@ def _parser() -> argparse.ArgumentParser:
                                             "target's harness.py, and so the model code, already during analysis, "
                                             "before anything is confirmed. Without --yes it stops at the "
                                             "confirmation step (or asks, at a terminal) and prints a session id.")
-    adapt.add_argument("path", type=Path, help="the target folder (or its harness.py)")
+    adapt.add_argument("path", type=Path, nargs="?",
+                       help="the target folder (or its harness.py), or a graphmode.toml target file (a folder with "
+                            "one reads it too); not with --hf. The file's [target] says what to build and rewrite, "
+                            "its [run] gives defaults for the options below, which the command line overrides")
+    adapt.add_argument("--hf", metavar="MODEL_TYPE|CONFIG|FOLDER",
+                       help="a Hugging Face model instead of a harness folder: a model type the installed transformers "
+                            "knows (llama, qwen2, gpt2, ...), a config.json, or a local model folder (weights are read "
+                            "from it; remote code named by config.json's auto_map is loaded from it and rewritten). "
+                            "Models transformers implements are not rewritten: their own static-cache path is driven "
+                            "and verified. graphmode writes the harness into the run folder; nothing is downloaded and "
+                            "nothing is written into FOLDER")
+    adapt.add_argument("--tiny", action="store_true",
+                       help="with --hf: a tiny model (2 layers, hidden size 64, vocabulary 256) with random weights "
+                            "from a fixed seed, built from the config; the folder's weights are not read")
     adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
-    adapt.add_argument("--backend", default="auto", help=backend_help())
-    adapt.add_argument("--out", type=Path, default=Path("graphmode-out"),
+    adapt.add_argument("--backend", default=None, help=backend_help())
+    adapt.add_argument("--out", type=Path, default=None,
                        help="output folder; the run writes to OUT/<target name>/ (default: ./graphmode-out)")
-    adapt.add_argument("--steps", type=int, default=32, help="Decode steps to compare and time (at least 32)")
-    adapt.add_argument("--runs", type=int, default=3,
+    adapt.add_argument("--steps", type=int, default=None, help="Decode steps to compare and time (at least 32)")
+    adapt.add_argument("--runs", type=int, default=None,
                        help="fresh processes per side (eager original, graph adapted); figures are their median "
                             "[min, max] (default 3)")
-    adapt.add_argument("--similarity", type=float, default=0.95,
+    adapt.add_argument("--similarity", type=float, default=None,
                        help="lowest acceptable difflib ratio of the graph side's tokens against eager's (default 0.95)")
-    adapt.add_argument("--compile-cache", default="", metavar="DIR|off",
+    adapt.add_argument("--compile-cache", default=None, metavar="DIR|off",
                        help="inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or "
                             "'off' (every run compiles cold); default: a fresh one in the run folder, so run 1 "
                             "compiles cold and the report shows the warm-up later runs save")
-    adapt.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+    adapt.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                        help="the most one worker process may take (the traced run, the probe, each verify run); "
                             "one that takes longer is stopped and reported with the step and its last output line "
                             "(default: 600)")
@@ -161,17 +177,73 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# The adapt options a target file's [run] may set, and their values when neither it nor the command line does.
+_RUN_DEFAULTS = {"backend": "auto", "out": Path("graphmode-out"), "steps": 32, "runs": 3, "similarity": 0.95,
+                 "compile_cache": "", "timeout": 600.0, "batch_buckets": None}
+
+
+def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
+    """A graphmode.toml named by PATH (or in the PATH folder) fills what the command line left unsaid."""
+    from graphmode.agent import target_file
+
+    found = target_file.find(args.path.resolve()) if args.path is not None else None
+    file = target_file.load(found) if found is not None else None
+    run = file.run if file else {}
+    for key, default in _RUN_DEFAULTS.items():
+        if getattr(args, key) is None:
+            value = run.get(key, default)
+            if key == "out" and key in run:
+                value = Path(value)
+            elif key == "batch_buckets" and key in run:
+                value = ",".join(map(str, value))
+            setattr(args, key, value)
+    if file is None:
+        return None
+    args.yes = args.yes or run.get("yes", False)
+    console.print(f"target file: {file.path}", soft_wrap=True)
+    target = file.target
+    if "hf" in target:
+        if args.hf is not None:
+            raise UserError(f"{file.path} names hf = {target['hf']!r}, and the command line --hf {args.hf}; give one")
+        local = file.relative(target["hf"])
+        args.hf = str(local) if local.exists() else target["hf"]
+        args.tiny = args.tiny or target.get("tiny", False)
+        args.path = None
+    else:
+        harness = file.relative(target.get("harness", "harness.py"))
+        if harness.name != "harness.py":
+            raise UserError(f"{file.path}: [target] harness must name a file called harness.py, got {harness.name}")
+        args.path = harness.parent
+    return file
+
+
 def _adapt(args: argparse.Namespace) -> int:
     from graphmode.runners.backends import BackendUnavailable, resolve
 
-    target = args.path.resolve()
-    if target.name == "harness.py":
-        target = target.parent
-    if not target.exists():
-        raise UserError(f"{args.path}: no such file or folder")
-    if not (target / "harness.py").is_file():
-        raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
-                        "harness.py; see examples/legacy_llm/harness.py)")
+    file = _merge_target_file(args)
+    hf_target = None
+    if args.hf is not None:
+        if args.path is not None:
+            raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
+        from graphmode.agent.hf_target import resolve as resolve_hf
+
+        hf_target = resolve_hf(args.hf, args.tiny, _hf_max_seq_len(args.steps))
+        target = (args.out / hf_target.name / "target").resolve()
+    else:
+        if args.path is None:
+            raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
+        if args.tiny:
+            raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
+        target = args.path.resolve()
+        if target.name == "harness.py":
+            target = target.parent
+        if not target.exists():
+            raise UserError(f"{args.path}: no such file or folder")
+        convention = file.target.get("convention") if file else None
+        if not (target / "harness.py").is_file() and convention is None:
+            raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
+                            "harness.py, which `graphmode init` writes; or give a Hugging Face model with --hf, or a "
+                            "calling convention in graphmode.toml)")
     from graphmode.agent.state import RunOptions, RunState
 
     if args.steps < 32:
@@ -182,7 +254,7 @@ def _adapt(args: argparse.Namespace) -> int:
         raise UserError(f"--similarity {args.similarity:g}: a ratio between 0 and 1")
     if args.timeout <= 0:
         raise UserError(f"--timeout {args.timeout:g}: a number of seconds above 0")
-    declared = _declared_max_seq_len(target / "harness.py")
+    declared = _declared_max_seq_len(target / "harness.py") if hf_target is None else None
     if declared is not None and args.steps >= declared:
         raise UserError(f"--steps {args.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the prompt "
                         "and every Decode step")
@@ -191,14 +263,23 @@ def _adapt(args: argparse.Namespace) -> int:
         backend, why = resolve(args.backend)
     except BackendUnavailable as error:
         raise UserError(str(error)) from None
-    run_dir = (args.out / target.name).resolve()
-    if run_dir == target or target in run_dir.parents:
+    run_dir = (args.out / (hf_target.name if hf_target else target.name)).resolve()
+    if hf_target is None and run_dir == target or target in run_dir.parents:
         raise UserError(f"--out {args.out}: the output must be outside the target folder")
+    written_harness = None
+    if hf_target is None and not (target / "harness.py").is_file():  # a convention named by the target file
+        from graphmode.agent.convention_target import convention_harness
+
+        written_harness, found = convention_harness(target, file.target["convention"], file.path)
+        console.print(f"no harness.py in {target}: graphmode writes one for convention {found.convention} "
+                      f"({'named' if found.named else 'detected'}) into the run folder", soft_wrap=True)
+    sources = file.sources_in(target) if file is not None else None
     _check_writable(args.out, run_dir)
 
     options = RunOptions(target=str(target), run_dir=str(run_dir), backend=backend.name, steps=args.steps,
                          runs=args.runs, similarity=args.similarity, compile_cache=args.compile_cache,
-                         batch_buckets=buckets, auto_approve=args.yes, timeout_s=args.timeout)
+                         batch_buckets=buckets, auto_approve=args.yes, timeout_s=args.timeout,
+                         hf=_hf_summary(hf_target), sources=sources)
     state = RunState(session_id=uuid.uuid4().hex[:8], options=options)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     console.print(f"backend {backend.name}: {why}")
@@ -207,8 +288,43 @@ def _adapt(args: argparse.Namespace) -> int:
 
     with open_checkpointer() as checkpointer, run_folder_lock(run_dir, state.session_id):
         _say_what_is_replaced(run_dir)
+        if hf_target is not None:
+            _write_hf_target(hf_target, args.hf, target, _hf_max_seq_len(args.steps))
+        if written_harness is not None:
+            from graphmode.agent.convention_target import write_convention_target
+
+            target = write_convention_target(target, run_dir / "target", written_harness)
+            state.options.target = str(target)
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _hf_summary(hf_target) -> dict | None:
+    from graphmode.agent.hf_target import summary
+
+    return summary(hf_target) if hf_target is not None else None
+
+
+def _hf_max_seq_len(steps: int) -> int:
+    """The static cache of an --hf run: the 8-token prompt and every Decode step, at least 64."""
+    return max(64, 8 + steps + 8)
+
+
+def _write_hf_target(hf_target, spec: str, target: Path, max_seq_len: int) -> None:
+    from graphmode.agent.hf_target import write_target
+
+    path = Path(spec).expanduser()
+    write_target(hf_target, path if path.exists() else None, target, max_seq_len)
+    if hf_target.package:
+        what = (f"its own code ({', '.join(hf_target.sources)}) is what gets rewritten, in a copy under "
+                f"{target} (the same lines as in {path})")
+    else:
+        what = "transformers' code is not rewritten: graphmode drives its static-cache path"
+    weights = "tiny random weights" if hf_target.tiny else f"weights from {hf_target.weights_folder}"
+    console.print(f"{hf_target.model_type} with transformers {hf_target.transformers_version}, {weights}; {what}. "
+                  f"Harness: {target / 'harness.py'}", soft_wrap=True)
+    for note in hf_target.notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
 
 def _say_what_is_replaced(run_dir: Path) -> None:
@@ -555,9 +671,8 @@ def _init(args: argparse.Namespace) -> int:
     --force, and when the convention is unknown and none was named."""
     import shutil
 
-    from graphmode.agent.output import render, write_atomic
-    from graphmode.transforms.conventions import (
-        CONVENTIONS, HARNESS_FILE, TODO, UNKNOWN, detect, harness_context, model_files)
+    from graphmode.agent.output import write_atomic
+    from graphmode.transforms.conventions import HARNESS_FILE, model_files
 
     folder = args.path
     if not folder.is_dir():
@@ -567,16 +682,9 @@ def _init(args: argparse.Namespace) -> int:
     harness = folder / HARNESS_FILE
     if harness.exists() and not args.force:
         raise UserError(f"{harness} exists; --force replaces it (keeping the old one as {HARNESS_FILE}.orig)")
-    found = detect(folder, args.convention)
-    if found.model_class is None:
-        raise UserError(f"{folder}: {found.reason}")
-    if found.convention == UNKNOWN:
-        raise UserError(f"{folder}: the calling convention is unknown: {found.reason}; name one with --convention "
-                        f"{'|'.join(CONVENTIONS)}")
-    context = harness_context(folder.resolve().name, found)
-    # Rendered twice: the header says how many lines carry the TODO marker, which only the rendered text knows.
-    todo = sum(TODO in line for line in render("harness.py.j2", **context, todo_count=0).splitlines())
-    text = render("harness.py.j2", **context, todo_count=todo)
+    from graphmode.agent.convention_target import render_harness
+
+    text, found, todo = render_harness(folder, args.convention)
     if harness.exists():
         shutil.copyfile(harness, harness.with_name(HARNESS_FILE + ".orig"))
     write_atomic(harness, text)

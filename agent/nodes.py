@@ -32,9 +32,10 @@ def analyze(state: RunState) -> dict:
 
     opts = state.options
     target, logs = Path(opts.target), Path(opts.run_dir) / "logs"
-    sources = declared_sources(target)
+    sources = opts.sources or declared_sources(target)
     findings = [f for relative in sources for f in scan_source(read_source(target, relative), relative)]
-    evidence = _user_code(lambda: collect_evidence(target, log_dir=logs, timeout_s=opts.timeout_s))
+    evidence = _user_code(lambda: collect_evidence(target, log_dir=logs, timeout_s=opts.timeout_s,
+                                                   sources=opts.sources))
     baseline = Baseline.model_validate(_user_code(
         lambda: probe(target, steps=8, backend=opts.backend, log_dir=logs, timeout_s=opts.timeout_s)))
     check_batch_fits(opts.batch_buckets, baseline)

@@ -39,23 +39,32 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> None:
-    """A copy of the target folder with the rewritten sources in place, swapped in whole. The copy takes the
-    files' contents, not their modes: a read-only target must not give a read-only copy that nobody can write
-    the rewrites into, or delete."""
+@contextlib.contextmanager
+def swapped_in(dest: Path) -> Iterator[Path]:
+    """A staging folder beside `dest` to fill; when the block ends without error it replaces `dest` whole, so a
+    reader never sees half a folder, and after an error `dest` is as it was."""
     staging = dest.with_name(f".{dest.name}.staging")
     remove_tree(staging)
+    staging.mkdir(parents=True)
     try:
-        shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile)
-        for folder, _, _ in os.walk(staging):  # copytree copies each folder's mode at the end
-            os.chmod(folder, 0o777 & ~_umask())
-        for relative, text in rewritten.items():
-            (staging / relative).write_text(text, encoding="utf-8")
+        yield staging
         remove_tree(dest)
         staging.rename(dest)
     except BaseException:
         remove_tree(staging)
         raise
+
+
+def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> None:
+    """A copy of the target folder with the rewritten sources in place, swapped in whole. The copy takes the
+    files' contents, not their modes: a read-only target must not give a read-only copy that nobody can write
+    the rewrites into, or delete."""
+    with swapped_in(dest) as staging:
+        shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile, dirs_exist_ok=True)
+        for folder, _, _ in os.walk(staging):  # copytree copies each folder's mode at the end
+            os.chmod(folder, 0o777 & ~_umask())
+        for relative, text in rewritten.items():
+            (staging / relative).write_text(text, encoding="utf-8")
 
 
 def remove_tree(path: Path) -> None:
@@ -78,6 +87,8 @@ def render(template: str, **context) -> str:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    # Python literals for generated code (tojson would write true/false/null).
+    environment.filters["pyrepr"] = repr
     return environment.get_template(template).render(**context)
 
 

@@ -47,6 +47,7 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
     """What every report.json says about the session and the adaptation, verified or not."""
     return {
         "target": state.options.target,
+        "hf": state.options.hf,  # added: the --hf model (None for a harness folder)
         "session_id": state.session_id,
         "changes_applied": state.applied,
         "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],

@@ -38,6 +38,15 @@ class RunOptions(BaseModel):
     batch_buckets: list[int] = Field(default_factory=list)
     auto_approve: bool = False
     timeout_s: float = 600  # the most one worker process (evidence, probe, each verify run) may take
+    # `--hf`: what the user named and how graphmode built it (agent.hf_target.HFTarget.summary()); None otherwise.
+    hf: dict[str, Any] | None = None
+    # graphmode.toml's [target] sources: the files that may be rewritten, instead of the harness's SOURCES.
+    sources: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        """What the documents call the target: the run folder's name (the target folder's, or hf-<model>)."""
+        return self.run_dir.rstrip("/").split("/")[-1]
 
 
 class Record(BaseModel):

@@ -1000,8 +1000,9 @@ class EvidenceError(WorkerError):
 
 
 def collect_evidence(folder: Path, steps: int = 4, timeout_s: float = 300,
-                     log_dir: Path | None = None) -> Evidence:
-    """Traces the UNMODIFIED model's Prefill and `steps` Decode steps in a fresh process.
+                     log_dir: Path | None = None, sources: list[str] | None = None) -> Evidence:
+    """Traces the UNMODIFIED model's Prefill and `steps` Decode steps in a fresh process; `sources`: the files to
+    trace, instead of the harness's SOURCES.
 
     Raises EvidenceError with one line (the user's file:line when their code raised)."""
     if steps < 2:
@@ -1009,7 +1010,8 @@ def collect_evidence(folder: Path, steps: int = 4, timeout_s: float = 300,
     with tempfile.TemporaryDirectory(prefix="graphmode-evidence-") as tmp:
         out = Path(tmp) / "evidence.json"
         seconds = run_worker("graphmode.runners.evidence_worker",
-                             ["--folder", str(Path(folder).resolve()), "--steps", str(steps), "--out", str(out)],
+                             ["--folder", str(Path(folder).resolve()), "--steps", str(steps), "--out", str(out),
+                              *(["--sources", ",".join(sources)] if sources else [])],
                              name="evidence", timeout_s=timeout_s, log_dir=log_dir, error=EvidenceError)
         evidence = Evidence.from_dict(json.loads(out.read_text()))
     evidence.worker_s = seconds

@@ -34,9 +34,9 @@ def _logits(result: Any, what: str) -> tuple[torch.Tensor, Any]:
     return result
 
 
-def collect(folder: Path, steps: int) -> dict[str, Any]:
+def collect(folder: Path, steps: int, only: list[str] | None = None) -> dict[str, Any]:
     harness = load_harness(folder)
-    files = sources(harness, folder)
+    files = only or sources(harness, folder)
     prompt = call_user("harness.make_prompt", folder, harness.make_prompt)
     if not isinstance(prompt, torch.Tensor):
         raise WorkerFailure(f"harness.make_prompt must return a LongTensor (batch, T); got {type(prompt).__name__}")
@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sources", default="", help="comma-separated files to trace instead of the harness's SOURCES")
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise WorkerFailure(f"--steps must be at least 2 to see what changes between Decode steps, got {args.steps}")
-    result = collect(args.folder.resolve(), args.steps)
+    result = collect(args.folder.resolve(), args.steps, args.sources.split(",") if args.sources else None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -225,9 +225,11 @@ def _problems(result: VerifyResult) -> list[str]:
         problems.append(f"logits differ from eager by up to {result.logits_max_abs_diff:.3g} "
                         f"(tolerance {result.logits_atol:g})")
     if result.graph_breaks:
+        files = [r["file"] for r in result.break_reasons[:3]]
         where = ", ".join(dict.fromkeys(f"{r['file']}:{r['line']}" for r in result.break_reasons[:3]))
-        problems.append(f"{result.graph_breaks} graph break(s) in Decode" +
-                        (f" at {where} (lines of the adapted sources)" if where else ""))
+        # Relative paths are the adapted sources' own; absolute ones are library code (transformers' own file).
+        whose = " (lines of the adapted sources)" if files and not any(Path(f).is_absolute() for f in files) else ""
+        problems.append(f"{result.graph_breaks} graph break(s) in Decode" + (f" at {where}{whose}" if where else ""))
     if result.recompiles:
         first = result.recompile_reasons[0] if result.recompile_reasons else "reason unknown"
         problems.append(f"{result.recompiles} recompile(s) after warm-up, first: {first}")

@@ -187,6 +187,19 @@ class CarriedCache(GraphCodemod):
         tables = class_tables(tree, set(self._classes))
         entry = self.options.entry_class
         entry = (entry, "forward") if entry in self._classes else None
+        own = self._own_positions(entry)
+        if own:
+            for (cls, method), run in own.items():
+                guard = cst.parse_statement(f"if {THREADED} is None:\n    pass\n")
+                plan.replace[run[0]] = guard.with_changes(
+                    body=guard.body.with_changes(body=[run[0].with_changes(leading_lines=[]), *run[1:]]),
+                    leading_lines=[*run[0].leading_lines, _comment("positions counted here only when the caller "
+                                                                   "passes none (a compiled Decode is handed no cache "
+                                                                   "to count them from).")])
+                plan.drop |= set(run[1:])
+                self.record_edit(run[0], f"`{cls}.{method}` takes `{THREADED}` from its caller, and counts them itself "
+                                         "only when given none")
+            return Threading(self._classes, plan.needs, tables, sources=frozenset(own), entry=entry)
         threading = Threading(self._classes, plan.needs, tables, entry=entry)
         if not threading.missing:
             return threading
@@ -213,6 +226,29 @@ class CarriedCache(GraphCodemod):
         self.record_edit(found.after, f"`{THREADED}` added to `{cls}.{method}`, counted from `{found.past}` where "
                                       "the caller passes none")
         return Threading(self._classes, plan.needs, tables, sources=frozenset({(cls, method)}), entry=entry)
+
+    def _own_positions(self, entry: tuple[str, str] | None) -> dict[tuple[str, str], list[cst.SimpleStatementLine]]:
+        """Methods below the entry that make `position_ids` themselves (the trace saw the statement make the
+        positions, counted from the past length read off the cache) and take none: given no cache, a compiled Decode
+        would count them from zero there. Each -> its statements that make them: the one the trace saw and the
+        reassignments of `position_ids` right after it (`position_ids = position_ids.unsqueeze(0)`)."""
+        found = {}
+        for need, stmt in self._position_statements():
+            method = find_method(self._classes[need[0]], need[1])
+            target = stmt.body[0].targets[0].target if isinstance(stmt.body[0], cst.Assign) else None
+            if need == entry or not (isinstance(target, cst.Name) and target.value == THREADED) \
+                    or THREADED in {p.name.value for p in method.params.params} or need in found:
+                continue
+            body = list(method.body.body)
+            run = [stmt]
+            for following in body[body.index(stmt) + 1:]:
+                if not (single_assignment(following) and isinstance(following.body[0], cst.Assign)
+                        and code_of(following.body[0].targets[0].target).strip() == THREADED
+                        and THREADED in names_in(following.body[0].value)):
+                    break
+                run.append(following)
+            found[need] = run
+        return found
 
     def _positions_source(self, threading: Threading, needs: set[tuple[str, str]]
                           ) -> tuple[tuple[str, str], Derivation] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.codemods._module import append_to_init
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
@@ -162,7 +163,7 @@ class SplitDecode(GraphCodemod):
         if self.options.recomputes_sequence:
             self.record_manual(forward, _NO_CACHE_REASON)
             return updated_node
-        unfit = self._unfit_inputs(params)
+        unfit = self._unfit_inputs(params) or self._dropped_cache(params)
         if unfit:
             self.record_manual(forward, unfit)
             return updated_node
@@ -186,6 +187,11 @@ class SplitDecode(GraphCodemod):
                 f'persistent=False)\n')], "the causal mask whose rows the harness passes, built once.")
             tokens = params[1].name.value  # params[0] is self
             positions.update({name: _rows_argument(role, tokens) for name, role in rows.items()})
+        if self._cache_in_buffers and not positions and not any(self._position_layout(p) for p in params[1:]):
+            self.record_manual(forward, "the KV cache is written in place at the positions, and `forward` takes no "
+                                        "positions (the model counts them from the cache it is handed); entries "
+                                        "without them would write every Decode step into slot 0, so none are added")
+            return refused
         required = [p.name.value for p in params[1:] if p.default is None and p.name.value not in positions]
         omitted = {p.name.value: p.default for p in params[1:]
                    if p.default is not None and p.name.value not in positions}
@@ -248,6 +254,17 @@ class SplitDecode(GraphCodemod):
                         "the entries pass only the tokens and the positions, so write `prefill`/`decode` by hand")
         return None
 
+    def _dropped_cache(self, params: list[cst.Param]) -> str | None:
+        """Why entries would lose the cache: the harness carries it through `forward` every Decode step and no
+        rewrite moved it into buffers, so entries that pass only tokens and positions would attend to the new
+        token alone."""
+        carried = [p.name.value for p in params[1:] if self.options.role_of(p.name.value) == "state"]
+        if carried and not self._cache_in_buffers:
+            return (f"the harness carries `{carried[0]}` into `forward` every Decode step (the KV cache) and it was not "
+                    "moved into static buffers (see the cache item on this file); entries without it would attend "
+                    "to the new token alone, so none are added")
+        return None
+
     def _position_layout(self, param: cst.Param) -> str | None:
         """How a parameter carries the positions Decode writes, from how the harness called `forward` when that
         was recorded ("positions" 1-D, "positions:2d" as position_ids), else only by the name the adapted
@@ -255,6 +272,8 @@ class SplitDecode(GraphCodemod):
         role = self.options.role_of(param.name.value)
         if role is not None:
             return role if role in _POSITION_ARGUMENTS else None
+        if param.name.value == THREADED and self._cache_in_buffers:
+            return "positions:2d"  # threaded down by the cache rewrite, which reads them as (B, T) position_ids
         return "positions" if param.name.value == POSITION_TENSOR else None
 
     def _keyword_entries(self, forward: cst.FunctionDef, params: list[cst.Param]) -> list[cst.FunctionDef] | None:

@@ -1,0 +1,126 @@
+"""`graphmode.toml`: one file that says what to adapt and how, for a person at a terminal and for batch runs alike.
+
+    [target]
+    harness = "harness.py"       # the harness beside the sources (the default), or:
+    # hf = "llama"               # a Hugging Face model type, config.json or model folder (as --hf)
+    # tiny = true                # with hf: a tiny model with random weights (as --tiny)
+    # convention = "start_pos"   # no harness yet: write one for this calling convention (as `graphmode init`)
+    sources = ["model.py"]       # the files graphmode may rewrite (instead of the harness's SOURCES)
+
+    [run]
+    backend = "inductor"         # every [run] key is the `graphmode adapt` option of the same name
+    steps = 32
+    runs = 3
+    similarity = 0.95
+    timeout = 600
+    compile_cache = ""
+    batch_buckets = [1, 2, 4]
+    out = "graphmode-out"        # relative to the folder the command runs in, as --out
+    yes = true                   # approve every planned change (batch); false stops for confirmation
+
+Paths in [target] are relative to the file's folder. An option given on the command line wins over the file.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphmode.agent.errors import UserError
+
+FILE_NAME = "graphmode.toml"
+# key -> (type, what it must be), per table
+_TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"), "tiny": (bool, "true or false"),
+    "convention": (str, "a convention name"), "sources": (list, "a list of file names"),
+}
+_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "backend": (str, "a backend name"), "steps": (int, "a whole number"), "runs": (int, "a whole number"),
+    "similarity": ((int, float), "a number"), "timeout": ((int, float), "a number of seconds"),
+    "compile_cache": (str, "a folder or 'off'"), "batch_buckets": (list, "a list of batch sizes"),
+    "out": (str, "a folder"), "yes": (bool, "true or false"),
+}
+
+
+@dataclass
+class TargetFile:
+    path: Path
+    target: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    def sources_in(self, target: Path) -> list[str] | None:
+        """[target] sources, each an existing file of the target folder; None when the file names none."""
+        names = self.target.get("sources")
+        if names is None:
+            return None
+        missing = [n for n in names if not (target / n).is_file()]
+        if missing:
+            raise UserError(f"{self.path}: [target] sources names {', '.join(missing)}, not in {target}")
+        if not names:
+            raise UserError(f"{self.path}: [target] sources is empty: name the files graphmode may rewrite")
+        return list(names)
+
+    def relative(self, value: str) -> Path:
+        """A [target] path, relative to the file's folder."""
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.folder / path
+
+
+def _toml():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def find(path: Path) -> Path | None:
+    """The target file PATH names: PATH itself when it is a .toml file, FOLDER/graphmode.toml, else None."""
+    if path.is_file() and path.suffix == ".toml":
+        return path
+    if path.is_dir() and (path / FILE_NAME).is_file():
+        return path / FILE_NAME
+    return None
+
+
+def load(path: Path) -> TargetFile:
+    """The file, read and checked: an unknown table or key, or a value of the wrong kind, is bad input."""
+    toml = _toml()
+    try:
+        data = toml.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: cannot be read ({error})") from None
+    except toml.TOMLDecodeError as error:
+        raise UserError(f"{path}: not valid TOML: {error}") from None
+    unknown = sorted(set(data) - {"target", "run"})
+    if unknown:
+        raise UserError(f"{path}: unknown table(s) {', '.join(unknown)} (a target file has [target] and [run])")
+    checked = TargetFile(path=path.resolve())
+    for table, keys in (("target", _TARGET_KEYS), ("run", _RUN_KEYS)):
+        values = data.get(table, {})
+        if not isinstance(values, dict):
+            raise UserError(f"{path}: {table} must be a table ([{table}])")
+        for key, value in values.items():
+            if key not in keys:
+                raise UserError(f"{path}: [{table}] has no key {key!r} (known: {', '.join(keys)})")
+            kind, what = keys[key]
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                raise UserError(f"{path}: [{table}] {key} must be {what}, got {value!r}")
+        setattr(checked, table, dict(values))
+    target = checked.target
+    if "hf" in target and ({"harness", "convention"} & set(target)):
+        raise UserError(f"{path}: [target] names hf and a harness or convention; give one way to build the model")
+    if target.get("tiny") and "hf" not in target:
+        raise UserError(f"{path}: [target] tiny goes with hf")
+    sources = target.get("sources")
+    if sources is not None and not all(isinstance(s, str) for s in sources):
+        raise UserError(f"{path}: [target] sources must be a list of file names, got {sources!r}")
+    buckets = checked.run.get("batch_buckets")
+    if buckets is not None and not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
+        raise UserError(f"{path}: [run] batch_buckets must be a list of whole numbers, got {buckets!r}")
+    return checked

@@ -1,0 +1,118 @@
+"""The Hugging Face zoo table: `graphmode adapt --hf TYPE --tiny` over the common decoder families.
+
+    python bench/hf_zoo.py [--backend inductor] [--runs 3] [--out graphmode-out/zoo] [TYPE ...]
+
+Each model type is built tiny (2 layers, hidden size 64) from the installed transformers' own config class, driven on
+transformers' own static-cache path with Decode compiled, and compared with its default dynamic cache run eagerly.
+Every row comes from that run's report.json; nothing here is measured twice or edited. The table (markdown) is
+printed and written to OUT/zoo.md, each run's report under OUT/hf-TYPE-tiny/. On a 2-core CPU with inductor it takes
+about 2 minutes a model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Llama, Qwen2, Qwen3, Mistral, Gemma 2 and 3, Phi-3, GPT-2, OPT, Falcon and GPT-NeoX: the families most checkpoints
+# on the Hub descend from, with both cache layouts (per-layer sliding windows in Mistral and Gemma) and both position
+# schemes (rotary, learned) among them.
+ZOO = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "gpt2", "opt", "falcon", "gpt_neox")
+
+
+def run_one(model_type: str, backend: str, runs: int, out: Path, timeout_s: float) -> dict:
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "graphmode.agent.cli", "adapt", "--hf", model_type, "--tiny", "--yes",
+               "--backend", backend, "--runs", str(runs), "--out", str(out)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        status, tail = done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1:]
+    except subprocess.TimeoutExpired:
+        status, tail = None, [f"stopped after {timeout_s:.0f} s"]
+    row = read_row(model_type, out, status, tail)
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def read_row(model_type: str, out: Path, status: int | None = 0, tail: list[str] | None = None) -> dict:
+    """A row from the run's report.json (or the command's last line when it wrote none)."""
+    row = {"model_type": model_type, "exit": status}
+    report = out / f"hf-{model_type}-tiny" / "report.json"
+    if status in (0, 1) and report.is_file():
+        data = json.loads(report.read_text(encoding="utf-8"))
+        row.update({key: data.get(key) for key in ("graph_breaks", "recompiles", "tokens_equal", "decode_speedup",
+                                                   "decode_ms_per_token", "passed", "problems")})
+        row["transformers"] = (data.get("hf") or {}).get("transformers")
+        # Equal tokens prove little when the model repeats one token: how many distinct ones eager chose.
+        eager = (data.get("tokens") or {}).get("eager") or [[]]
+        row["distinct_tokens"] = f"{len(set(eager[0]))}/{len(eager[0])}"
+        row["baseline"] = (data.get("baseline") or {}).get("headline")
+        row["unstable"] = any("decode" in figure for figure in data.get("unstable_figures") or [])
+    else:
+        row["problems"] = tail or ["no report.json"]
+    return row
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    return str(value)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| Model type | Graph breaks | Recompiles | Tokens equal (distinct) | Decode ms/step eager → graph | "
+             "Speed-up | Verified | What stops it |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms = row.get("decode_ms_per_token") or {}
+        decode = f"{ms['eager']:.2f} → {ms['graph']:.2f}" if ms.get("eager") and ms.get("graph") else "n/a"
+        speedup = f"{row['decode_speedup']:.2f}x" if row.get("decode_speedup") else "n/a"
+        speedup += " (unstable: the report says why)" if row.get("unstable") else ""
+        problems = row.get("problems") or []
+        # Paths into site-packages shortened to the package's own: the reader knows where transformers lives.
+        why = re.sub(r"/\S*?site-packages/", "", problems[0] if problems else "").replace("|", "\\|")
+        why = why if len(why) <= 160 else why[:157] + "..."
+        lines.append(f"| {row['model_type']} | {_cell(row.get('graph_breaks'))} | {_cell(row.get('recompiles'))} | "
+                     f"{_cell(row.get('tokens_equal'))} ({row.get('distinct_tokens', 'n/a')}) | {decode} | {speedup} | {_cell(row.get('passed'))} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("types", nargs="*", default=list(ZOO), help=f"model types (default: {' '.join(ZOO)})")
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("graphmode-out/zoo"))
+    parser.add_argument("--timeout", type=float, default=1800, help="the most one model may take (s)")
+    parser.add_argument("--from-reports", action="store_true",
+                        help="run nothing: the table from the report.json files already in OUT (after rerunning "
+                             "some types, say, on a quieter machine)")
+    args = parser.parse_args()
+    rows = []
+    for model_type in args.types:
+        if args.from_reports:
+            rows.append(read_row(model_type, args.out))
+            continue
+        rows.append(run_one(model_type, args.backend, args.runs, args.out, args.timeout))
+        print(f"{model_type}: exit {rows[-1]['exit']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
+    import torch
+
+    versions = {r.get("transformers") for r in rows if r.get("transformers")}
+    header = (f"transformers {', '.join(sorted(versions)) or 'n/a'}, torch {torch.__version__}, backend "
+              f"{args.backend}, {args.runs} run(s) per side, CPU\n\n")
+    text = header + table(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zoo.md").write_text(text, encoding="utf-8")
+    (args.out / "zoo.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Driving a transformers causal LM the two ways graphmode compares, with no source rewritten.
+
+The harness that `graphmode adapt --hf` writes builds the model and wraps it in `StaticCacheDecoder`:
+
+- `forward(**kwargs)` is the model's own call, so the harness's prefill/decode run the original way: a dynamic
+  cache that grows every step (what `generate()` does by default). This is the eager baseline.
+- `prefill(tokens, input_pos)` / `decode(tokens, input_pos)` are graphmode's entry contract, on transformers' own
+  static-cache path: one `StaticCache` allocated for the longest sequence, written in place, the positions passed
+  as a tensor. Verify compiles `decode` alone, as for any adapted model.
+
+transformers renamed its arguments between releases (`past_key_values` became `cache`; `cache_position` was
+dropped when StaticCache began counting its own length), so the names are read from `forward`'s signature of the
+release installed, never assumed.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+# The --tiny model: small enough for a CPU run in seconds, large enough to have grouped KV heads and two layers.
+TINY_SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=256)
+
+
+def forward_parameters(model: torch.nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword this transformers release (or this remote code) takes the cache object by."""
+    if isinstance(model, StaticCacheDecoder):
+        return model.cache_argument
+    names = forward_parameters(model)
+    return "cache" if "cache" in names and "past_key_values" not in names else "past_key_values"
+
+
+def has_static_cache_path(model: type | torch.nn.Module) -> str | None:
+    """None when the model (class) can run on transformers' StaticCache, else why not (one line)."""
+    import transformers
+
+    if not hasattr(transformers, "StaticCache"):
+        return "the installed transformers has no StaticCache (it arrived in 4.38)"
+    # 4.38-4.5x mark the models whose attention writes a static cache; 5.x gives every Cache-based model the path
+    # and keeps the flag for the few that cannot be compiled whole.
+    if getattr(model, "_supports_static_cache", True) is False:
+        return f"{_name(model)} declares _supports_static_cache = False in this transformers release"
+    if getattr(model, "_can_compile_fullgraph", True) is False and not hasattr(model, "_supports_static_cache"):
+        return f"{_name(model)} declares _can_compile_fullgraph = False in this transformers release"
+    return None
+
+
+def _name(model: type | torch.nn.Module) -> str:
+    return model.__name__ if isinstance(model, type) else type(model).__name__
+
+
+class StaticCacheDecoder(torch.nn.Module):
+    """A transformers causal LM with graphmode's prefill/decode entries on its own static-cache path."""
+
+    def __init__(self, model: torch.nn.Module, max_seq_len: int, max_batch_size: int = 1) -> None:
+        super().__init__()
+        self.model = model
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.cache_argument = cache_argument(model)
+        names = forward_parameters(model)
+        # Releases before 5.0 index the static cache by cache_position; later ones count the length themselves.
+        self.takes_cache_position = "cache_position" in names
+        self.takes_position_ids = "position_ids" in names
+        self._static_cache = None
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, *args, **kwargs):
+        """The model's own call: the original convention, untouched."""
+        return self.model(*args, **kwargs)
+
+    def _new_static_cache(self, batch: int):
+        from transformers import StaticCache
+
+        parameters = inspect.signature(StaticCache.__init__).parameters
+        kwargs = {"config": self.model.config, "max_cache_len": self.max_seq_len}
+        # 4.4x take the batch and dtype up front; 5.x size the cache at its first write.
+        if "max_batch_size" in parameters:
+            kwargs["max_batch_size"] = batch
+        elif "batch_size" in parameters:
+            kwargs["batch_size"] = batch
+        if "dtype" in parameters:
+            kwargs["dtype"] = next(self.model.parameters()).dtype
+        if "device" in parameters:
+            kwargs["device"] = next(self.model.parameters()).device
+        return StaticCache(**kwargs)
+
+    def _run(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        kwargs = {"input_ids": tokens, self.cache_argument: self._static_cache, "use_cache": True}
+        if self.takes_position_ids:
+            kwargs["position_ids"] = input_pos.unsqueeze(0).expand(tokens.shape[0], -1)
+        if self.takes_cache_position:
+            kwargs["cache_position"] = input_pos
+        return self.model(**kwargs).logits
+
+    def prefill(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """The prompt, eagerly, into a fresh static cache (a new one per prompt: a reset would keep the old
+        batch size)."""
+        self._static_cache = self._new_static_cache(tokens.shape[0])
+        return self._run(tokens, input_pos)
+
+    def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence, written into the static cache at `input_pos`."""
+        return self._run(tokens, input_pos)
+
+
+def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None) -> dict[str, int]:
+    """The --tiny sizes under the names `config_class` uses (GPT-2's n_embd, OPT's ffn_dim, ...), only for the
+    sizes the config has; head sizes follow the hidden size so a config with a fixed head_dim stays consistent."""
+    sizes = dict(TINY_SIZES if sizes is None else sizes)
+    default = config_class()
+    aliases = getattr(config_class, "attribute_map", {}) or {}
+
+    def has(name: str) -> bool:
+        return name in aliases or hasattr(default, name)
+
+    overrides: dict[str, int] = {}
+    for name, value in sizes.items():
+        if has(name):
+            overrides[aliases.get(name, name)] = value
+    hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    for name in ("head_dim", "attention_head_dim"):
+        # Falcon derives head_dim in a read-only property: it follows by itself.
+        if getattr(default, name, None) and not isinstance(getattr(config_class, name, None), property):
+            overrides[name] = hidden // heads
+    # The feed-forward width goes by other names, and some configs default it to None (4 * hidden).
+    for name in ("ffn_dim", "n_inner", "intermediate_size", "ffn_hidden_size"):
+        if has(name) and aliases.get(name, name) not in overrides and getattr(default, name, None) is not None:
+            overrides[aliases.get(name, name)] = sizes["intermediate_size"]
+    if has("word_embed_proj_dim"):  # OPT projects embeddings when this differs from the hidden size
+        overrides["word_embed_proj_dim"] = hidden
+    if has("tie_word_embeddings"):
+        # A tiny model whose head is its embedding repeats one token forever (the residual keeps the input
+        # embedding, which scores highest against itself), and identical tokens would then prove nothing.
+        overrides["tie_word_embeddings"] = False
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        value = getattr(default, name, None)
+        if isinstance(value, int) and value >= sizes["vocab_size"]:  # an embedding's padding_idx must exist
+            overrides[name] = sizes["vocab_size"] - 1
+    return overrides
+
+
+def reinitialise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every linear and embedding weight drawn again from one seed, at unit activation scale.
+
+    The usual 0.02 initialisation makes a tiny random model repeat one token forever, so eager and graph would
+    agree trivially; N(0, 1) embeddings and N(0, 1/fan_in) projections give tokens that vary.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                continue
+            if isinstance(module, torch.nn.Embedding):
+                weight.copy_(torch.randn(weight.shape, generator=generator))
+            elif isinstance(module, torch.nn.Linear):
+                weight.copy_(torch.randn(weight.shape, generator=generator) / math.sqrt(weight.shape[1]))
+            elif type(module).__name__ == "Conv1D":  # GPT-2's transposed linear: (in, out)
+                weight.copy_(torch.randn(weight.shape, generator=generator) / math.sqrt(weight.shape[0]))
+    return model
+
+
+def logits_and_cache(out, cache_argument_name: str):
+    """(B, V) last-position logits and the cache from what a causal LM returns: an output object (its cache under
+    the name the forward takes it by) or a (logits, cache, ...) tuple."""
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        return out[0][:, -1, :], out[1]
+    for name in (cache_argument_name, "past_key_values", "cache"):
+        if name in out:
+            return logits[:, -1, :], out[name]
+    return logits[:, -1, :], None
+
+
+def import_remote_class(package: str, reference: str):
+    """A class named by config.json's auto_map ("modeling_foo.FooForCausalLM", or "repo--modeling_foo.Foo" for
+    code in another repository, which a local folder cannot hold) from `package`, the folder's copy."""
+    import importlib
+
+    module_name, _, class_name = reference.rpartition(".")
+    return getattr(importlib.import_module(f"{package}.{module_name}"), class_name)
