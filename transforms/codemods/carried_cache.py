@@ -194,8 +194,7 @@ class CarriedCache(GraphCodemod):
                 plan.replace[run[0]] = guard.with_changes(
                     body=guard.body.with_changes(body=[run[0].with_changes(leading_lines=[]), *run[1:]]),
                     leading_lines=[*run[0].leading_lines, _comment("positions counted here only when the caller "
-                                                                   "passes none (a compiled Decode is handed no cache "
-                                                                   "to count them from).")])
+                                                                   "passes none.")])
                 plan.drop |= set(run[1:])
                 self.record_edit(run[0], f"`{cls}.{method}` takes `{THREADED}` from its caller, and counts them itself "
                                          "only when given none")
