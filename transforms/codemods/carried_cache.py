@@ -49,7 +49,7 @@ from graphmode.transforms.codemods._module import defined_at_top, ensure_size_co
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
-    single_assignment
+    single_assignment, torch_call_name
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 BUFFERS_CLASS = "StaticKVBuffers"
@@ -102,6 +102,44 @@ def _causal_rows(subscript: cst.Subscript) -> tuple[int, str] | None:
     return len(elements) - 2, length
 
 
+_MASK_FACTORIES = frozenset({"full", "ones", "zeros", "empty"})
+
+
+@dataclass(frozen=True)
+class _Offset:
+    key: str  # the key length's name, K
+    k: int    # the diagonal is K - Q + k
+
+
+def _offset(diagonal: cst.BaseExpression) -> _Offset | None:
+    """`K - Q` or `K - Q + k` (names K and Q, an integer k) -> (K, k)."""
+    k = 0
+    if isinstance(diagonal, cst.BinaryOperation) and isinstance(diagonal.operator, cst.Add) \
+            and isinstance(diagonal.right, cst.Integer):
+        k, diagonal = int(diagonal.right.value), diagonal.left
+    if isinstance(diagonal, cst.BinaryOperation) and isinstance(diagonal.operator, cst.Subtract) \
+            and isinstance(diagonal.left, cst.Name) and isinstance(diagonal.right, cst.Name):
+        return _Offset(diagonal.left.value, k)
+    return None
+
+
+def _triangle(call: cst.Call) -> tuple[cst.BaseExpression, bool, _Offset, cst.BaseExpression] | None:
+    """(the tensor, upper?, the offset, the diagonal) of `x.triu(K - Q + k)`, `torch.triu(x, K - Q + k)` and the
+    tril forms, where x is made right there by a factory (`torch.full`, `torch.ones`, ...); None otherwise."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value not in ("triu", "tril"):
+        return None
+    args = list(call.args)
+    if code_of(func.value).strip() == "torch":
+        base, args = (args[0].value, args[1:]) if args else (None, [])
+    else:
+        base = func.value
+    if base is None or len(args) != 1 or torch_call_name(base) not in _MASK_FACTORIES:
+        return None
+    offset = _offset(args[0].value)
+    return (base, func.attr.value == "triu", offset, args[0].value) if offset is not None else None
+
+
 @dataclass
 class _Plan:
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
@@ -125,7 +163,8 @@ class CarriedCache(GraphCodemod):
         "Where attention grows a cache passed in and out of `forward` with `torch.cat` (seen doing so at run time, "
         "along whatever dim), it writes a `StaticKVBuffers` of `GRAPHMODE_MAX_SEQ_LEN` slots along that dim instead, "
         "with `index_copy_` at the positions; the causal buffer sliced by the key length (or the 4-D mask a "
-        "library helper builds per call) becomes rows picked by the positions, so attention reads every slot and "
+        "library helper builds per call, or a triangle `torch.full((Q, K), -inf).triu(K - Q + 1)` cut at the key "
+        "length) becomes rows picked by the positions, so attention reads every slot and "
         "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it; where the model "
         "has none, the method that reads the past length off the cache takes them (counting them from that length "
         "when its caller passes none), positions it made otherwise (a padding mask's cumsum) come from them, and "
@@ -153,13 +192,15 @@ class CarriedCache(GraphCodemod):
             for method in self._classes[cls_name].body.body:
                 if isinstance(method, cst.FunctionDef):
                     self._plan_masks(self._classes[cls_name], method, plan)
+                    self._plan_inline_masks(self._classes[cls_name], method, plan)
         for cls in self._classes.values():
             for method in cls.body.body:
                 if isinstance(method, cst.FunctionDef):
                     self._plan_helper_masks(cls, method, plan)
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
-                                  "no causal buffer sliced by the key length was found to hide unwritten slots"))
+                                  "no causal mask (a buffer sliced by the key length, a helper's mask or a triangle cut at it) was "
+                                  "found to hide unwritten slots"))
         threading = self._threading(tree, plan) if not plan.problems else None
         if threading is not None and threading.missing:
             plan.problems += threading.missing
@@ -382,6 +423,27 @@ class CarriedCache(GraphCodemod):
             plan.masks += 1
             codemod.record_edit(subscript, f"mask rows of `{code_of(subscript.value).strip()}` picked by the positions "
                                            f"(`{slots}`) instead of sliced by the key length `{length}`")
+
+    # -- triangular masks built inline for the new rows and the key length ---------------------------------
+    def _plan_inline_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        """`torch.full((Q, K), v).triu(K - Q + 1)` (or `.tril(K - Q)`, or `torch.triu(x, diagonal=...)`): the rows
+        of the newest Q tokens against K keys, built per call. Its diagonal counts the rows' positions from the key
+        length, which is the buffer length in a compiled Decode; the positions themselves give the same rows."""
+        for call in m.findall(method, m.Call()):
+            found = _triangle(call)
+            if found is None:
+                continue
+            base, upper, offset, diagonal = found
+            slots = plan.slots.get((cls.name.value, method.name.value)) or self._slots(cls, method, plan)
+            columns = f"torch.arange({offset.key}, device={slots}.device)"
+            # triu keeps column c of row r where c >= position + k; tril where c <= position + k.
+            dropped = "<" if upper else ">"
+            shift = f" + {offset.k}" if offset.k else ""
+            plan.replace[call] = cst.parse_expression(
+                f"{code_of(base)}.masked_fill({columns} {dropped} {slots}[:, None]{shift}, 0)")
+            plan.masks += 1
+            self.record_edit(call, f"the triangle of `{code_of(base)}` cut at the positions (`{slots}`) instead of at "
+                                   f"the diagonal `{code_of(diagonal)}` counted from the key length")
 
     # -- the 4-D masks built by library helpers, in the model's forward -----------------------------------
     def _plan_helper_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
