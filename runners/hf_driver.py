@@ -58,11 +58,10 @@ def _name(model: type | torch.nn.Module) -> str:
 class StaticCacheDecoder(torch.nn.Module):
     """A transformers causal LM with graphmode's prefill/decode entries on its own static-cache path."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int, max_batch_size: int = 1) -> None:
+    def __init__(self, model: torch.nn.Module, max_seq_len: int) -> None:
         super().__init__()
         self.model = model
         self.max_seq_len = max_seq_len
-        self.max_batch_size = max_batch_size
         self.cache_argument = cache_argument(model)
         names = forward_parameters(model)
         # Releases before 5.0 index the static cache by cache_position; later ones count the length themselves.
