@@ -5,8 +5,11 @@
     graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
+    graphmode fix PATH... [--diff] [--jobs N] [--out DIR]       the rewrites alone: adapted copies and diffs
     graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
     graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] ...  a Hugging Face model, no harness to write
+    graphmode batch MANIFEST [--jobs N] [--retry-failed] [--fail-on manual,speedup<X] [--executor ray]
+                                                                every target of a manifest, resumable; summary
 """
 from __future__ import annotations
 
@@ -121,6 +124,22 @@ def _parser() -> argparse.ArgumentParser:
     scan.add_argument("--entry-class", metavar="NAME", default=None,
                       help="with --check-fixes: the model class a harness would build, the one `adapt` gives "
                            "prefill/decode entries (default: none, so split_decode fixes nothing)")
+    fix = commands.add_parser(
+        "fix", help="rewrite files with the codemods alone, no harness and nothing run; copies and diffs",
+        description="Runs every codemod over each file, as `graphmode adapt` plans them without a traced run, and "
+                    "writes adapted copies of the files they change, changes.diff and fix.json into --out (the "
+                    "originals are never touched), or with --diff prints the diffs and writes nothing. Items a "
+                    "person must finish are printed as file:line: CODEMOD reason. Exit status: 0 nothing left, 1 "
+                    "items for a person, 2 files that could not be read or parsed, 3 a codemod failed on a file "
+                    "(a graphmode bug; the other files are still done).")
+    fix.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="Python files or folders (recursively)")
+    fix.add_argument("--diff", action="store_true", help="print the diffs instead of writing anything")
+    fix.add_argument("--out", type=Path, default=Path("graphmode-fix"),
+                     help="where the copies go, replaced whole once complete (default: ./graphmode-fix)")
+    fix.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
+    fix.add_argument("--entry-class", metavar="NAME", default=None,
+                     help="the model class that gets prefill/decode entries (default: each file's shortest-named "
+                          "*ForCausalLM or *LMHeadModel class, if it has one)")
     from graphmode.transforms.conventions import CONVENTIONS  # stdlib `ast` only: no torch, no libcst
 
     init = commands.add_parser(
@@ -139,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
                            "says unknown)")
     init.add_argument("--force", action="store_true",
                       help="replace an existing harness.py (the old one is kept as harness.py.orig)")
+    from graphmode.agent.batch_cli import add_batch_parser  # its options live beside the batch modules
+
+    add_batch_parser(commands)
     return parser
 
 
@@ -155,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             return _scan(args)
         if args.command == "init":
             return _init(args)
+        if args.command == "batch":
+            from graphmode.agent.batch_cli import run_batch
+
+            return run_batch(args, console)
+        if args.command == "fix":
+            return _fix(args)
         return _sessions()
     except UserError as error:
         errors.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
@@ -623,6 +651,14 @@ def _describe_buckets(sweep: dict) -> str:
     return (f"; batch buckets {','.join(str(b['bucket']) for b in buckets)}: real rows "
             f"{'unchanged' if unchanged else 'CHANGED'} by padding, "
             f"{sum(b['captures'] for b in buckets)} capture(s)")
+
+
+def _fix(args: argparse.Namespace) -> int:
+    from graphmode.agent.fix_command import run_fix
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: at least 1")
+    return run_fix(args.paths, args.out, args.diff, args.jobs, args.entry_class, console, errors)
 
 
 def _scan(args: argparse.Namespace) -> int:

@@ -52,6 +52,11 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
         "changes_applied": state.applied,
         "changes_declined": [c.codemod for c in state.plan if c.id not in (state.approved or [])],
         "manual_items": len(state.manual),
+        # The findings of the design (added), and how many of them a change that was applied removes (added;
+        # `graphmode batch` tabulates both beside manual_items).
+        "findings": len(state.findings),
+        "findings_fixed": len({i for c in state.plan if c.id in (state.approved or []) and c.codemod in state.applied
+                               for i in c.fixes}),
         # One per line; `codes` (added): every rule and codemod that left that line, `code` being the first.
         "manual_items_detail": [{"path": m["path"], "line": m["line"], "kind": m["kind"],
                                  "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"],

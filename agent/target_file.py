@@ -31,11 +31,12 @@ from graphmode.agent.errors import UserError
 
 FILE_NAME = "graphmode.toml"
 # key -> (type, what it must be), per table
-_TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"), "tiny": (bool, "true or false"),
+TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"),
+    "tiny": (bool, "true or false"),
     "convention": (str, "a convention name"), "sources": (list, "a list of file names"),
 }
-_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "backend": (str, "a backend name"), "steps": (int, "a whole number"), "runs": (int, "a whole number"),
     "similarity": ((int, float), "a number"), "timeout": ((int, float), "a number of seconds"),
     "compile_cache": (str, "a folder or 'off'"), "batch_buckets": (list, "a list of batch sizes"),
@@ -88,39 +89,57 @@ def find(path: Path) -> Path | None:
     return None
 
 
-def load(path: Path) -> TargetFile:
-    """The file, read and checked: an unknown table or key, or a value of the wrong kind, is bad input."""
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables; a file that cannot be read, or is not TOML (the parser names the line), is bad input."""
     toml = _toml()
     try:
-        data = toml.loads(path.read_text(encoding="utf-8"))
+        return toml.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot be read ({error})") from None
     except toml.TOMLDecodeError as error:
         raise UserError(f"{path}: not valid TOML: {error}") from None
+
+
+def load(path: Path) -> TargetFile:
+    """The file, read and checked: an unknown table or key, or a value of the wrong kind, is bad input."""
+    data = read_toml(path)
     unknown = sorted(set(data) - {"target", "run"})
     if unknown:
         raise UserError(f"{path}: unknown table(s) {', '.join(unknown)} (a target file has [target] and [run])")
-    checked = TargetFile(path=path.resolve())
-    for table, keys in (("target", _TARGET_KEYS), ("run", _RUN_KEYS)):
-        values = data.get(table, {})
-        if not isinstance(values, dict):
-            raise UserError(f"{path}: {table} must be a table ([{table}])")
-        for key, value in values.items():
-            if key not in keys:
-                raise UserError(f"{path}: [{table}] has no key {key!r} (known: {', '.join(keys)})")
-            kind, what = keys[key]
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-                raise UserError(f"{path}: [{table}] {key} must be {what}, got {value!r}")
-        setattr(checked, table, dict(values))
-    target = checked.target
+    return checked(path, data.get("target", {}), data.get("run", {}))
+
+
+def check_table(path: Path, label: str, values: Any, keys: dict[str, tuple[type | tuple[type, ...], str]]) -> dict:
+    """One table's keys and the kind of each value; `label` names the table in messages ("[run]")."""
+    if not isinstance(values, dict):
+        raise UserError(f"{path}: {label} must be a table")
+    for key, value in values.items():
+        if key not in keys:
+            raise UserError(f"{path}: {label} has no key {key!r} (known: {', '.join(keys)})")
+        kind, what = keys[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise UserError(f"{path}: {label} {key} must be {what}, got {value!r}")
+    buckets = values.get("batch_buckets")
+    if buckets is not None and not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
+        raise UserError(f"{path}: {label} batch_buckets must be a list of whole numbers, got {buckets!r}")
+    return dict(values)
+
+
+def checked(path: Path, target: Any, run: Any, *, labels: tuple[str, str] = ("[target]", "[run]"),
+            run_keys: dict[str, tuple[type | tuple[type, ...], str]] | None = None) -> TargetFile:
+    """A [target] and a [run] table, checked; a batch manifest checks each of its targets with this too, naming
+    them by `labels` and allowing its own `run_keys`."""
+    target_label, run_label = labels
+    found = TargetFile(path=path.resolve(), target=check_table(path, target_label, target, TARGET_KEYS),
+                       run=check_table(path, run_label, run, RUN_KEYS if run_keys is None else run_keys))
+    target = found.target
     if "hf" in target and ({"harness", "convention"} & set(target)):
-        raise UserError(f"{path}: [target] names hf and a harness or convention; give one way to build the model")
+        raise UserError(f"{path}: {target_label} names hf and a harness or convention; give one way to build the model")
     if target.get("tiny") and "hf" not in target:
-        raise UserError(f"{path}: [target] tiny goes with hf")
+        raise UserError(f"{path}: {target_label} tiny goes with hf")
     sources = target.get("sources")
     if sources is not None and not all(isinstance(s, str) for s in sources):
-        raise UserError(f"{path}: [target] sources must be a list of file names, got {sources!r}")
-    buckets = checked.run.get("batch_buckets")
-    if buckets is not None and not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
-        raise UserError(f"{path}: [run] batch_buckets must be a list of whole numbers, got {buckets!r}")
-    return checked
+        raise UserError(f"{path}: {target_label} sources must be a list of file names, got {sources!r}")
+    return found

@@ -5,11 +5,9 @@ session, so `graphmode resume <id>` can finish it in a later process.
 """
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -17,6 +15,7 @@ from langgraph.graph import END, START, StateGraph
 
 from graphmode.agent import nodes
 from graphmode.agent.errors import UserError
+from graphmode.agent.home import sessions_db  # here too: the commands that run sessions import it from here
 from graphmode.agent.state import SCHEMA_VERSION, RunState
 
 STATE_MODULE = "graphmode.agent.state"
@@ -34,13 +33,6 @@ def build_graph(checkpointer):
         graph.add_edge(before, after)
     graph.add_edge(STEPS[-1], END)
     return graph.compile(checkpointer=checkpointer)
-
-
-def sessions_db() -> Path:
-    """One database for every session of this user; GRAPHMODE_HOME moves it (tests, CI)."""
-    home = Path(os.environ.get("GRAPHMODE_HOME", Path.home() / ".graphmode"))
-    home.mkdir(parents=True, exist_ok=True)
-    return home / "sessions.sqlite"
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from graphmode.runners.child_process import die_with_parent as _die_with_parent
 from graphmode.runners.cli import ERROR_PREFIX
 
 class WorkerError(RuntimeError):
@@ -30,16 +31,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _die_with_parent() -> None:
-    """In the child, before it runs: the kernel kills it if graphmode itself is killed (SIGKILL cannot be caught,
-    so no clean-up in the parent would run). Linux only; elsewhere the clean-up above is all there is."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _error_line(stderr: str) -> str | None:

@@ -1,16 +1,16 @@
 """Runs the selected codemods over one source file and reports every edit in the original's lines."""
 from __future__ import annotations
 
+import ast
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
-from libcst.metadata import MetadataWrapper
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
 from graphmode.transforms.findings import Finding
+from graphmode.transforms.parsed import ParsedSource
 
 
 @dataclass
@@ -59,17 +59,23 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     result = FileAdaptation(path=path, original=source, adapted=source)
     to_original: list[int | None] = list(range(1, source.count("\n") + 2))
     current = source
-    wrapper: MetadataWrapper | None = None  # the current text parsed, with the metadata resolved so far
+    parsed: ParsedSource | None = ParsedSource(source)  # the current text, parsed when a codemod first needs it
     for codemod_class in CHAIN:
         if codemod_class.NAME not in names:
             continue
-        codemod = codemod_class(CodemodContext(filename=path), _in_current_lines(options, path, to_original))
-        if wrapper is None:
-            wrapper = MetadataWrapper(cst.parse_module(current), unsafe_skip_copy=True)
+        if parsed is None:
+            parsed = ParsedSource(current)
+        moved = _in_current_lines(options, path, to_original)
+        if not codemod_class.may_apply(parsed, moved):
+            continue
+        codemod = codemod_class(CodemodContext(filename=path), moved)
         try:
-            new = codemod.transform_wrapped(wrapper).code
+            tree = codemod.transform_source(parsed)
         except SkipFile:
             continue
+        # A codemod records an edit for every span it rewrites (tests/test_pipeline_shortcuts.py holds them to it), so
+        # one that recorded none left the text as it was, and generating it again would only cost time.
+        new = tree.code if codemod.edits else current
         result.manual += [replace(m, line=_span(to_original, m.line, m.line)[0]) for m in codemod.manual]
         if new == current:
             continue
@@ -78,8 +84,9 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
             start, end = _span(to_original, edit.start_line, edit.end_line)
             result.edits.append(replace(edit, start_line=start, end_line=end))
         to_original = _carry_line_map(current, new, to_original)
-        current, wrapper = new, None
-    cst.parse_module(current)  # the output always parses; a failure here is a codemod bug
+        current, parsed = new, None
+    if parsed is None:
+        ast.parse(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from graphmode.transforms.cstutil import (
+    calls_in,
     code_of,
     find_method,
     is_docstring,
@@ -33,14 +34,7 @@ _FILL_NAMES = frozenset({"float", "torch", "math"})
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_Collector())
-    return found
+    return calls_in(node)
 
 
 def _call_name(call: cst.Call) -> str | None:
@@ -143,7 +137,9 @@ def _device_fixup(stmt: cst.BaseStatement, name: str) -> bool:
 
 # -- boolean masks: tril of ones -------------------------------------------------------------------
 _SHAPE_ONLY = frozenset({"view", "reshape", "unsqueeze", "expand"})  # rows by position broadcast instead
-_HELPER_NAME = re.compile(r"^_?(make|build|create|get)_causal_mask$")
+HELPER_NAME = re.compile(r"^_?(make|build|create|get)_causal_mask$")
+# Every form `find_mask` reads calls one of these or a helper named like HELPER_NAME.
+MASK_WORDS = frozenset({"triu", "tril", "ones"})
 _HELPER_CALLS = frozenset({"full", "triu", "ones", "tril", "zeros", "cat", "concat", "hstack", "to", "type_as",
                            "bool", "view", "reshape", "unsqueeze", "expand", "finfo", "float", "size"})
 _CASTS = frozenset({"to", "type_as", "bool"})
@@ -215,7 +211,7 @@ def _helper_call(statements: list[cst.BaseStatement]) -> tuple[str, cst.Call] | 
         return None
     func = a[1].func
     helper = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
-    return (a[0], a[1]) if helper and _HELPER_NAME.match(helper) else None
+    return (a[0], a[1]) if helper and HELPER_NAME.match(helper) else None
 
 
 def _bind(helper: cst.FunctionDef, call: cst.Call, skip_self: bool) -> dict[str, cst.BaseExpression] | None:
@@ -330,7 +326,7 @@ def mask_reader(cls: cst.ClassDef, method: cst.FunctionDef, functions: dict[str,
 
 def mentions_helper(stmt: cst.CSTNode) -> bool:
     """Whether a statement calls a make_causal_mask helper or builds a mask (where a partial match is reported)."""
-    return any(_HELPER_NAME.match(_call_name(c) or code_of(c.func)) or _call_name(c) in ("tril", "triu", "ones")
+    return any(HELPER_NAME.match(_call_name(c) or code_of(c.func)) or _call_name(c) in ("tril", "triu", "ones")
                for c in _calls(stmt))
 
 

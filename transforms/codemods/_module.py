@@ -105,6 +105,11 @@ class BufferCodemod(GraphCodemod):
         super().__init__(context, options)
         self._changed = False
 
+    def passes_over(self, qualname: str) -> bool:
+        # The rewrites start at leave_ClassDef and read the methods from there; a function's body holds nothing
+        # for them unless a class is defined inside it.
+        return not self.source.classes_in_functions
+
     def rewrite_method(self, cls: cst.ClassDef, updated: cst.ClassDef, method: cst.FunctionDef,
                        body: list[cst.BaseStatement]) -> cst.ClassDef | None:
         """The class with this method rewritten, or None when the idiom is not there."""

@@ -1,20 +1,23 @@
 """What every graphmode codemod shares.
 
-A codemod is a libcst `VisitorBasedCodemodCommand` that rewrites one idiom and records what it
-did: an `Edit` per rewritten span, or a `ManualItem` where it recognised the idiom only in part
-and therefore changed nothing there.
+A codemod is a libcst `Codemod` and a plain `CSTTransformer` that rewrites one idiom and records what
+it did: an `Edit` per rewritten span, or a `ManualItem` where it recognised the idiom only in part
+and therefore changed nothing there. It is not a `VisitorBasedCodemodCommand`: the matcher decorators
+that class supports cost four times a plain walk of the tree, and no codemod here uses them.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import ast
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.codemod import Codemod, CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.reach import step_qualnames
+from graphmode.transforms.parsed import ParsedSource
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
 MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
@@ -74,7 +77,7 @@ class ManualItem:
         return asdict(self)
 
 
-class GraphCodemod(VisitorBasedCodemodCommand):
+class GraphCodemod(Codemod, cst.CSTTransformer):
     NAME: ClassVar[str]
     TITLE: ClassVar[str]  # one line, imperative: what the change does
     DESCRIPTION: ClassVar[str]  # the planned change and its effect on behaviour, for the design document
@@ -92,15 +95,53 @@ class GraphCodemod(VisitorBasedCodemodCommand):
         self.edits: list[Edit] = []
         self.manual: list[ManualItem] = []
 
-    def transform_wrapped(self, wrapper: MetadataWrapper) -> cst.Module:
-        """`transform_module` on a module whose metadata may be resolved already: the pipeline resolves it once per
-        distinct text and hands the same wrapper to every codemod that leaves the text unchanged."""
-        with self.resolve(wrapper):
-            self.context = replace(self.context, wrapper=wrapper)
-            tree = self.transform_module_impl(wrapper.module)
-        if AddImportsVisitor.CONTEXT_KEY in self.context.scratch:
-            tree = self._instantiate_and_run(AddImportsVisitor, tree)
+    @classmethod
+    def may_apply(cls, source: ParsedSource, options: Options) -> bool:
+        """False only when the text cannot hold this codemod's idiom, so the chain skips it without walking the
+        tree. A codemod overrides it with a test on `source.words` that its own matching implies."""
+        return True
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._scopes: list[str] = []  # names of the classes and functions the walk is in
+        self._passed_over: set[cst.FunctionDef] = set()
+        return tree.visit(self)
+
+    def passes_over(self, qualname: str) -> bool:
+        """Whether the walk may leave this function's body unvisited: true only for a codemod none of whose
+        handlers could change anything in it. Walking and rebuilding every node costs more than most rewrites."""
+        return False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+            self._scopes.append(node.name.value)
+            if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
+                self._passed_over.add(node)
+                return False
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        if isinstance(original_node, (cst.ClassDef, cst.FunctionDef)):
+            self._scopes.pop()
+            if original_node in self._passed_over:
+                return updated_node
+        return super().on_leave(original_node, updated_node)
+
+    def transform_source(self, source: ParsedSource) -> cst.Module:
+        """`transform_module` on a text the chain parsed once: its metadata (`source.metadata()`) is built when a
+        codemod first asks for it, and shared by every codemod that sees the same text."""
+        self.source = source
+        self.metadata = source.metadata()
+        try:
+            tree = self.transform_module_impl(source.module)
+        finally:
+            self.metadata = {}
+        if self.context.scratch.get(AddImportsVisitor.CONTEXT_KEY) and not _imports_present(self.context, source):
+            tree = AddImportsVisitor(self.context).transform_module(tree)
         return tree
+
+    def code_of_module(self, tree: cst.Module) -> str:
+        """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
+        return self.source.text if tree is self.source.module else tree.code
 
     # -- recording -------------------------------------------------------------------------------
     def _lines(self, node: cst.CSTNode) -> tuple[int, int]:
@@ -135,9 +176,23 @@ class StepCodemod(GraphCodemod):
     the same file; transforms.analysis.reach), as the rules only report there."""
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._step_functions = step_qualnames(tree.code)
+        self._step_functions = self.source.step_functions if tree is self.source.module else \
+            step_qualnames(tree.code)
         return super().transform_module_impl(tree)
+
+    def passes_over(self, qualname: str) -> bool:
+        parts = qualname.split(".")
+        return not any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
 
     def in_step_code(self, node: cst.CSTNode) -> bool:
         parts = self.qualname(node).split(".")
         return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
+
+
+def _imports_present(context: CodemodContext, source: ParsedSource) -> bool:
+    """Every import a codemod asked for is a plain `import X` the module already has at its top: AddImportsVisitor
+    (a walk and a metadata resolution of its own) would change nothing."""
+    wanted: list[ImportItem] = context.scratch[AddImportsVisitor.CONTEXT_KEY]
+    present = {alias.name for stmt in source.tree.body if isinstance(stmt, ast.Import) for alias in stmt.names
+               if alias.asname is None}
+    return all(item.obj_name is None and item.alias is None and item.module_name in present for item in wanted)

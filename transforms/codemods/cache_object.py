@@ -57,8 +57,8 @@ from graphmode.transforms.codemods._module import append_to_init, defined_at_top
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
-from graphmode.transforms.cstutil import code_of, dotted_name, find_method, names_in, none_test, only_raises, \
-    single_assignment
+from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, none_test, \
+    only_raises, single_assignment
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
@@ -78,17 +78,9 @@ def _comment(text: str) -> cst.EmptyLine:
 
 def _calls_on(node: cst.CSTNode, receivers: set[str], methods: set[str]) -> list[cst.Call]:
     """Calls `R.m(...)` under node, R a Name in receivers and m in methods."""
-    found: list[cst.Call] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            func = call.func
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
-                    and func.value.value in receivers and func.attr.value in methods:
-                found.append(call)
-
-    node.visit(_Collector())
-    return found
+    return [call for call in calls_in(node) if isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name) and call.func.value.value in receivers
+            and call.func.attr.value in methods]
 
 
 def _guarded_block(stmt: cst.BaseStatement, cache: str) -> list[cst.BaseStatement] | None:
@@ -180,7 +172,7 @@ def _returned_tuple(after: list[cst.BaseStatement], cache: str, keys: str, value
 
 
 def _key_value_tuples(node: cst.CSTNode, keys: str, values: str) -> list[cst.Tuple]:
-    return [t for t in m.findall(node, m.Tuple()) if [code_of(e.value) for e in t.elements] == [keys, values]]
+    return [t for t in nodes_of_type(node, cst.Tuple) if [code_of(e.value) for e in t.elements] == [keys, values]]
 
 
 class _WrittenSlots(cst.CSTTransformer):
@@ -277,6 +269,10 @@ class CacheObject(GraphCodemod):
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return not source.words.isdisjoint({CACHE_OBJECT_WRITE, *_SLOT_SOURCES, *_ALL_MASK_HELPERS})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
@@ -408,7 +404,7 @@ class CacheObject(GraphCodemod):
 
     # -- the mask, the past length and the positions, in the model's forward -----------------------
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
-        calls = [(stmt, *found) for stmt in m.findall(method, m.SimpleStatementLine())
+        calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
                  if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS))]
         if not calls:
             return

@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from graphmode.transforms.codemods._call_graph import THREADED, Threading, class_tables
 from graphmode.transforms.codemods._helper_code import helper_statements
@@ -48,8 +47,8 @@ from graphmode.transforms.codemods._module import defined_at_top, ensure_size_co
     remove_imports_if_unused, self_attributes
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, mask_helper_call
-from graphmode.transforms.cstutil import AppendingCat, appending_cat, code_of, find_method, names_in, none_test, \
-    single_assignment, torch_call_name
+from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
+    nodes_of_type, none_test, single_assignment, torch_call_name
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 BUFFERS_CLASS = "StaticKVBuffers"
@@ -177,8 +176,13 @@ class CarriedCache(GraphCodemod):
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301", "GM302", "GM201"})
 
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "cat" in source.words  # what the evidence saw grow is a `torch.cat` too
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if f"{BUFFERS_CLASS}(" in tree.code or "StaticKVCache(" in tree.code:
+        code = self.code_of_module(tree)
+        if f"{BUFFERS_CLASS}(" in code or "StaticKVCache(" in code:
             return tree  # already static (a second run, or another codemod took this file)
         self._classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
         plan = _Plan()
@@ -345,7 +349,7 @@ class CarriedCache(GraphCodemod):
         cats: list[AppendingCat] = []
         if seen is not None:
             # The trace saw these cats grow a cache at every Decode step, at whatever depth of branches they sit.
-            cats = [found for stmt in m.findall(method.body, m.SimpleStatementLine())
+            cats = [found for stmt in nodes_of_type(method.body, cst.SimpleStatementLine)
                     if (found := appending_cat(stmt)) is not None and self._lines(stmt)[0] in seen]
         else:
             # Without evidence, only the guarded form: `if cache is not None:` reading the cache, then the cats.
@@ -376,7 +380,7 @@ class CarriedCache(GraphCodemod):
         # The comments above the cat describe the concatenation, which is gone; blank lines stay.
         update = update.with_changes(leading_lines=[*(e for e in keys.stmt.leading_lines if e.comment is None), _comment(
             "written in place into the preallocated cache; attention reads every slot.")])
-        unpacks = {s for s in m.findall(method.body, m.SimpleStatementLine()) if _unpacks(s)}
+        unpacks = {s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _unpacks(s)}
         placed = place_write(list(method.body.body), (keys.stmt, values.stmt), update, unpacks)
         if placed is None:
             plan.problems.append((keys.stmt, f"`{where}`: the write cannot be put on every path that computes the keys: no "
@@ -429,7 +433,7 @@ class CarriedCache(GraphCodemod):
         """`torch.full((Q, K), v).triu(K - Q + 1)` (or `.tril(K - Q)`, or `torch.triu(x, diagonal=...)`): the rows
         of the newest Q tokens against K keys, built per call. Its diagonal counts the rows' positions from the key
         length, which is the buffer length in a compiled Decode; the positions themselves give the same rows."""
-        for call in m.findall(method, m.Call()):
+        for call in calls_in(method):
             found = _triangle(call)
             if found is None:
                 continue
@@ -447,7 +451,7 @@ class CarriedCache(GraphCodemod):
 
     # -- the 4-D masks built by library helpers, in the model's forward -----------------------------------
     def _plan_helper_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
-        calls = [(stmt, *found) for stmt in m.findall(method, m.SimpleStatementLine())
+        calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
                  if (found := mask_helper_call(stmt))]
         if not calls:
             return

@@ -21,6 +21,8 @@ _VALUE_TESTS = ("any", "all")
 _LOGGERS = frozenset({"logger", "logging", "log", "_logger", "LOGGER"})
 _LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "warning_once",
                          "info_once"})
+# A file naming none of these (and with no assert) has nothing to move.
+_IDIOM_WORDS = frozenset({"print", "warn", *_SYNCS, *_VALUE_TESTS, *_LOG_LEVELS})
 
 
 def _reads_host_value(node: cst.CSTNode) -> bool:
@@ -72,6 +74,10 @@ class HoistItem(StepCodemod):
     )
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return ":Assert" in source.words or not source.words.isdisjoint(_IDIOM_WORDS)
 
     def _already_guarded(self, node: cst.CSTNode) -> bool:
         current = self.get_metadata(cst.metadata.ParentNodeProvider, node, None)

@@ -58,6 +58,10 @@ class HostScalars(StepCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
 
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "item" in source.words
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if not self.in_step_code(original_node) or not isinstance(original_node.body, cst.IndentedBlock):
             return updated_node

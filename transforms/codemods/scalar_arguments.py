@@ -66,13 +66,18 @@ class ScalarArguments(StepCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
 
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return not source.words.isdisjoint(_SCALED_OPERANDS)
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._synced = {line for file, line in self.options.host_sync_lines if file == self.context.filename}
-        self._statements: list[tuple[int, list[str]]] = []  # (first line, scales moved in it), innermost last
+        # (the statement, scales moved in it), innermost last; its line is looked up only when a scale is found
+        self._statements: list[tuple[cst.SimpleStatementLine, list[str]]] = []
         return super().transform_module_impl(tree)
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._statements.append((self._lines(node)[0], []))
+        self._statements.append((node, []))
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
@@ -117,5 +122,5 @@ class ScalarArguments(StepCodemod):
     def _is_tensor(self, value: cst.BaseExpression) -> bool:
         """A host sync on the statement in the traced Decode says so; without a trace, a torch call building it."""
         if self.options.traced:
-            return self._statements[-1][0] in self._synced
+            return self._lines(self._statements[-1][0])[0] in self._synced
         return produces_tensor(ast.parse(" ".join(code_of(value).split()), mode="eval").body)

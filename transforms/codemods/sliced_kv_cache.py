@@ -110,6 +110,10 @@ class SlicedKVCache(BufferCodemod):
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM302"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return source.has_position_param
     REQUIRES = ("static_positions", "static_mask")
 
     def _uses(self, method: cst.FunctionDef, name: str) -> tuple[list[_Use], list[cst.Subscript]]:

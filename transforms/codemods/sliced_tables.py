@@ -89,6 +89,10 @@ class SlicedTables(BufferCodemod):
     )
     SKILL = "positions-as-tensors"
     FIXES = frozenset({"GM302"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return source.has_position_param
     REQUIRES = ("static_positions",)
 
     def rewrite_method(self, cls, updated, method, body):

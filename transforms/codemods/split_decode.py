@@ -129,6 +129,10 @@ class SplitDecode(GraphCodemod):
     )
     SKILL = "prefill-decode-split"
     FIXES = frozenset({"GM401"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return options.entry_class is not None and options.entry_class in source.words
     # `decode` neither takes nor returns a cache and is handed positions as a tensor: without the planned rewrites
     # of the cache, the positions, the mask and the tables it sliced, the entries would run a model that still
     # expects them carried or as Python ints.
@@ -138,9 +142,12 @@ class SplitDecode(GraphCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # Once the KV cache lives in module buffers, returning it from `decode` only costs: a compiled graph
         # rebuilds every returned view of a buffer it mutated, on every call.
-        code = tree.code
+        code = self.code_of_module(tree)
         self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
         return super().transform_module_impl(tree)
+
+    def passes_over(self, qualname: str) -> bool:
+        return not self.source.classes_in_functions  # the entries are made from the class, in leave_ClassDef
 
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value != self.options.entry_class:

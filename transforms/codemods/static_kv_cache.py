@@ -70,6 +70,10 @@ class StaticKVCacheCodemod(BufferCodemod):
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM301"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "cat" in source.words
     REQUIRES = ("static_positions", "static_mask")
 
     def rewrite_method(self, cls, updated_node, method, body):

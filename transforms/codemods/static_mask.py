@@ -42,8 +42,8 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods._additive_masks import ApplyPlan, BooleanPlan, boolean_diagonal, plan_boolean
-from graphmode.transforms.codemods._mask_recognition import find_mask, mask_reader, mentions_helper, \
-    shape_dependent_use
+from graphmode.transforms.codemods._mask_recognition import HELPER_NAME, MASK_WORDS, find_mask, mask_reader, \
+    mentions_helper, shape_dependent_use
 from graphmode.transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
 from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, position_param
@@ -65,6 +65,10 @@ class StaticMask(BufferCodemod):
     )
     SKILL = "static-buffers"
     FIXES = frozenset({"GM201", "GM401"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return not source.words.isdisjoint(MASK_WORDS) or any(HELPER_NAME.match(word) for word in source.words)
     REQUIRES = ("static_positions",)
 
     def __init__(self, context, options) -> None:
@@ -75,6 +79,9 @@ class StaticMask(BufferCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         self._functions = {s.name.value: s for s in node.body if isinstance(s, cst.FunctionDef)}
         self._boolean = plan_boolean(node, self._functions)
+
+    def passes_over(self, qualname: str) -> bool:
+        return self._boolean is None and super().passes_over(qualname)  # the boolean plan rewrites statements
 
     def leave_BinaryOperation(self, original_node, updated_node):
         if self._boolean is not None and original_node in self._boolean.expressions:

@@ -48,6 +48,10 @@ class StaticPositions(GraphCodemod):
     SKILL = "positions-as-tensors"
     FIXES = frozenset({"GM501", "GM201"})
 
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return source.has_position_param
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         plan = _PositionPlan(self)
         tree.visit(plan)

@@ -96,6 +96,10 @@ class StaticRotary(BufferCodemod):
     SKILL = "static-buffers"
     FIXES = frozenset({"GM101", "GM201", "GM401"})
 
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "arange" in source.words or ":Gt" in source.words  # a table from arange, or `if L > self.cached:`
+
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
         self._module_names: set[str] = set()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, dotted_name, only_raises, single_assignment
+from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, only_raises, single_assignment
 
 # Calls whose result a test can only use after reading tensor data on the host.
 _VALUE_METHODS = frozenset({"any", "all"})
@@ -36,16 +36,8 @@ _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` se
 
 
 def _value_calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if dotted_name(call.func) in _VALUE_TORCH or (
-                    isinstance(call.func, cst.Attribute) and call.func.attr.value in _VALUE_METHODS and not call.args):
-                found.append(call)
-
-    node.visit(_Collector())
-    return found
+    return [call for call in calls_in(node) if dotted_name(call.func) in _VALUE_TORCH or (
+        isinstance(call.func, cst.Attribute) and call.func.attr.value in _VALUE_METHODS and not call.args)]
 
 
 def _split_test(test: cst.BaseExpression) -> tuple[cst.BaseExpression | None, cst.BaseExpression] | None:
@@ -124,6 +116,10 @@ class TensorBranches(StepCodemod):
     )
     SKILL = "refactoring-principles"
     FIXES = frozenset({"GM402"})
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return not source.words.isdisjoint(_VALUE_METHODS)  # `torch.any(x)` names `any` too
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
         if not _value_calls(original_node.test) or not self.in_step_code(original_node):

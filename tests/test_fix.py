@@ -1,0 +1,87 @@
+"""`graphmode fix`: the codemods alone over files and folders, written as copies or shown as diffs."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "examples" / "legacy_llm"
+MANUAL_FIXTURE = ROOT / "tests" / "fixtures" / "codemods" / "static_positions" / "slice_use.in.py"
+
+
+def fix(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", "fix", *map(str, args)], capture_output=True,
+                          text=True, timeout=600, cwd=cwd)
+
+
+def _model_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "models" / "legacy"
+    folder.mkdir(parents=True)
+    shutil.copy(EXAMPLE / "model.py", folder / "model.py")
+    return folder
+
+
+def test_copies_diff_and_record_and_a_second_run_changes_nothing(tmp_path):
+    folder = _model_folder(tmp_path)
+    original = (folder / "model.py").read_text()
+    out = tmp_path / "out"
+    done = fix(folder, "--out", out, "--entry-class", "Transformer")
+    assert done.returncode in (0, 1), done.stderr
+    assert (folder / "model.py").read_text() == original  # the original is never touched
+    adapted = (out / "legacy" / "model.py").read_text()
+    assert adapted != original and "def decode(" in adapted
+    compile(adapted, "model.py", "exec")
+    diff = (out / "changes.diff").read_text()
+    assert "--- a/legacy/model.py" in diff and "+++ b/legacy/model.py" in diff
+    record = json.loads((out / "fix.json").read_text())
+    assert record["counts"]["rewritten"] == 1 and record["counts"]["crashed"] == 0
+    [entry] = record["results"]
+    assert entry["status"] == "rewritten" and entry["edits"] > 0 and "split_decode" in entry["applied"]
+
+    again = fix(out / "legacy", "--out", tmp_path / "again", "--entry-class", "Transformer")
+    assert again.returncode in (0, 1), again.stderr
+    assert json.loads((tmp_path / "again" / "fix.json").read_text())["counts"]["rewritten"] == 0
+
+
+def test_diff_prints_and_writes_nothing_and_jobs_agree(tmp_path):
+    folder = _model_folder(tmp_path)
+    shutil.copy(MANUAL_FIXTURE, folder / "refused.py")
+    one = fix(folder, "--diff", "--jobs", "1", cwd=tmp_path)
+    two = fix(folder, "--diff", "--jobs", "2", cwd=tmp_path)
+    assert not (tmp_path / "graphmode-fix").exists()
+    assert one.stdout == two.stdout and "+++ b/legacy/model.py" in one.stdout
+    # An item left for a person is one line, file:line: CODEMOD reason; it makes the exit status 1.
+    assert one.returncode == 1
+    items = [line for line in one.stdout.splitlines() if line.startswith(str(folder / "refused.py") + ":")]
+    assert items and all(line.split(":")[1].isdigit() for line in items), one.stdout
+    assert "static_positions" in items[0]
+
+
+def test_bad_files_are_reported_and_the_rest_is_done(tmp_path):
+    folder = _model_folder(tmp_path)
+    (folder / "broken.py").write_text("def f(:\n    pass\n")
+    (folder / "latin.py").write_bytes(b"x = '\xe9'\n")
+    out = tmp_path / "out"
+    done = fix(folder, "--out", out)
+    assert done.returncode == 2
+    assert f"{folder / 'broken.py'}: error: 1:" in done.stderr and "syntax error" in done.stderr
+    assert f"{folder / 'latin.py'}: error:" in done.stderr
+    counts = json.loads((out / "fix.json").read_text())["counts"]
+    assert counts["unreadable"] == 2 and counts["rewritten"] == 1
+
+
+def test_refusals_exit_2_and_write_nothing(tmp_path):
+    folder = _model_folder(tmp_path)
+    missing = fix(tmp_path / "nowhere")
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+    inside = fix(folder, "--out", folder / "out")
+    assert inside.returncode == 2 and "outside" in inside.stderr and not (folder / "out").exists()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    refused = fix(folder, "--out", foreign)
+    assert refused.returncode == 2 and "not written by `graphmode fix`" in refused.stderr
+    assert (foreign / "notes.txt").read_text() == "keep me"

@@ -1,0 +1,120 @@
+"""`graphmode fix`: the codemods alone over many files, with no harness and nothing run.
+
+What `graphmode adapt` plans without runtime evidence: every codemod in chain order over each file, the entry
+points given to the file's causal-LM class (or the class named with `--entry-class`). A file is read, rewritten
+in memory and handed back as text; writing and printing are the caller's. Files go to worker processes when
+there are several: a file takes the codemods a second or more, and nothing is shared between files.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from graphmode.transforms.scan import decode_source, python_files
+
+_HEADS = ("ForCausalLM", "LMHeadModel")
+
+
+@dataclass
+class FileFix:
+    path: str  # as given (or found under a given folder)
+    relative: str  # where its adapted copy goes under the output folder
+    status: str  # "rewritten", "unchanged", "unreadable" (cannot read, decode or parse), "crashed" (a codemod bug)
+    entry_class: str | None = None
+    applied: list[str] = field(default_factory=list)
+    edits: int = 0
+    manual: list[dict] = field(default_factory=list)  # {"line", "codemod", "reason"}, lines of the original
+    error: str = ""
+    seconds: float = 0.0
+    diff: str = ""
+    adapted: str = ""
+
+    def record(self) -> dict:
+        """What fix.json keeps of it: everything but the texts."""
+        return {k: v for k, v in asdict(self).items() if k not in ("diff", "adapted")}
+
+
+def entry_class_of(source: str) -> str | None:
+    """The class a causal-LM harness would build: the shortest-named *ForCausalLM / *LMHeadModel; None without."""
+    heads = [n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name.endswith(_HEADS)]
+    return min(heads, key=len) if heads else None
+
+
+def fix_file(path: Path, relative: str, entry_class: str | None = None) -> FileFix:
+    """One file through the codemods. Never raises for a bad file: its status says what went wrong."""
+    from graphmode.transforms.codemods import Options
+    from graphmode.transforms.pipeline import adapt_source
+
+    started = time.perf_counter()
+    result = FileFix(path=str(path), relative=relative, status="unreadable")
+    try:
+        source = decode_source(path.read_bytes())
+        entry = entry_class or entry_class_of(source)
+    except OSError as error:
+        result.error = f"cannot read: {error.strerror}"
+        return result
+    except SyntaxError as error:
+        result.error = f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"
+        return result
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        result.error = f"cannot decode or parse: {type(error).__name__}: {error}"
+        return result
+    result.entry_class = entry
+    try:
+        adaptation = adapt_source(source, relative, None, Options(entry_class=entry))
+    except Exception as error:  # noqa: BLE001 - a codemod failing on one file must not end the run
+        result.status = "crashed"
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        result.error = f"{type(error).__name__}: {error} (at {Path(frame.filename).name}:{frame.lineno})"
+        result.seconds = time.perf_counter() - started
+        return result
+    result.status = "rewritten" if adaptation.changed else "unchanged"
+    result.applied = adaptation.applied
+    result.edits = len(adaptation.edits)
+    result.manual = [{"line": m.line, "codemod": m.codemod, "reason": m.reason} for m in adaptation.manual]
+    if adaptation.changed:
+        result.diff, result.adapted = adaptation.diff(), adaptation.adapted
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def files_to_fix(paths: list[Path]) -> list[tuple[Path, str]]:
+    """(file, path relative to the output folder): a folder's files keep their place under the folder's name.
+    Raises FileNotFoundError for a missing path."""
+    found: list[tuple[Path, str]] = []
+    for given in paths:
+        for path in python_files([given]):
+            relative = path.name if path == given else str(Path(given.name) / path.relative_to(given))
+            found.append((path, relative))
+    return found
+
+
+def fix_files(files: list[tuple[Path, str]], entry_class: str | None = None, jobs: int | None = None,
+              done: Callable[[FileFix], None] | None = None) -> Iterator[FileFix]:
+    """Each file's result, as they finish (in the order given with one job). `done` is called with each first."""
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    if jobs == 1 or len(files) < 2:
+        for path, relative in files:
+            result = fix_file(path, relative, entry_class)
+            if done:
+                done(result)
+            yield result
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(fix_file, path, relative, entry_class) for path, relative in files]
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                if done:
+                    done(result)
+                yield result
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
