@@ -60,9 +60,9 @@ def position_param(func: cst.FunctionDef) -> cst.Param | None:
 
 # Whitespace and punctuation: no search here looks for them, and leaving them out halves a walk.
 UNWALKED = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment,
-               cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
-               cst.RightCurlyBrace, cst.Comma, cst.Dot, cst.Colon, cst.AssignEqual, cst.Semicolon, cst.BaseBinaryOp,
-               cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp)
+            cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+            cst.RightCurlyBrace, cst.Comma, cst.Dot, cst.Colon, cst.AssignEqual, cst.Semicolon, cst.BaseBinaryOp,
+            cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp)
 # Node types whose fields are not declared in source order: their children in the order a CSTVisitor visits them.
 _SOURCE_ORDER: dict[type, tuple[str, ...]] = {
     cst.Arg: ("keyword", "value"),
@@ -75,7 +75,8 @@ _SOURCE_ORDER: dict[type, tuple[str, ...]] = {
 
 
 @functools.cache
-def _child_fields(node_type: type) -> tuple[str, ...]:
+def child_fields(node_type: type) -> tuple[str, ...]:
+    """A node type's dataclass fields, in source order: every child is held in one, alone or in a sequence."""
     names = [f.name for f in dataclasses.fields(node_type)]
     first = [n for n in _SOURCE_ORDER.get(node_type, ()) if n in names]
     return (*first, *(n for n in names if n not in first))
@@ -85,7 +86,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The node's children in source order, whitespace and punctuation left out: libcst's `children`, read off
     the fields at a fraction of the cost (tests/test_pipeline_shortcuts.py holds the two to the same order)."""
     found: list[cst.CSTNode] = []
-    for name in _child_fields(type(node)):
+    for name in child_fields(type(node)):
         value = getattr(node, name)
         if isinstance(value, cst.CSTNode):
             if not isinstance(value, UNWALKED):

@@ -7,8 +7,6 @@ and parents are what libcst calls metadata; resolving them eagerly costs more th
 from __future__ import annotations
 
 import ast
-import dataclasses
-import functools
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 
@@ -16,6 +14,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.reach import step_qualnames
+from graphmode.transforms.cstutil import child_fields
 from graphmode.transforms.vocabulary import is_position_name
 
 
@@ -39,7 +38,7 @@ class ParsedSource:
         pending: list[cst.CSTNode] = [self.module]
         while pending:
             node = pending.pop()
-            for name in _child_fields(type(node)):
+            for name in child_fields(type(node)):
                 value = getattr(node, name)
                 if isinstance(value, cst.CSTNode):
                     parents[value] = node
@@ -176,9 +175,3 @@ class _StatementPositions(Mapping):
 
     def __len__(self) -> int:
         raise TypeError("positions are computed per node")
-
-
-@functools.cache
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    """The dataclass fields of a node type: every child is held in one, alone or in a sequence."""
-    return tuple(field.name for field in dataclasses.fields(node_type))

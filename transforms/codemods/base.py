@@ -181,11 +181,14 @@ class StepCodemod(GraphCodemod):
         return super().transform_module_impl(tree)
 
     def passes_over(self, qualname: str) -> bool:
-        parts = qualname.split(".")
-        return not any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
+        return not self._in_step_function(qualname)
 
     def in_step_code(self, node: cst.CSTNode) -> bool:
-        parts = self.qualname(node).split(".")
+        return self._in_step_function(self.qualname(node))
+
+    def _in_step_function(self, qualname: str) -> bool:
+        """The name is a step function's, or inside one (a nested function, a class in it)."""
+        parts = qualname.split(".")
         return any(".".join(parts[:i]) in self._step_functions for i in range(1, len(parts) + 1))
 
 
