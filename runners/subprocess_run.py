@@ -46,9 +46,10 @@ def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
     command = [sys.executable, "-m", module, *args]
     started = time.perf_counter()
     # A new session so a timeout can kill the whole group (Inductor may fork compile workers). Being in its own
-    # session, the child does not get the terminal's Ctrl-C: the parent kills the group on every way out.
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_child_env(env), start_new_session=True, preexec_fn=_die_with_parent)
+    # session, the child does not get the terminal's Ctrl-C: the parent kills the group on every way out. Its stdin
+    # is not the terminal either, so nothing in it can change the terminal's modes under the person's keys.
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_child_env(env), start_new_session=True, preexec_fn=_die_with_parent)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)

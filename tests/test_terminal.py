@@ -105,8 +105,15 @@ def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
     while not _workers_of(home) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _workers_of(home), "no verify worker started"
-    child.sendintr()
-    child.expect("interrupted")
+    # CPython can drop a KeyboardInterrupt that lands while a finalizer runs ("Exception ignored in ..."); a person
+    # then presses Ctrl-C again, and so does the test, while the run still has a worker to stop.
+    for _ in range(10):
+        child.sendintr()
+        if child.expect(["interrupted", pexpect.TIMEOUT], timeout=5) == 0:
+            break
+        assert _workers_of(home), f"verify finished without seeing the interrupt:\n{child.before[-2000:]}"
+    else:
+        raise AssertionError("ten Ctrl-C never interrupted the run")
     child.expect(r"graphmode resume (\w+)")
     assert _finish(child) == 130
     deadline = time.monotonic() + 5

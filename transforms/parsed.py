@@ -22,6 +22,7 @@ class ParsedSource:
     def __init__(self, text: str, module: cst.Module | None = None) -> None:
         self.text = text
         self._module = module
+        self._function_words: dict[str, frozenset[str] | None] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -63,20 +64,32 @@ class ParsedSource:
     def words(self) -> frozenset[str]:
         """Every identifier, attribute, parameter and keyword name in the text, and `:Kind` for each kind of
         statement or operator (`:Assert`, `:Gt`): the cheap test of whether an idiom can be there."""
-        found: set[str] = set()
-        for node in ast.walk(self.tree):
-            found.add(f":{type(node).__name__}")
-            if isinstance(node, ast.Name):
-                found.add(node.id)
-            elif isinstance(node, ast.Attribute):
-                found.add(node.attr)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found.add(node.name)
-            elif isinstance(node, ast.arg):
-                found.add(node.arg)
-            elif isinstance(node, ast.keyword) and node.arg:
-                found.add(node.arg)
-        return frozenset(found)
+        return _words_in(self.tree)
+
+    def function_words(self, qualname: str) -> frozenset[str] | None:
+        """`words` of the functions with this qualified name (`Class.method`, `outer.inner`: the names of the
+        enclosing classes and functions), their decorators, parameters and nested code included; None when no
+        function has that name."""
+        if qualname not in self._function_words:
+            nodes = self._functions_by_qualname.get(qualname)
+            self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+        return self._function_words[qualname]
+
+    @cached_property
+    def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
+        found: dict[str, list[ast.AST]] = {}
+        pending: list[tuple[ast.AST, str]] = [(self.tree, "")]
+        while pending:
+            node, scope = pending.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    qualname = f"{scope}.{child.name}" if scope else child.name
+                    if not isinstance(child, ast.ClassDef):
+                        found.setdefault(qualname, []).append(child)  # a redefinition (a property setter) adds
+                    pending.append((child, qualname))
+                else:
+                    pending.append((child, scope))
+        return found
 
     @cached_property
     def classes_in_functions(self) -> bool:
@@ -103,6 +116,23 @@ class ParsedSource:
 
     def metadata(self) -> "LazyMetadata":
         return LazyMetadata(self)
+
+
+def _words_in(tree: ast.AST) -> frozenset[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        found.add(f":{type(node).__name__}")
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.arg):
+            found.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            found.add(node.arg)
+    return frozenset(found)
 
 
 class LazyMetadata(Mapping):

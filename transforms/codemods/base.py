@@ -87,6 +87,9 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
     # Codemods whose rewrite this one's output takes for granted when the plan has them (the entry points assume
     # the cache and positions are static already): a person choosing this change must choose those too.
     ASSUMES: ClassVar[tuple[str, ...]] = ()
+    # The idiom lies inside one function and the rewrite changes only that function: a function whose own words
+    # fail `idiom_in` is passed over (its body is neither walked nor rebuilt).
+    IDIOM_IN_ONE_FUNCTION: ClassVar[bool] = False
     METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
     def __init__(self, context: CodemodContext, options: Options) -> None:
@@ -98,18 +101,28 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
     @classmethod
     def may_apply(cls, source: ParsedSource, options: Options) -> bool:
         """False only when the text cannot hold this codemod's idiom, so the chain skips it without walking the
-        tree. A codemod overrides it with a test on `source.words` that its own matching implies."""
+        tree. A codemod overrides `idiom_in`, or this for a test on more than the words."""
+        return cls.idiom_in(source.words, options)
+
+    @classmethod
+    def idiom_in(cls, words: frozenset[str], options: Options) -> bool:
+        """False only when code whose names and node kinds are `words` (`ParsedSource.words`) cannot hold the
+        idiom: a test that the codemod's own matching implies."""
         return True
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._scopes: list[str] = []  # names of the classes and functions the walk is in
         self._passed_over: set[cst.FunctionDef] = set()
+        self._tree_is_source = tree is self.source.module  # the words of functions are the source's
         return tree.visit(self)
 
     def passes_over(self, qualname: str) -> bool:
         """Whether the walk may leave this function's body unvisited: true only for a codemod none of whose
         handlers could change anything in it. Walking and rebuilding every node costs more than most rewrites."""
-        return False
+        if not (self.IDIOM_IN_ONE_FUNCTION and self._tree_is_source):
+            return False
+        words = self.source.function_words(qualname)
+        return words is not None and not self.idiom_in(words, self.options)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
@@ -181,7 +194,7 @@ class StepCodemod(GraphCodemod):
         return super().transform_module_impl(tree)
 
     def passes_over(self, qualname: str) -> bool:
-        return not self._in_step_function(qualname)
+        return not self._in_step_function(qualname) or super().passes_over(qualname)
 
     def in_step_code(self, node: cst.CSTNode) -> bool:
         return self._in_step_function(self.qualname(node))

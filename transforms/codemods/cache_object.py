@@ -271,8 +271,8 @@ class CacheObject(GraphCodemod):
     FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return not source.words.isdisjoint({CACHE_OBJECT_WRITE, *_SLOT_SOURCES, *_ALL_MASK_HELPERS})
+    def idiom_in(cls, words, options) -> bool:
+        return not words.isdisjoint({CACHE_OBJECT_WRITE, *_SLOT_SOURCES, *_ALL_MASK_HELPERS})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}

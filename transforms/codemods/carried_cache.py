@@ -177,8 +177,8 @@ class CarriedCache(GraphCodemod):
     FIXES = frozenset({"GM301", "GM302", "GM201"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return "cat" in source.words  # what the evidence saw grow is a `torch.cat` too
+    def idiom_in(cls, words, options) -> bool:
+        return "cat" in words  # what the evidence saw grow is a `torch.cat` too
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         code = self.code_of_module(tree)

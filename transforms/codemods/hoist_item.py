@@ -74,10 +74,11 @@ class HoistItem(StepCodemod):
     )
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101", "GM104", "GM402", "GM602"})
+    IDIOM_IN_ONE_FUNCTION = True
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return ":Assert" in source.words or not source.words.isdisjoint(_IDIOM_WORDS)
+    def idiom_in(cls, words, options) -> bool:
+        return ":Assert" in words or not words.isdisjoint(_IDIOM_WORDS)
 
     def _already_guarded(self, node: cst.CSTNode) -> bool:
         current = self.get_metadata(cst.metadata.ParentNodeProvider, node, None)

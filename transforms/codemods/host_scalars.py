@@ -59,8 +59,8 @@ class HostScalars(StepCodemod):
     FIXES = frozenset({"GM101"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return "item" in source.words
+    def idiom_in(cls, words, options) -> bool:
+        return "item" in words
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if not self.in_step_code(original_node) or not isinstance(original_node.body, cst.IndentedBlock):

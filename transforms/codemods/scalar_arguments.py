@@ -65,10 +65,11 @@ class ScalarArguments(StepCodemod):
     )
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
+    IDIOM_IN_ONE_FUNCTION = True
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return not source.words.isdisjoint(_SCALED_OPERANDS)
+    def idiom_in(cls, words, options) -> bool:
+        return not words.isdisjoint(_SCALED_OPERANDS)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._synced = {line for file, line in self.options.host_sync_lines if file == self.context.filename}

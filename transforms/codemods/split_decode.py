@@ -131,8 +131,8 @@ class SplitDecode(GraphCodemod):
     FIXES = frozenset({"GM401"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return options.entry_class is not None and options.entry_class in source.words
+    def idiom_in(cls, words, options) -> bool:
+        return options.entry_class is not None and options.entry_class in words
     # `decode` neither takes nor returns a cache and is handed positions as a tensor: without the planned rewrites
     # of the cache, the positions, the mask and the tables it sliced, the entries would run a model that still
     # expects them carried or as Python ints.

@@ -72,8 +72,8 @@ class StaticKVCacheCodemod(BufferCodemod):
     FIXES = frozenset({"GM301"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return "cat" in source.words
+    def idiom_in(cls, words, options) -> bool:
+        return "cat" in words
     REQUIRES = ("static_positions", "static_mask")
 
     def rewrite_method(self, cls, updated_node, method, body):

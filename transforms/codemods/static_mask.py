@@ -67,8 +67,8 @@ class StaticMask(BufferCodemod):
     FIXES = frozenset({"GM201", "GM401"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return not source.words.isdisjoint(MASK_WORDS) or any(HELPER_NAME.match(word) for word in source.words)
+    def idiom_in(cls, words, options) -> bool:
+        return not words.isdisjoint(MASK_WORDS) or any(HELPER_NAME.match(word) for word in words)
     REQUIRES = ("static_positions",)
 
     def __init__(self, context, options) -> None:

@@ -97,8 +97,8 @@ class StaticRotary(BufferCodemod):
     FIXES = frozenset({"GM101", "GM201", "GM401"})
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return "arange" in source.words or ":Gt" in source.words  # a table from arange, or `if L > self.cached:`
+    def idiom_in(cls, words, options) -> bool:
+        return "arange" in words or ":Gt" in words  # a table from arange, or `if L > self.cached:`
 
     def __init__(self, context, options) -> None:
         super().__init__(context, options)

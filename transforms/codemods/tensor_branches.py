@@ -116,10 +116,11 @@ class TensorBranches(StepCodemod):
     )
     SKILL = "refactoring-principles"
     FIXES = frozenset({"GM402"})
+    IDIOM_IN_ONE_FUNCTION = True
 
     @classmethod
-    def may_apply(cls, source, options) -> bool:
-        return not source.words.isdisjoint(_VALUE_METHODS)  # `torch.any(x)` names `any` too
+    def idiom_in(cls, words, options) -> bool:
+        return not words.isdisjoint(_VALUE_METHODS)  # `torch.any(x)` names `any` too
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
         if not _value_calls(original_node.test) or not self.in_step_code(original_node):
