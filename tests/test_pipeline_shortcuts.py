@@ -1,23 +1,31 @@
 """The codemod chain's shortcuts change nothing but its speed.
 
 The chain skips a codemod whose `may_apply` says the text cannot hold its idiom, generates no text for a codemod
-that recorded no edit, walks past function bodies a codemod has no handler for, computes positions one
-top-level statement at a time, and parents from the nodes' fields. Each is checked here against the slow way, on every fixture of every codemod and on
-the bundled examples: a codemod run in full on a text it would be skipped for does nothing there, one that
-recorded no edit returns the text unchanged, and the positions and parents equal libcst's own.
+that recorded no edit, walks past function bodies a codemod has no handler for, hands a codemod's output tree to
+the next one instead of parsing its text again, computes positions one top-level statement at a time with its own
+code generation state, and parents while it generates the text. Each is checked here against the slow way, on
+every fixture of every codemod and on the bundled examples: a codemod run in full on a text it would be skipped
+for does nothing there, one that recorded no edit returns the text unchanged, a tree handed on is its text's
+parse but for punctuation libcst leaves to its defaults, and the positions and parents equal libcst's own.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import gc
+
 import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from graphmode.transforms.codemods import CHAIN
+from graphmode.transforms.codemods import CHAIN, Options
+from graphmode.transforms.codemods._imports import with_plain_imports
 from graphmode.transforms.cstutil import UNWALKED, walk
 from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.pipeline import adapt_source
+from graphmode.transforms.positions import position_table
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -47,13 +55,14 @@ def test_skipped_codemods_would_do_nothing_and_unedited_text_is_unchanged(path):
             assert code == source, f"{codemod_class.NAME} changed {path.name} without recording an edit"
 
 
-@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::8]], ids=_ids)
-def test_positions_and_parents_equal_libcsts(path):
-    parsed = ParsedSource(path.read_text())
+def _assert_positions_and_parents_equal_libcsts(parsed: ParsedSource) -> None:
     wrapper = MetadataWrapper(parsed.module, unsafe_skip_copy=True)
     parents = wrapper.resolve(ParentNodeProvider)
     assert len(parsed.parents) == len(parents) and all(parsed.parents[n] is p for n, p in parents.items())
     whole = wrapper.resolve(PositionProvider)
+    table = position_table(parsed.module)
+    assert len(table) == len(whole)
+    assert all(table[n] == ((r.start.line, r.start.column), (r.end.line, r.end.column)) for n, r in whole.items())
     checked = 0
     for node, expected in whole.items():
         if node is parsed.module:
@@ -62,6 +71,87 @@ def test_positions_and_parents_equal_libcsts(path):
         assert (found.start, found.end) == (expected.start, expected.end), type(node).__name__
         checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::8]], ids=_ids)
+def test_positions_and_parents_equal_libcsts(path):
+    _assert_positions_and_parents_equal_libcsts(ParsedSource(path.read_text()))
+
+
+def _handed_on(source: str, options: Options) -> list[tuple[cst.Module, ParsedSource]]:
+    """Each tree a codemod of the chain returned with an edit, and what the chain hands the next codemod."""
+    found = []
+    parsed = ParsedSource(source)
+    for codemod_class in CHAIN:
+        if not codemod_class.may_apply(parsed, options):
+            continue
+        codemod = codemod_class(CodemodContext(filename="model.py"), options)
+        tree = codemod.transform_source(parsed)
+        if codemod.edits:
+            parsed = ParsedSource.generated(tree)
+            found.append((tree, parsed))
+    return found
+
+
+def _differences(carried: object, parsed: object, where: str = "module") -> list[str]:
+    """Where two trees differ, but for a default libcst prints as the parser's node (`Arg.comma`, `Param.star`)."""
+    if isinstance(carried, (list, tuple)) and isinstance(parsed, (list, tuple)):
+        if len(carried) != len(parsed):
+            return [f"{where}: {len(carried)} vs {len(parsed)} items"]
+        return [d for i, (a, b) in enumerate(zip(carried, parsed)) for d in _differences(a, b, f"{where}[{i}]")]
+    if carried is cst.MaybeSentinel.DEFAULT and (isinstance(parsed, cst.Comma) or parsed == ""):
+        return []
+    if type(carried) is not type(parsed):
+        return [f"{where}: {type(carried).__name__} vs {type(parsed).__name__}"]
+    if isinstance(carried, cst.CSTNode):
+        return [d for name in carried.__dataclass_fields__
+                for d in _differences(getattr(carried, name), getattr(parsed, name), f"{where}.{name}")]
+    return [] if carried == parsed else [f"{where}: {carried!r} vs {parsed!r}"]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids)
+def test_a_tree_handed_on_is_its_texts_parse(path):
+    for tree, handed in _handed_on(path.read_text(), options_for(path)):
+        assert handed.text == tree.code
+        if handed.module is tree:
+            assert _differences(tree, cst.parse_module(handed.text)) == []
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::8]], ids=_ids)
+def test_positions_and_parents_of_a_tree_handed_on_equal_libcsts(path):
+    handed = [parsed for tree, parsed in _handed_on(path.read_text(), options_for(path)) if parsed.module is tree]
+    for parsed in handed:
+        _assert_positions_and_parents_equal_libcsts(parsed)
+
+
+def test_a_tree_holding_a_node_twice_is_parsed_again():
+    module = cst.parse_module("x = 1\n")
+    twice = module.with_changes(body=[module.body[0], module.body[0]])
+    handed = ParsedSource.generated(twice)
+    assert handed.text == "x = 1\nx = 1\n"
+    assert handed.module is not twice and handed.module.deep_equals(cst.parse_module(handed.text))
+    assert len({handed.top_level_statement(s) for s in handed.module.body}) == 2
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=_ids)
+def test_statement_texts_are_the_statements_code(path):
+    parsed = ParsedSource(path.read_text())
+    texts = [parsed.statement_text(s) for s in parsed.module.body]
+    assert texts == [parsed.module.code_for_node(s) for s in parsed.module.body]
+    assert parsed.statement_text(parsed.module.body[0].body) is None  # not a statement of the module's body
+
+
+def test_the_chain_leaves_the_cyclic_collector_as_it_found_it():
+    source = EXAMPLES[0].read_text()
+    assert gc.isenabled()
+    adapt_source(source, EXAMPLES[0].name, None, options_for(EXAMPLES[0]))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        adapt_source(source, EXAMPLES[0].name, None, options_for(EXAMPLES[0]))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 class _Visited(cst.CSTVisitor):
@@ -82,3 +172,20 @@ def test_walk_visits_what_a_visitor_visits_in_its_order(path):
     walked = list(walk(module))
     assert len(walked) == len(visited.order) > 50
     assert all(a is b for a, b in zip(walked, visited.order))
+
+
+_MODULE_HEADS = [
+    "", "x = 1\n", "import math\n\nx = 1\n", '"""Doc."""\nimport math\nx = 1\n', '"""Doc."""\n\n# note\nx = 1\n',
+    "from __future__ import annotations\nimport torch.nn as nn\n# note\nclass A:\n    pass\n",
+    "__strict__ = True\nimport os\n", "import torch\nx = 1\n", "x = 1\nimport torch\n", "import os, torch\n",
+    "import torch as t\n", "import os; import sys\nx = 1\n", "if True:\n    import torch\n", "import torch.nn\n",
+]
+
+
+@pytest.mark.parametrize("source", [*_MODULE_HEADS, *(p.read_text() for p in SOURCES[::4])])
+def test_plain_imports_go_where_libcsts_visitor_puts_them(source):
+    module = cst.parse_module(source)
+    context = CodemodContext()
+    AddImportsVisitor.add_needed_import(context, "torch")
+    expected = AddImportsVisitor(context).transform_module(module).code
+    assert with_plain_imports(module, ["torch"]).code == expected

@@ -1,6 +1,7 @@
 """One source text parsed once, with what the codemods ask of it computed when first asked.
 
-The codemod chain hands the same `ParsedSource` to every codemod until one of them changes the text. Positions
+The codemod chain hands the same `ParsedSource` to every codemod until one of them changes the text; then the
+tree that codemod returned becomes the next one's parse (`generated`), and the text is never parsed again. Positions
 and parents are what libcst calls metadata; resolving them eagerly costs more than most codemods' own work on a
 1,400-line file, and a codemod that finds nothing to do never asks for them.
 """
@@ -11,10 +12,10 @@ from collections.abc import Iterator, Mapping
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.reach import step_qualnames
-from graphmode.transforms.cstutil import child_fields
+from graphmode.transforms.positions import Layout, Span, layout_of, position_table
 from graphmode.transforms.vocabulary import is_position_name
 
 
@@ -32,24 +33,57 @@ class ParsedSource:
     def positions(self) -> Mapping[cst.CSTNode, CodeRange]:
         return _StatementPositions(self)
 
+    @classmethod
+    def generated(cls, module: cst.Module) -> ParsedSource:
+        """The text a codemod's tree generates, with that tree as its parse: the next codemod of the chain needs no
+        parse of its own. Positions and parents are keyed by node, so a tree that holds one node in two places (a
+        rewrite that kept a statement and also copied it) is parsed again from its text instead."""
+        generated = layout_of(module)
+        if generated.parents is None:
+            return cls(generated.text)
+        carried = cls(generated.text, module)
+        carried.__dict__["layout"] = generated
+        return carried
+
     @cached_property
+    def layout(self) -> Layout:
+        """Parents and the first lines of top-level statements, recorded in one generation of the code."""
+        found = layout_of(self.module)
+        assert found.parents is not None, "a parsed tree holds each node once"
+        return found
+
+    @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
-        """What libcst's ParentNodeProvider gives, read off the nodes' fields: a third of a visitor's cost."""
-        parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        pending: list[cst.CSTNode] = [self.module]
-        while pending:
-            node = pending.pop()
-            for name in child_fields(type(node)):
-                value = getattr(node, name)
-                if isinstance(value, cst.CSTNode):
-                    parents[value] = node
-                    pending.append(value)
-                elif type(value) is tuple or type(value) is list:
-                    for child in value:
-                        if isinstance(child, cst.CSTNode):
-                            parents[child] = node
-                            pending.append(child)
-        return parents
+        """What libcst's ParentNodeProvider gives."""
+        return self.layout.parents
+
+    def top_level_statement(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The statement of the module's body that holds the node (the node itself, for one of them); None for the
+        module and its header and footer lines."""
+        parents = self.parents
+        while node in parents and parents[node] is not self.module:
+            node = parents[node]
+        return node if node in self.layout.first_lines else None
+
+    def statement_text(self, statement: cst.CSTNode) -> str | None:
+        """The text of one statement of the module's body, its leading lines included; None for any other node."""
+        first = self.layout.first_lines
+        if statement not in first:
+            return None
+        start = first[statement]
+        return "".join(self._lines[start - 1:self._statement_ends[statement] - 1])
+
+    @cached_property
+    def _lines(self) -> list[str]:
+        return self.text.splitlines(keepends=True)
+
+    @cached_property
+    def _statement_ends(self) -> dict[cst.CSTNode, int]:
+        """The line after each statement of the module's body: where the next one starts (the last one's text takes
+        the module's footer lines with it)."""
+        body = self.module.body
+        first = self.layout.first_lines
+        return {s: first[body[i + 1]] if i + 1 < len(body) else len(self._lines) + 1 for i, s in enumerate(body)}
 
     @cached_property
     def tree(self) -> ast.Module:
@@ -106,16 +140,27 @@ class ParsedSource:
     @cached_property
     def has_position_param(self) -> bool:
         """Some function takes a Python-int position (`cstutil.is_position_param`, on Python's AST)."""
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.arg):
-                annotation = node.annotation
-                written = None if annotation is None else annotation.id if isinstance(annotation, ast.Name) else ""
-                if is_position_name(node.arg, written):
-                    return True
-        return False
+        return any(_is_position_arg(node) for node in ast.walk(self.tree) if isinstance(node, ast.arg))
+
+    @cached_property
+    def position_functions(self) -> frozenset[str]:
+        """Qualified names of the functions with a parameter that carries a Python-int position
+        (`cstutil.is_position_param`, on Python's AST)."""
+        found = set()
+        for qualname, nodes in self._functions_by_qualname.items():
+            for node in nodes:
+                if any(_is_position_arg(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
+                    found.add(qualname)
+        return frozenset(found)
 
     def metadata(self) -> "LazyMetadata":
         return LazyMetadata(self)
+
+
+def _is_position_arg(arg: ast.arg) -> bool:
+    annotation = arg.annotation
+    return is_position_name(arg.arg, None if annotation is None else
+                            annotation.id if isinstance(annotation, ast.Name) else "")
 
 
 def _words_in(tree: ast.AST) -> frozenset[str]:
@@ -161,44 +206,27 @@ class LazyMetadata(Mapping):
 class _StatementPositions(Mapping):
     """libcst's PositionProvider, computed one top-level statement at a time when a node in it is first asked about.
 
-    Tracking positions costs five times plain code generation, and the codemods ask about a few nodes in a few
-    classes: the other statements are only generated as text, to count their lines."""
+    Tracking positions costs three times plain code generation even done cheaply (transforms.positions), and the
+    codemods ask about a few nodes in a few classes: the other statements are only generated as text, to count
+    their lines."""
 
     def __init__(self, source: ParsedSource) -> None:
         self._source = source
-        self._done: dict[cst.CSTNode, Mapping[cst.CSTNode, CodeRange]] = {}  # top-level statement -> its table
-        self._whole: Mapping[cst.CSTNode, CodeRange] | None = None
-
-    @cached_property
-    def _first_lines(self) -> dict[cst.CSTNode, int]:
-        """The line each top-level statement's text (its leading comments and blank lines included) starts on."""
-        module = self._source.module
-        line = 1 + sum(1 for _ in module.header)
-        first: dict[cst.CSTNode, int] = {}
-        for statement in module.body:
-            first[statement] = line
-            line += module.code_for_node(statement).count("\n")
-        return first
-
-    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        parents = self._source.parents
-        while node in parents and parents[node] is not self._source.module:
-            node = parents[node]
-        return node if node in self._first_lines else None
+        self._done: dict[cst.CSTNode, dict[cst.CSTNode, Span]] = {}  # top-level statement -> its table
+        self._whole: dict[cst.CSTNode, Span] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
-        statement = self._statement_of(node)
+        statement = self._source.top_level_statement(node)
         if statement is None:  # the module itself, its header or footer: the whole table
             if self._whole is None:
-                self._whole = MetadataWrapper(self._source.module, unsafe_skip_copy=True).resolve(PositionProvider)
-            return self._whole[node]
+                self._whole = position_table(self._source.module)
+            return CodeRange(*self._whole[node])
         if statement not in self._done:
             module = self._source.module
-            alone = module.with_changes(header=(), body=(statement,), footer=())
-            self._done[statement] = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
-        found = self._done[statement][node]
-        shift = self._first_lines[statement] - 1
-        return CodeRange((found.start.line + shift, found.start.column), (found.end.line + shift, found.end.column))
+            self._done[statement] = position_table(module.with_changes(header=(), body=(statement,), footer=()))
+        (start_line, start_column), (end_line, end_column) = self._done[statement][node]
+        shift = self._source.layout.first_lines[statement] - 1
+        return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
 
     def __iter__(self) -> Iterator:
         raise TypeError("positions are computed per node; iterate the tree instead")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphmode.transforms.cstutil import code_of, dotted_name, find_method, single_assignment
+from graphmode.transforms.cstutil import code_of, dotted_name, find_method, single_assignment, walk
 
 THREADED = "position_ids"  # the parameter passed down to methods that have no positions
 
@@ -27,13 +27,14 @@ class Threading:
     help the model the harness runs. Positions are then also passed from the entry down to each source, so that
     callers can hand them in. Every class a passing call may reach takes the new parameter."""
 
-    def __init__(self, classes: dict[str, cst.ClassDef], needs: set[Method], tables: dict[str, set[str]],
-                 sources: frozenset[Method] = frozenset(), entry: Method | None = None) -> None:
-        self.classes, self.tables, self.sources = classes, tables, sources
+    def __init__(self, calls: CallGraph, needs: set[Method], sources: frozenset[Method] = frozenset(),
+                 entry: Method | None = None) -> None:
+        self.classes = classes = calls.classes
+        self.sources = sources
         self.params: set[Method] = set()  # (class, method) that get a `position_ids=None` parameter
         self.calls: set[cst.Call] = set()  # calls that pass `position_ids=position_ids`
         self.missing: list[tuple[cst.CSTNode, str]] = []
-        self.callers = callers = self._callers()
+        self.callers = callers = calls.callers
         self.live = self._called_from(entry) if entry is not None else None
         reached: dict[Method, bool] = {}
         for need in sorted(needs):
@@ -100,17 +101,22 @@ class Threading:
         seen[method] = found
         return found
 
-    def _callers(self) -> dict[Method, list[tuple[Method, cst.Call]]]:
-        callers: dict[Method, list[tuple[Method, cst.Call]]] = {}
-        members = {name: _members(cls, set(self.classes), self.tables) for name, cls in self.classes.items()}
-        for cls in self.classes.values():
-            bases = [code_of(b.value) for b in cls.bases if code_of(b.value) in self.classes]
+
+class CallGraph:
+    """Each same-file method with the calls that reach it: (calling method, call). Built once for a file, as every
+    `Threading` over it follows the same calls."""
+
+    def __init__(self, classes: dict[str, cst.ClassDef], tables: dict[str, set[str]]) -> None:
+        self.classes = classes
+        self.callers: dict[Method, list[tuple[Method, cst.Call]]] = {}
+        members = {name: _members(cls, set(classes), tables) for name, cls in classes.items()}
+        for cls in classes.values():
+            bases = [code_of(b.value) for b in cls.bases if code_of(b.value) in classes]
             for method in cls.body.body:
                 if not isinstance(method, cst.FunctionDef):
                     continue
                 for call, callee in _calls(method, cls.name.value, members, bases[0] if bases else None):
-                    callers.setdefault(callee, []).append(((cls.name.value, method.name.value), call))
-        return callers
+                    self.callers.setdefault(callee, []).append(((cls.name.value, method.name.value), call))
 
 
 def _members(cls: cst.ClassDef, known: set[str], tables: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -174,14 +180,12 @@ def _calls(method: cst.FunctionDef, cls: str, members: dict[str, dict[str, set[s
     loops: dict[str, str] = {}  # loop variable -> member it iterates
     found: list[tuple[cst.Call, Method]] = []
     own = members.get(cls, {})
-
-    class _Collector(cst.CSTVisitor):
-        def visit_For(self, node: cst.For) -> None:
+    for node in walk(method):  # in source order: a loop is seen before the calls in its body
+        if isinstance(node, cst.For):
             for name, member in _loop_bindings(node.target, node.iter):
                 if member in own:
                     loops[name] = member
-
-        def visit_Call(self, node: cst.Call) -> None:
+        elif isinstance(node, cst.Call):
             func = node.func
             if isinstance(func, cst.Name) and func.value in loops:
                 found.extend((node, (c, "forward")) for c in sorted(own[loops[func.value]]))
@@ -195,8 +199,6 @@ def _calls(method: cst.FunctionDef, cls: str, members: dict[str, dict[str, set[s
                 found.append((node, (base, func.attr.value)))
             elif isinstance(func, cst.Attribute):
                 found.extend((node, (c, "forward")) for c in sorted(_through(func, cls, members)))
-
-    method.visit(_Collector())
     return found
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
-from graphmode.transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name
+from graphmode.transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name, walk
+from graphmode.transforms.parsed import ParsedSource
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
@@ -46,7 +47,8 @@ def insert_after_imports(module: cst.Module, statements: list[cst.BaseStatement]
         index += 1
     first = statements[0]
     # PEP 8: two blank lines before a top-level definition, one before anything else.
-    gap = [cst.EmptyLine()] * (2 if isinstance(first, (cst.ClassDef, cst.FunctionDef)) else 1)
+    # Two nodes, not one twice: the chain hands the tree on to the next codemod, whose tables are keyed by node.
+    gap = [cst.EmptyLine() for _ in range(2 if isinstance(first, (cst.ClassDef, cst.FunctionDef)) else 1)]
     statements = [first.with_changes(leading_lines=[*gap, *first.leading_lines]), *statements[1:]]
     return module.with_changes(body=[*body[:index], *statements, *body[index:]])
 
@@ -153,21 +155,20 @@ class ReplaceNodes(cst.CSTTransformer):
         return self.replace.get(original_node, updated_node)
 
 
-def remove_imports_if_unused(module: cst.Module, names: set[str]) -> cst.Module:
+def remove_imports_if_unused(module: cst.Module, names: set[str], source: ParsedSource | None = None) -> cst.Module:
     """The module without its top-level `from X import name` of these names where nothing else in it reads them any
-    more (the helpers a rewrite replaced); an import left with no names goes."""
+    more (the helpers a rewrite replaced); an import left with no names goes. With the source the module was
+    rewritten from, a statement kept from it whose text holds none of the names is not walked."""
     if not names:
         return module
     used: set[str] = set()
-
-    class _Reads(cst.CSTVisitor):
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-            return False  # the imported names themselves are not reads
-
-        def visit_Name(self, node: cst.Name) -> None:
-            used.add(node.value)
-
-    module.visit(_Reads())
+    for statement in module.body:
+        text = source.statement_text(statement) if source is not None else None
+        if text is not None and not any(name in text for name in names):
+            continue
+        # The imported names themselves are not reads.
+        used |= {n.value for n in walk(statement, lambda n: [] if isinstance(n, cst.ImportFrom) else None)
+                 if isinstance(n, cst.Name)}
     unused = names - used
     if not unused:
         return module
@@ -183,4 +184,21 @@ def remove_imports_if_unused(module: cst.Module, names: set[str]) -> cst.Module:
                 kept[-1] = kept[-1].with_changes(comma=imported.names[-1].comma)
                 stmt = stmt.with_changes(body=[imported.with_changes(names=kept)])
         body.append(stmt)
+    return module.with_changes(body=body)
+
+
+def transform_statements(module: cst.Module, transformer: cst.CSTTransformer,
+                         statements: set[cst.CSTNode]) -> cst.Module:
+    """`module.visit(transformer)` for a transformer that changes nothing outside these top-level statements: the
+    others are neither walked nor rebuilt. The transformer sees no `Module` node."""
+    body: list[cst.BaseStatement] = []
+    for statement in module.body:
+        if statement not in statements:
+            body.append(statement)
+            continue
+        result = statement.visit(transformer)
+        if isinstance(result, cst.FlattenSentinel):
+            body.extend(result.nodes)
+        elif not isinstance(result, cst.RemovalSentinel):
+            body.append(result)
     return module.with_changes(body=body)

@@ -28,7 +28,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from graphmode.transforms.codemods._call_graph import THREADED
-from graphmode.transforms.cstutil import code_of, names_in, single_assignment, torch_call_name
+from graphmode.transforms.cstutil import code_of, names_in, nodes_of_type, single_assignment, torch_call_name
 
 KEY_SLOTS = "graphmode_key_slots"  # its code: helper-code/helpers.py, inserted by name
 _FACTORIES = frozenset({"ones", "zeros", "full", "empty"})
@@ -51,7 +51,7 @@ def derivation(method: cst.FunctionDef) -> Derivation | None:
     past = new = None
     past_at = new_at = -1
     for index, stmt in enumerate(body):
-        for assign in m.findall(stmt, m.Assign()):
+        for assign in nodes_of_type(stmt, cst.Assign):
             target = assign.targets[0].target if len(assign.targets) == 1 else None
             if past is None and isinstance(target, cst.Name) and _reads_length_off(assign.value, params):
                 past, past_at = target.value, index
@@ -63,7 +63,7 @@ def derivation(method: cst.FunctionDef) -> Derivation | None:
         return None
     # The past length is read under a test of the cache (`if past_key_values[0] is not None:`) in some models:
     # the statement holding its last assignment is the one to follow.
-    last = max(i for i, stmt in enumerate(body) for a in m.findall(stmt, m.Assign())
+    last = max(i for i, stmt in enumerate(body) for a in nodes_of_type(stmt, cst.Assign)
                if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name) and a.targets[0].target.value == past)
     return Derivation(body[max(last, past_at, new_at)], past, new)
 
@@ -81,13 +81,13 @@ def key_length_sizes(method: cst.FunctionDef, found: Derivation) -> dict[cst.CST
     """Size elements of the tensors `method` creates for the `past + new` keys (any name computed from the past
     length, other than the past length alone) -> the key slots attention reads."""
     dependent = {found.past}
-    for assign in m.findall(method.body, m.Assign()):
+    for assign in nodes_of_type(method.body, cst.Assign):
         target = assign.targets[0].target if len(assign.targets) == 1 else None
         if isinstance(target, cst.Name) and names_in(assign.value) & dependent:
             dependent.add(target.value)
     slots = cst.parse_expression(f"{KEY_SLOTS}({THREADED})")
     sizes: dict[cst.CSTNode, cst.CSTNode] = {}
-    for call in m.findall(method.body, m.Call()):
+    for call in nodes_of_type(method.body, cst.Call):
         if torch_call_name(call) not in _FACTORIES:
             continue
         positional = [a.value for a in call.args if a.keyword is None]
@@ -104,20 +104,20 @@ def dead_lengths(method: cst.FunctionDef, found: Derivation, sizes: dict[cst.CST
                  ) -> set[cst.BaseStatement]:
     """The assignments of lengths computed from the past (`seq_length_with_past = seq_length + past`) that nothing
     reads once the sizes they gave are the key slots: statements to drop (a block they would empty stays)."""
-    replaced = {id(n) for size in sizes for n in m.findall(size, m.Name())}
+    replaced = {id(n) for size in sizes for n in nodes_of_type(size, cst.Name)}
     assignments: dict[str, list[cst.SimpleStatementLine]] = {}
-    for stmt in m.findall(method.body, m.SimpleStatementLine()):
+    for stmt in nodes_of_type(method.body, cst.SimpleStatementLine):
         assigned = single_assignment(stmt)
         if assigned and assigned[0] != found.past and not _may_change_state(assigned[1]):
             assignments.setdefault(assigned[0], []).append(stmt)
-    own = {id(n) for stmts in assignments.values() for stmt in stmts for n in m.findall(stmt, m.Name())}
+    own = {id(n) for stmts in assignments.values() for stmt in stmts for n in nodes_of_type(stmt, cst.Name)}
     dead: set[cst.BaseStatement] = set()
+    names = nodes_of_type(method.body, cst.Name)
     for name, stmts in assignments.items():
-        if not any(isinstance(n, cst.Name) and n.value == name and id(n) not in replaced | own
-                   for n in m.findall(method.body, m.Name())) and any(id(n) in replaced for size in sizes
-                                                                       for n in m.findall(size, m.Name(name))):
+        if not any(n.value == name and id(n) not in replaced | own for n in names) \
+                and any(id(n) in replaced and n.value == name for size in sizes for n in nodes_of_type(size, cst.Name)):
             dead.update(stmts)
-    for block in m.findall(method.body, m.IndentedBlock()):
+    for block in nodes_of_type(method.body, cst.IndentedBlock):
         if block.body and all(s in dead for s in block.body):
             dead -= set(block.body)
     return dead
@@ -149,7 +149,7 @@ def _is_shape(value: cst.BaseExpression) -> bool:
 
 def _shape_names(method: cst.FunctionDef) -> set[str]:
     """Names bound to a shape in the method (`input_shape = input_ids.size()`)."""
-    return {found[0] for stmt in m.findall(method.body, m.SimpleStatementLine())
+    return {found[0] for stmt in nodes_of_type(method.body, cst.SimpleStatementLine)
             if (found := single_assignment(stmt)) and _is_shape(found[1])}
 
 
@@ -190,7 +190,7 @@ def _read_before_reassigned(name: str, following: list[cst.BaseStatement]) -> bo
 
 def _may_change_state(value: cst.BaseExpression) -> bool:
     """A call that may write something: an in-place method (`x.add_()`) or a call on `self`."""
-    for call in m.findall(value, m.Call()):
+    for call in nodes_of_type(value, cst.Call):
         name = code_of(call.func)
         if name.endswith("_") and not name.endswith("__") or name.startswith("self."):
             return True

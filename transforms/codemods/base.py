@@ -17,6 +17,7 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.reach import step_qualnames
+from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
 from graphmode.transforms.parsed import ParsedSource
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
@@ -148,8 +149,12 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
             tree = self.transform_module_impl(source.module)
         finally:
             self.metadata = {}
-        if self.context.scratch.get(AddImportsVisitor.CONTEXT_KEY) and not _imports_present(self.context, source):
-            tree = AddImportsVisitor(self.context).transform_module(tree)
+        wanted: list[ImportItem] = self.context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])
+        if wanted and not _imports_present(self.context, source):
+            if all(map(is_plain, wanted)):
+                tree = with_plain_imports(tree, [item.module_name for item in wanted])
+            else:
+                tree = AddImportsVisitor(self.context).transform_module(tree)
         return tree
 
     def code_of_module(self, tree: cst.Module) -> str:

@@ -49,23 +49,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
-    insert_after_imports, remove_imports_if_unused, self_attributes
+    insert_after_imports, remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, none_test, \
-    only_raises, single_assignment
+    only_raises, single_assignment, walk
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 MASK_BUILDER = "graphmode_causal_mask"
 WRITTEN_SLOTS = "graphmode_written"
-_ALL_MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS | CACHE_POSITION_MASK_HELPERS
+MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS  # helpers called as `mask = helper(...)`
+_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
@@ -207,24 +207,19 @@ def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
 
 def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> int:
     """Reads of the cache (`cache[i]`, `cache.m(...)`) outside the statements the rewrite replaces."""
+    skipped = set(recognised)
     count = 0
-
-    class _Counter(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            nonlocal count
-            if any(node is r for r in recognised):
-                return False
-            if m.matches(node, m.Subscript(value=m.Name(cache))):
-                count += 1
-            elif m.matches(node, m.Call(func=m.Attribute(value=m.Name(cache)))):
-                count += 1
-            return True
-
-    method.body.visit(_Counter())
+    for node in walk(method.body, lambda n: [] if n in skipped else None):
+        if node in skipped:
+            continue
+        read = node.value if isinstance(node, cst.Subscript) else \
+            node.func.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None
+        if isinstance(read, cst.Name) and read.value == cache:
+            count += 1
     return count
 
 
-def mask_helper_call(stmt: cst.CSTNode, helpers: frozenset[str] = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS
+def mask_helper_call(stmt: cst.CSTNode, helpers: frozenset[str] = MASK_HELPERS
                      ) -> tuple[str, cst.Call] | None:
     """`X = _prepare_4d_causal_attention_mask(...)` (or another of `helpers`) -> ("X", the call)."""
     assigned = single_assignment(stmt)
@@ -280,8 +275,12 @@ class CacheObject(GraphCodemod):
         for cls in classes.values():
             for method in cls.body.body:
                 if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
-                    self._plan_cache(classes, cls, method, plan)
-                    self._plan_model(cls, method, plan)
+                    # A method whose words name no write (`.update`, `torch.cat`) or mask helper is not walked.
+                    words = self.source.function_words(f"{cls.name.value}.{method.name.value}")
+                    if not words.isdisjoint({CACHE_OBJECT_WRITE, "cat"}):
+                        self._plan_cache(classes, cls, method, plan)
+                    if not words.isdisjoint(_ALL_MASK_HELPERS):
+                        self._plan_model(cls, method, plan)
         if not plan.writes:
             self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
             return tree
@@ -297,8 +296,10 @@ class CacheObject(GraphCodemod):
             self.edits.clear()
             self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
-        module = tree.visit(_Apply(plan))
-        module = remove_imports_if_unused(module, plan.helpers)
+        # Only the statements holding a planned node are walked and rebuilt.
+        touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
+        module = transform_statements(tree, _Apply(plan), touched | {classes[name] for name in plan.init_lines})
+        module = remove_imports_if_unused(module, plan.helpers, self.source)
         module = insert_after_imports(module, helper_statements(MASK_BUILDER)) \
             if not defined_at_top(module, MASK_BUILDER) else module
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):

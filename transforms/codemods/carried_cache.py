@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphmode.transforms.codemods._call_graph import THREADED, Threading, class_tables
+from graphmode.transforms.codemods._call_graph import THREADED, CallGraph, Threading, class_tables
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
 from graphmode.transforms.codemods._write_paths import place_write
 from graphmode.transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
-    remove_imports_if_unused, self_attributes
+    remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from graphmode.transforms.codemods.cache_object import MASK_BUILDER, mask_helper_call
+from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_HELPERS, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
     nodes_of_type, none_test, single_assignment, torch_call_name
 
@@ -199,7 +199,9 @@ class CarriedCache(GraphCodemod):
                     self._plan_inline_masks(self._classes[cls_name], method, plan)
         for cls in self._classes.values():
             for method in cls.body.body:
-                if isinstance(method, cst.FunctionDef):
+                # A method whose words name no mask helper is not walked for their calls.
+                if isinstance(method, cst.FunctionDef) and not self.source.function_words(
+                        f"{cls.name.value}.{method.name.value}").isdisjoint(MASK_HELPERS):
                     self._plan_helper_masks(cls, method, plan)
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
@@ -213,8 +215,12 @@ class CarriedCache(GraphCodemod):
             for node, reason in plan.problems:
                 self.record_manual(node, f"the tuple cache was not replaced: {reason}")
             return tree
-        module = tree.visit(_Apply(plan, threading, self._too_long(tree, threading.calls)))
-        module = remove_imports_if_unused(module, plan.helpers)
+        # Only the statements holding a planned node, or a class or method that changes, are walked and rebuilt.
+        touched = {self.source.top_level_statement(n)
+                   for n in [*plan.replace, *plan.drop, *plan.derive, *threading.calls]}
+        touched |= {self._classes[name] for name in {*plan.init, *plan.mask_buffers, *(c for c, _ in threading.params)}}
+        module = transform_statements(tree, _Apply(plan, threading, self._too_long(tree, threading.calls)), touched)
+        module = remove_imports_if_unused(module, plan.helpers, self.source)
         generated = [BUFFERS_CLASS]
         if plan.mask_buffers:
             generated += [MASK_BUILDER, MASK_ROWS]
@@ -229,7 +235,7 @@ class CarriedCache(GraphCodemod):
         """How positions reach every method that needs them; where no caller has any, they are introduced in the
         method that reads the past length off the cache (`_new_positions`) and passed down from the model's
         `forward`."""
-        tables = class_tables(tree, set(self._classes))
+        calls = CallGraph(self._classes, class_tables(tree, set(self._classes)))
         entry = self.options.entry_class
         entry = (entry, "forward") if entry in self._classes else None
         own = self._own_positions(entry)
@@ -243,15 +249,15 @@ class CarriedCache(GraphCodemod):
                 plan.drop |= set(run[1:])
                 self.record_edit(run[0], f"`{cls}.{method}` takes `{THREADED}` from its caller, and counts them itself "
                                          "only when given none")
-            return Threading(self._classes, plan.needs, tables, sources=frozenset(own), entry=entry)
-        threading = Threading(self._classes, plan.needs, tables, entry=entry)
+            return Threading(calls, plan.needs, sources=frozenset(own), entry=entry)
+        threading = Threading(calls, plan.needs, entry=entry)
         if not threading.missing:
             return threading
         source = self._positions_source(threading, plan.needs)
         if source is None:
             return threading
         (cls, method), found = source
-        plan.derive[found.after] = derived_positions(found, _line_limit(tree))
+        plan.derive[found.after] = derived_positions(found, _line_limit(self.code_of_module(tree)))
         method_node = find_method(self._classes[cls], method)
         sizes = key_length_sizes(method_node, found)
         plan.replace.update(sizes)
@@ -269,7 +275,7 @@ class CarriedCache(GraphCodemod):
                                    f"`{THREADED}`")
         self.record_edit(found.after, f"`{THREADED}` added to `{cls}.{method}`, counted from `{found.past}` where "
                                       "the caller passes none")
-        return Threading(self._classes, plan.needs, tables, sources=frozenset({(cls, method)}), entry=entry)
+        return Threading(calls, plan.needs, sources=frozenset({(cls, method)}), entry=entry)
 
     def _own_positions(self, entry: tuple[str, str] | None) -> dict[tuple[str, str], list[cst.SimpleStatementLine]]:
         """Methods below the entry that make `position_ids` themselves (the trace saw the statement make the
@@ -332,7 +338,8 @@ class CarriedCache(GraphCodemod):
     def _too_long(self, tree: cst.Module, calls: set[cst.Call]) -> set[cst.Call]:
         """Calls whose last line would grow past the file's own line length with the position argument: that
         argument goes on a line of its own."""
-        lines, longest = tree.code.splitlines(), _line_limit(tree)
+        code = self.code_of_module(tree)
+        lines, longest = code.splitlines(), _line_limit(code)
         added = len(f", {THREADED}={THREADED}")
         return {c for c in calls if len(lines[self._lines(c)[1] - 1]) + added > longest}
 
@@ -477,10 +484,10 @@ class CarriedCache(GraphCodemod):
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
 
 
-def _line_limit(tree: cst.Module) -> int:
+def _line_limit(code: str) -> int:
     """The file's own line length: the 99th percentile of its line lengths (a few URLs or tables in docstrings run
     past any limit the code keeps to), and never below 79."""
-    lengths = sorted(len(line) for line in tree.code.splitlines() if line.strip())
+    lengths = sorted(len(line) for line in code.splitlines() if line.strip())
     return max(79, lengths[int(0.99 * (len(lengths) - 1))] if lengths else 0)
 
 

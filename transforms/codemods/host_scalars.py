@@ -58,9 +58,15 @@ class HostScalars(StepCodemod):
     SKILL = "host-syncs"
     FIXES = frozenset({"GM101"})
 
+    IDIOM_IN_ONE_FUNCTION = True
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "item" in source.words  # a file with no `.item()` is left alone, its conversions too
+
     @classmethod
     def idiom_in(cls, words, options) -> bool:
-        return "item" in words
+        return not words.isdisjoint({"item", "int", "float", "tolist"})  # a read to keep, or a conversion to report
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if not self.in_step_code(original_node) or not isinstance(original_node.body, cst.IndentedBlock):

@@ -76,6 +76,29 @@ class _PositionPlan(cst.CSTVisitor):
         self.edits: list[tuple[cst.CSTNode, str]] = []
         self.blocked: list[tuple[cst.CSTNode, str]] = []
         self._stack: list[str | None] = []
+        self._scopes: list[str] = []
+        # Uses are looked for only inside a function with a position parameter: a function that neither has one nor
+        # holds one is not walked.
+        self._wanted = codemod.source.position_functions
+        self._passed_over: set[cst.FunctionDef] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+            self._scopes.append(node.name.value)
+            if isinstance(node, cst.FunctionDef) and not self._holds_position_function(".".join(self._scopes)):
+                self._passed_over.add(node)
+                return False
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, (cst.ClassDef, cst.FunctionDef)):
+            self._scopes.pop()
+            if original_node in self._passed_over:
+                return  # its visit_ handlers never ran
+        super().on_leave(original_node)
+
+    def _holds_position_function(self, qualname: str) -> bool:
+        return any(name == qualname or name.startswith(f"{qualname}.") for name in self._wanted)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         param = next((p for p in node.params.params if is_position_param(p) and self._changes(node, p)), None)

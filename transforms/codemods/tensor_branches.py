@@ -18,6 +18,8 @@ while tracing. Any other branch on a tensor value is reported with the reason an
 """
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from graphmode.transforms.codemods.base import StepCodemod
@@ -33,6 +35,13 @@ _ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "na
                                   "tanh", "sigmoid"})
 _PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
 _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
+
+
+def _one_line(test: cst.BaseExpression) -> str:
+    """The test as it reads, for a comment: a test written over several lines (its own comments inside) is put on
+    one, as Python's AST prints it; a comment cannot hold a line break."""
+    code = code_of(test).strip()
+    return code if "\n" not in code else ast.unparse(ast.parse(code, mode="eval"))
 
 
 def _value_calls(node: cst.CSTNode) -> list[cst.Call]:
@@ -157,7 +166,7 @@ class TensorBranches(StepCodemod):
                     "so the two sides may differ in shape, dtype or kind")
         name, value = assigned
         select = cst.parse_statement(f"{name} = torch.where({code_of(tensor)}, {code_of(value)}, {name})\n")
-        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(test=code_of(node.test))))
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(test=_one_line(node.test))))
         body = [h.with_changes(leading_lines=[]) for h in helpers] + [select]
         if static is not None:
             return node.with_changes(test=static, body=node.body.with_changes(body=body),

@@ -1,0 +1,127 @@
+"""Where each node of a libcst tree sits: its text position, its parent, the line its top-level statement starts on.
+
+`layout_of` generates a tree's code once and records, on the way, each node's parent (the node whose code generation
+called its own) and the first line of each top-level statement: what a walk for parents and a generation per
+statement would give, in one pass. `position_table` is libcst's PositionProvider at a third of its cost. The
+provider generates the code with a state that records a position per node; most of its time goes to a regular
+expression split of every token, a `CodePosition` and a `CodeRange` per node, and a generator-based context
+manager per statement and expression. `position_table` records the same positions (the same start and end, the
+same rule of a syntactic position winning over the whitespace-inclusive one) with counts, tuples and a slotted
+context manager. It subclasses libcst's `CodegenState`, as the provider does; tests/test_pipeline_shortcuts.py
+holds the two to equal results, so a libcst release that changes the protocol fails there first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+
+Point = tuple[int, int]  # (line counted from 1, column counted from 0)
+Span = tuple[Point, Point]
+
+
+@dataclass(frozen=True)
+class Layout:
+    text: str  # the module's code
+    parents: dict[cst.CSTNode, cst.CSTNode] | None  # None when a node sits in two places in the tree
+    first_lines: dict[cst.CSTNode, int]  # top-level statement -> line its text (leading lines included) starts on
+
+
+def layout_of(module: cst.Module) -> Layout:
+    state = _LayoutState(module)
+    module._codegen(state)
+    return Layout("".join(state.tokens), None if state.duplicated else state.parents, state.first_lines)
+
+
+def _newlines(value: str) -> int:
+    return value.count("\n") + value.count("\r") - value.count("\r\n")  # libcst's newlines: \r\n, \r and \n
+
+
+class _LayoutState(CodegenState):
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.module = module
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.first_lines: dict[cst.CSTNode, int] = {}
+        self.duplicated = False
+        self.line = 1
+        self._generating: list[cst.CSTNode] = []
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        if "\n" in value or "\r" in value:
+            self.line += _newlines(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if self._generating:
+            parent = self._generating[-1]
+            if node in self.parents:
+                self.duplicated = True
+            self.parents[node] = parent
+            if parent is self.module and isinstance(node, cst.BaseStatement):
+                self.first_lines[node] = self.line
+        self._generating.append(node)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        self._generating.pop()
+
+
+def position_table(module: cst.Module) -> dict[cst.CSTNode, Span]:
+    """Every node of the module with its (start, end), as `PositionProvider` would give them."""
+    state = _PositionState(module.default_indent, module.default_newline)
+    module._codegen(state)
+    return state.table
+
+
+class _PositionState(CodegenState):
+    def __init__(self, default_indent: str, default_newline: str) -> None:
+        super().__init__(default_indent=default_indent, default_newline=default_newline)
+        self.table: dict[cst.CSTNode, Span] = {}
+        self.line = 1
+        self.column = 0
+        self._starts: list[Point] = []
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        if "\n" in value or "\r" in value:
+            self.line += _newlines(value)
+            self.column = len(value) - max(value.rfind("\n"), value.rfind("\r")) - 1
+        else:
+            self.column += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._starts.append((self.line, self.column))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._starts.pop()
+        if node not in self.table:  # a syntactic position recorded inside the node's codegen wins
+            self.table[node] = (start, (self.line, self.column))
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
+                                  end_node: cst.CSTNode | None = None) -> _Syntactic:
+        return _Syntactic(self, node, start_node, end_node)
+
+
+class _Syntactic:
+    """The span of the code generated inside the `with`, or hoisted from the start and end nodes libcst names."""
+
+    __slots__ = ("state", "node", "start_node", "end_node", "start")
+
+    def __init__(self, state: _PositionState, node: cst.CSTNode, start_node: cst.CSTNode | None,
+                 end_node: cst.CSTNode | None) -> None:
+        self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
+
+    def __enter__(self) -> None:
+        self.start = (self.state.line, self.state.column)
+
+    def __exit__(self, *exc: object) -> bool:
+        state, table = self.state, self.state.table
+        start = table[self.start_node][0] if self.start_node is not None else self.start
+        end = table[self.end_node][1] if self.end_node is not None else (state.line, state.column)
+        table[self.node] = (start, end)
+        return False
