@@ -106,14 +106,15 @@ def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
         time.sleep(0.2)
     assert _workers_of(home), "no verify worker started"
     # CPython can drop a KeyboardInterrupt that lands while a finalizer runs ("Exception ignored in ..."); a person
-    # then presses Ctrl-C again, and so does the test, while the run still has a worker to stop.
-    for _ in range(10):
+    # then presses Ctrl-C again, and so does the test, while the run still has a worker to stop. Each press gets
+    # time to be handled on a loaded machine: a second one landing in the handling of the first proves nothing.
+    for _ in range(3):
         child.sendintr()
-        if child.expect(["interrupted", pexpect.TIMEOUT], timeout=5) == 0:
+        if child.expect(["interrupted", pexpect.TIMEOUT], timeout=30) == 0:
             break
         assert _workers_of(home), f"verify finished without seeing the interrupt:\n{child.before[-2000:]}"
     else:
-        raise AssertionError("ten Ctrl-C never interrupted the run")
+        raise AssertionError(f"three Ctrl-C never interrupted the run:\n{child.before[-3000:]}")
     child.expect(r"graphmode resume (\w+)")
     assert _finish(child) == 130
     deadline = time.monotonic() + 5
