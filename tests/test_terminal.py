@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,11 +15,18 @@ pexpect = pytest.importorskip("pexpect")
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C as a person's shell leaves it to a command it runs in the foreground. A suite started in the background
+    of a non-interactive shell (`bash .ci/run &`) ignores SIGINT, and a child inherits that: its Ctrl-C would do
+    nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(*args: str, home: Path, cwd: Path):
     # PAGER=cat: the diffs a person pages through come straight to the terminal, no `less` to quit.
     env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", "TERM": "xterm", "PAGER": "cat"}
     return pexpect.spawn(sys.executable, ["-m", "graphmode.agent.cli", *args], env=env, cwd=str(cwd), encoding="utf-8",
-                         timeout=600, dimensions=(50, 200))
+                         timeout=600, dimensions=(50, 200), preexec_fn=_as_at_a_terminal)
 
 
 def _finish(child) -> int:
