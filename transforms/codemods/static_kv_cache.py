@@ -23,7 +23,8 @@ from graphmode.transforms.codemods._module import (
     replace_method,
 )
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from graphmode.transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, position_param
+from graphmode.transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, nodes_of_type, \
+    position_param
 from graphmode.transforms.vocabulary import TENSOR_POSITION_PARAMS
 
 KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "num_heads")
@@ -58,6 +59,21 @@ def first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) -> 
     return next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
 
 
+def size_in_init(init: cst.FunctionDef | None, candidates: tuple[str, ...]) -> str | None:
+    """An expression for a size at the end of `__init__`: `self.<name>` where `__init__` sets one of the candidate
+    attributes, else `<param>.<name>` where it reads one off a parameter (`config.num_key_value_heads`, as
+    transformers 4.48 and later do, keeping no attribute for the KV head count); None when it does neither."""
+    if init is None:
+        return None
+    own = first_self_attribute(init, candidates)
+    if own is not None:
+        return f"self.{own}"
+    params = [p.name.value for p in init.params.params if p.name.value != "self"]
+    reads = {(n.value.value, n.attr.value) for n in nodes_of_type(init.body, cst.Attribute)
+             if isinstance(n.value, cst.Name)}
+    return next((f"{param}.{name}" for name in candidates for param in params if (param, name) in reads), None)
+
+
 class StaticKVCacheCodemod(BufferCodemod):
     NAME = "static_kv_cache"
     TITLE = "Preallocate the KV cache and write it in place"
@@ -86,14 +102,15 @@ class StaticKVCacheCodemod(BufferCodemod):
             return None
         seq_dim = keys[3] if keys[3] > 0 else keys[3] + 4
         init = find_method(cls, "__init__")
-        heads = first_self_attribute(init, KV_HEAD_ATTRIBUTES) if init else None
-        head_dim = first_self_attribute(init, HEAD_DIM_ATTRIBUTES) if init else None
+        heads = size_in_init(init, KV_HEAD_ATTRIBUTES)
+        head_dim = size_in_init(init, HEAD_DIM_ATTRIBUTES)
         tensor_positions = any(p.name.value in TENSOR_POSITION_PARAMS for p in method.params.params)
         if position_param(method) is None and tensor_positions:
             return None  # positions already come as a tensor (Hugging Face style): cache_object's
         if position_param(method) is None or heads is None or head_dim is None:
             self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
-                                            "names no head count and head size (self.n_kv_heads, self.head_dim)")
+                                            "names no head count and head size (self.n_kv_heads or config.num_key_value_heads, "
+                                            "self.head_dim)")
             return None
         update = cst.parse_statement(
             f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
@@ -108,8 +125,8 @@ class StaticKVCacheCodemod(BufferCodemod):
         updated_node = replace_method(updated_node, method.name.value,
                                       method.with_changes(body=method.body.with_changes(body=new_body)))
         create = cst.parse_statement(
-            f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, self.{heads}, {MAX_SEQ_LEN_CONSTANT}, "
-            f"self.{head_dim}, seq_dim={seq_dim})\n"
+            f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, {heads}, {MAX_SEQ_LEN_CONSTANT}, "
+            f"{head_dim}, seq_dim={seq_dim})\n"
         )
         updated_node = append_to_init(updated_node, [create], "keys and values for every position, preallocated.")
         return updated_node
