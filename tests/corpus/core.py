@@ -79,9 +79,13 @@ TESTBED = " ".join([
     "transformers==4.40.2:falcon,qwen2",
     "transformers==4.44.2:codegen,gemma",
     "transformers==4.46.3:gpt2,llama",
+    "transformers==4.48.3:llama",
+    "transformers==4.51.3:llama",
+    "transformers==4.55.4:llama",
     "litgpt==0.4.10:llama,pythia",
     "x-transformers==1.42.0:decoder",
     "torchtune==0.4.0:llama3",
+    "torchtune==0.6.1:llama3",
     "llama-models==0.3.0:llama3",
     "mistral-inference==1.6.0:mistral",
 ])
