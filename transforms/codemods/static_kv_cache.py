@@ -109,8 +109,8 @@ class StaticKVCacheCodemod(BufferCodemod):
             return None  # positions already come as a tensor (Hugging Face style): cache_object's
         if position_param(method) is None or heads is None or head_dim is None:
             self.record_manual(body[index], "a growing KV cache, but the method takes no position or __init__ "
-                                            "names no head count and head size (self.n_kv_heads or config.num_key_value_heads, "
-                                            "self.head_dim)")
+                                            "names no head count and head size (self.n_kv_heads or "
+                                            "config.num_key_value_heads, self.head_dim)")
             return None
         update = cst.parse_statement(
             f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
