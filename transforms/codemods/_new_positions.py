@@ -111,11 +111,13 @@ def dead_lengths(method: cst.FunctionDef, found: Derivation, sizes: dict[cst.CST
         if assigned and assigned[0] != found.past and not _may_change_state(assigned[1]):
             assignments.setdefault(assigned[0], []).append(stmt)
     own = {id(n) for stmts in assignments.values() for stmt in stmts for n in nodes_of_type(stmt, cst.Name)}
+    # Names read anywhere but in these assignments and the replaced sizes; names the replaced sizes read.
+    excluded = replaced | own
+    read_elsewhere = {n.value for n in nodes_of_type(method.body, cst.Name) if id(n) not in excluded}
+    read_by_sizes = {n.value for size in sizes for n in nodes_of_type(size, cst.Name)}
     dead: set[cst.BaseStatement] = set()
-    names = nodes_of_type(method.body, cst.Name)
     for name, stmts in assignments.items():
-        if not any(n.value == name and id(n) not in replaced | own for n in names) \
-                and any(id(n) in replaced and n.value == name for size in sizes for n in nodes_of_type(size, cst.Name)):
+        if name not in read_elsewhere and name in read_by_sizes:
             dead.update(stmts)
     for block in nodes_of_type(method.body, cst.IndentedBlock):
         if block.body and all(s in dead for s in block.body):

@@ -54,18 +54,14 @@ def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, 
     return None
 
 
-def first_self_attribute(init: cst.FunctionDef, candidates: tuple[str, ...]) -> str | None:
-    code = code_of(init)
-    return next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
-
-
 def size_in_init(init: cst.FunctionDef | None, candidates: tuple[str, ...]) -> str | None:
     """An expression for a size at the end of `__init__`: `self.<name>` where `__init__` sets one of the candidate
     attributes, else `<param>.<name>` where it reads one off a parameter (`config.num_key_value_heads`, as
     transformers 4.48 and later do, keeping no attribute for the KV head count); None when it does neither."""
     if init is None:
         return None
-    own = first_self_attribute(init, candidates)
+    code = code_of(init)
+    own = next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
     if own is not None:
         return f"self.{own}"
     params = [p.name.value for p in init.params.params if p.name.value != "self"]
