@@ -80,7 +80,10 @@ def design(state: RunState) -> dict:
         for a in adaptations.values() for m in a.manual
     ])
     file_diffs = {a.path: a.diff() for a in adaptations.values() if a.changed}
-    diffs = change_diffs(file_diffs, {c.id: c.edits for c in plan})
+    # A change is shown as the static path differs from the original in the function it rewrites; the file itself
+    # keeps that function's original body beside the rewrite (planned.diff).
+    diffs = change_diffs({a.path: a.static_diff() for a in adaptations.values() if a.changed},
+                         {c.id: c.edits for c in plan})
     plan = [c.model_copy(update={"diff": diffs.get(c.id, "")}) for c in plan]
     run_dir = Path(state.options.run_dir)
     planned = run_dir / "planned.diff"

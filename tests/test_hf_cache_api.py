@@ -64,7 +64,7 @@ def test_the_cache_object_and_the_mask_helper_are_replaced(adapted_example):
     assert len(attention_and_mask) == 6
     assert {fixed_by(f, result.edits) for f in attention_and_mask} == {"cache_object"}
 
-    adapted = result.adapted
+    adapted = result.static_view  # what the static path runs; the file keeps the original bodies beside it
     assert adapted.count(WRITE) == 2  # eager and SDPA attention
     assert adapted.count("kv_seq_len = GRAPHMODE_MAX_SEQ_LEN\n") == 2
     assert adapted.count(CACHE) == 1  # in Attention.__init__ only: SdpaAttention inherits it
@@ -72,8 +72,10 @@ def test_the_cache_object_and_the_mask_helper_are_replaced(adapted_example):
     assert adapted.count(MASK_BUFFER) == 1
     assert {"past_key_value.update", "past_key_value.get_usable_length", "_prepare_4d_causal_attention_mask",
             "_prepare_4d_causal_attention_mask_for_sdpa"} <= _calls(source)
+    # The static path calls none of them; the original bodies beside it still do (tests/test_drop_in.py).
     assert not {"past_key_value.get_usable_length", "_prepare_4d_causal_attention_mask",
-                "_prepare_4d_causal_attention_mask_for_sdpa"} & _calls(adapted)
+                "_prepare_4d_causal_attention_mask_for_sdpa"} & _calls(result.static_view)
+    assert {"_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa"} <= _calls(result.adapted)
     # A caller that carries the cache object still gets it grown (its own loop counts positions from it), but
     # attention no longer reads what the object returns.
     assert "= past_key_value.update(" not in adapted and adapted.count("    past_key_value.update(") == 2
@@ -81,8 +83,8 @@ def test_the_cache_object_and_the_mask_helper_are_replaced(adapted_example):
     assert "def decode(self, input_ids, input_pos):" in adapted
     assert adapted.count(ENTRY) == 2
 
-    again = adapt_source(adapted, "model.py", None, OPTIONS)
-    assert again.adapted == adapted and not again.edits and not again.manual
+    again = adapt_source(result.adapted, "model.py", None, OPTIONS)
+    assert again.adapted == result.adapted and not again.edits and not again.manual
 
 
 def test_declining_the_cache_object_leaves_no_entries():

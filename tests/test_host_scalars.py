@@ -23,8 +23,8 @@ def test_the_tensor_scalar_gives_the_same_values_and_dtype_without_a_graph_break
     source = CASE.read_text()
     result = adapt_source(source, CASE.name, {"host_scalars"}, Options(entry_class="Model"))
     assert result.applied == ["host_scalars"]
-    assert "exp().item()" not in result.adapted and "mean().item()" not in result.adapted
-    before, after = _model(source, "before"), _model(result.adapted, "after")
+    assert "exp().item()" not in result.static_view and "mean().item()" not in result.static_view
+    before, after = _model(source, "before"), _model(result.static_view, "after")
     generator = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.float16):
         hidden = torch.randn(2, 3, 8, generator=generator).to(dtype)

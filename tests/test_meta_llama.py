@@ -32,17 +32,19 @@ def test_every_finding_is_fixed_by_the_chain():
     assert not result.manual
     assert [f for f in findings if fixed_by(f, result.edits) is None] == []
     assert {fixed_by(f, result.edits) for f in findings if f.code == "GM302"} == {"sliced_tables", "sliced_kv_cache"}
-    adapted = result.adapted
+    adapted = result.static_view  # the static path; the file keeps the original bodies beside it
     assert "start_pos" not in adapted
     assert "self.cache_k[:bsz].index_copy_(1, input_pos, xk)" in adapted
     assert "keys = self.cache_k[:bsz]\n" in adapted
     assert "freqs_cis = self.freqs_cis[input_pos]" in adapted
     assert 'self.register_buffer("freqs_cis", precompute_freqs_cis(' in adapted
     assert "max(params.max_seq_len * 2, GRAPHMODE_MAX_SEQ_LEN)" in adapted
-    # The only length branch built the mask, so nothing the rules flag is left anywhere.
+    # The only length branch built the mask, so nothing the rules flag is left on the static path, and the
+    # original bodies beside it are no step of the entries.
     assert scan_source(adapted, "model.py") == []
-    again = adapt_source(adapted, "model.py", None, OPTIONS)
-    assert again.adapted == adapted and not again.edits and not again.manual
+    assert scan_source(result.adapted, "model.py") == []
+    again = adapt_source(result.adapted, "model.py", None, OPTIONS)
+    assert again.adapted == result.adapted and not again.edits and not again.manual
 
 
 def test_positions_alone_refuse_the_slices():

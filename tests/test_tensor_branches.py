@@ -38,9 +38,9 @@ def _inputs(dtype: torch.dtype, overflow: bool, scale: float, masked: bool) -> t
 def test_the_selection_gives_what_the_branch_gave(dtype, overflow, scale, masked):
     source = CASE.read_text()
     result = adapt_source(source, CASE.name, {"tensor_branches"}, Options(entry_class="Model"))
-    assert result.applied == ["tensor_branches"] and "torch.where" in result.adapted
+    assert result.applied == ["tensor_branches"] and "torch.where" in result.static_view
     before = _module(source, "before").Model()
-    after = _module(result.adapted, "after").Model()
+    after = _module(result.static_view, "after").Model()  # the rewrite itself, as the static path runs it
     args = _inputs(dtype, overflow, scale, masked)
     expected = before(*(a.clone() for a in args))
     got = after(*(a.clone() for a in args))
@@ -50,7 +50,7 @@ def test_the_selection_gives_what_the_branch_gave(dtype, overflow, scale, masked
 
 def test_the_selection_compiles_without_a_graph_break():
     source = CASE.read_text()
-    after = _module(adapt_source(source, CASE.name, {"hoist_item", "tensor_branches"}, Options(entry_class="Model")).adapted,
+    after = _module(adapt_source(source, CASE.name, {"hoist_item", "tensor_branches"}, Options(entry_class="Model")).static_view,
                     "after").Model()
     before = _module(source, "before").Model()
     args = _inputs(torch.float32, False, 100.0, True)

@@ -148,11 +148,11 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
                       position_lines=position_lines(evidence))
     result = adapt_source(source, "model.py", {"carried_cache"}, options)
     assert result.applied == ["carried_cache"] and not result.manual
-    assert "torch.cumsum" not in result.adapted and "attention_mask.long()" not in result.adapted
-    assert "positions = position_ids" in result.adapted
+    assert "torch.cumsum" not in result.static_view and "attention_mask.long()" not in result.static_view
+    assert "positions = position_ids" in result.static_view
     # Both branches that compute this layer's keys write them; the cross-attention branch is left as it was.
-    assert result.adapted.count("self.kv_cache.update(position_ids[0], key_states, value_states)") == 2
-    assert "key_states = self.k_proj(key_value_states)\n" in result.adapted
+    assert result.static_view.count("self.kv_cache.update(position_ids[0], key_states, value_states)") == 2
+    assert "key_states = self.k_proj(key_value_states)\n" in result.static_view
 
 
 def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_path):

@@ -8,11 +8,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
+import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.static_path import already_adapted, function_spans, keep_original_path, twin_spans
 
 
 @dataclass
@@ -23,14 +25,25 @@ class FileAdaptation:
     edits: list[Edit] = field(default_factory=list)  # lines refer to the original source
     manual: list[ManualItem] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)  # codemods that changed this file, in order
+    # The codemods' rewrite before the original bodies were put back beside it (transforms/static_path.py): what
+    # the static path runs, function for function in the original's places. Empty: the same as `adapted`.
+    static_view: str = ""
 
     @property
     def changed(self) -> bool:
         return self.adapted != self.original
 
     def diff(self) -> str:
+        """The adapted file against the original: what is written."""
+        return self._diff(self.adapted)
+
+    def static_diff(self) -> str:
+        """The static path against the original, each rewritten function where it was: what a change does."""
+        return self._diff(self.static_view or self.adapted)
+
+    def _diff(self, new: str) -> str:
         return "".join(difflib.unified_diff(
-            self.original.splitlines(keepends=True), self.adapted.splitlines(keepends=True),
+            self.original.splitlines(keepends=True), new.splitlines(keepends=True),
             fromfile=f"a/{self.path}", tofile=f"b/{self.path}",
         ))
 
@@ -57,6 +70,10 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 
 def _adapt(source: str, path: str, selected: Iterable[str] | None, options: Options) -> FileAdaptation:
+    if already_adapted(source):
+        # Its static path is written, and the code beside it is the model's own, which stays as it is: a second run
+        # changes nothing. graphmode adapts from the original.
+        return FileAdaptation(path=path, original=source, adapted=source)
     names = set(CODEMODS) if selected is None else set(selected)
     dropped: list[ManualItem] = []
     while True:
@@ -106,6 +123,9 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
         to_original = _carry_line_map(current, new, to_original)
         current, parsed = new, generated
     if parsed.text is not source:
+        # The static path is an addition: every function the chain changed keeps its original body beside it.
+        result.static_view = current
+        current = keep_original_path(cst.parse_module(source), parsed.module).code
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result
@@ -127,10 +147,23 @@ def _in_current_lines(options: Options, path: str, to_original: list[int | None]
 
 
 def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
-    """Line numbers of the original's unchanged lines in the adapted text."""
+    """Line numbers of the original's unchanged lines in the adapted text. A line of a function with a static twin
+    maps into the twin, which is what the entries run (its copy in the original body runs for other callers)."""
     identity: list[int | None] = list(range(1, original.count("\n") + 2))
     mapped = _carry_line_map(original, adapted, identity)
-    return {line: index + 1 for index, line in enumerate(mapped) if line is not None}
+    lines = {line: index + 1 for index, line in enumerate(mapped) if line is not None}
+    original_lines, adapted_lines = original.splitlines(), adapted.splitlines()
+    originals = function_spans(ast.parse(original))
+    for qualname, (start, end) in twin_spans(ast.parse(adapted)).items():
+        if qualname not in originals:
+            continue
+        first, last = originals[qualname]
+        matcher = difflib.SequenceMatcher(None, original_lines[first - 1:last], adapted_lines[start - 1:end],
+                                          autojunk=False)
+        for tag, i1, i2, j1, _ in matcher.get_opcodes():
+            if tag == "equal":
+                lines.update({first + i1 + k: start + j1 + k for k in range(i2 - i1)})
+    return lines
 
 
 def _carry_line_map(old: str, new: str, to_original: list[int | None]) -> list[int | None]:

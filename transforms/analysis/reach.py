@@ -10,6 +10,7 @@ import ast
 
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 
+SWITCH_TEST = "graphmode_static_path"  # the helper the originals of rewritten methods ask first
 STEP_METHODS = frozenset({"forward", "decode", "prefill", "decode_one_token", "prefill_forward", "_forward"})
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -29,6 +30,12 @@ def reachable_functions(module: ast.Module) -> set[Function]:
         function, owner = pending.pop()
         if function in reached:
             continue
+        twin = static_twin(function)
+        if twin is not None:  # its own body runs for every caller but the entries: only its twin is step code
+            found = _lookup(owner, twin, classes, methods)
+            if found is not None:
+                pending.append((found, owner))
+            continue
         reached.add(function)
         on_self, plain = _calls(function)
         for name in on_self:
@@ -39,6 +46,24 @@ def reachable_functions(module: ast.Module) -> set[Function]:
             if name in functions:
                 pending.append((functions[name], None))
     return reached
+
+
+def static_twin(function: Function) -> str | None:
+    """The twin a method hands the static path to (transforms/static_path.py), from its first statement
+    `if graphmode_static_path(self): return self.<twin>(...)`; None for any other function."""
+    body = function.body[1:] if function.body and _is_docstring(function.body[0]) else function.body
+    if not body or body[0].__class__ is not ast.If:
+        return None
+    test, then = body[0].test, body[0].body
+    if not (test.__class__ is ast.Call and test.func.__class__ is ast.Name and test.func.id == SWITCH_TEST
+            and len(then) == 1 and then[0].__class__ is ast.Return and then[0].value.__class__ is ast.Call):
+        return None
+    call = then[0].value.func
+    return call.attr if call.__class__ is ast.Attribute else None
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return stmt.__class__ is ast.Expr and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, Function]:

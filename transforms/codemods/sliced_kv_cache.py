@@ -76,7 +76,8 @@ def _zeros_cache(init: cst.FunctionDef, attribute: str) -> tuple[cst.SimpleState
 
 
 def _sized_zeros(call: cst.Call, dim: int) -> cst.Call | None:
-    """The zeros call with the batch (dim 0, when the sequence is not) and sequence sizes set to the constants."""
+    """The zeros call with the sequence size set to the constant, and the batch (dim 0, when the sequence is not) to
+    the larger of the model's own and the constant."""
     positional = [a for a in call.args if a.keyword is None]
     if len(positional) == 1 and isinstance(positional[0].value, (cst.Tuple, cst.List)):
         shape = positional[0].value
@@ -87,8 +88,9 @@ def _sized_zeros(call: cst.Call, dim: int) -> cst.Call | None:
         return None
     new_sizes = list(sizes)
     new_sizes[dim] = sizes[dim].with_changes(value=cst.Name(MAX_SEQ_LEN_CONSTANT))
-    if dim > 0:
-        new_sizes[0] = sizes[0].with_changes(value=cst.Name(MAX_BATCH_CONSTANT))
+    if dim > 0:  # as many sequences as the model's own code may pass (the original body reads these buffers too)
+        new_sizes[0] = sizes[0].with_changes(value=cst.parse_expression(
+            f"max({code_of(sizes[0].value)}, {MAX_BATCH_CONSTANT})"))
     if shape is not None:
         args = [positional[0].with_changes(value=shape.with_changes(elements=new_sizes)),
                 *[a for a in call.args if a.keyword is not None]]

@@ -19,12 +19,14 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods._call_graph import THREADED
-from graphmode.transforms.codemods._module import append_to_init
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._module import append_to_init, defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
+STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
 
 
 def _sequence_length_names(body: list[cst.BaseStatement], tokens: str) -> set[str]:
@@ -144,7 +146,10 @@ class SplitDecode(GraphCodemod):
         # rebuilds every returned view of a buffer it mutated, on every call.
         code = self.code_of_module(tree)
         self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
-        return super().transform_module_impl(tree)
+        module = super().transform_module_impl(tree)
+        if any("entry points added" in e.summary for e in self.edits) and not defined_at_top(module, STATIC_PATH):
+            module = insert_after_imports(module, helper_statements(STATIC_PATH))
+        return module
 
     def passes_over(self, qualname: str) -> bool:
         return not self.source.classes_in_functions  # the entries are made from the class, in leave_ClassDef
@@ -242,8 +247,7 @@ class SplitDecode(GraphCodemod):
                                          "pass", self.options.prefill_resets)
         bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
                      if name != value and name in names_in(cst.Module(body=decode_body))]
-        decode = decode.with_changes(body=decode.body.with_changes(
-            body=[decode.body.body[0], *bindings, *decode_body]))
+        decode = _on_static_path(decode, [*bindings, *decode_body])
         return _add_after_forward(updated_node, [prefill, decode])
 
     def _unfit_inputs(self, params: list[cst.Param]) -> str | None:
@@ -350,15 +354,25 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
         f"    def prefill({signature}):\n"
         f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
         f"{setup}"
-        f"        return {prefill_call}\n"
+        f"        with {STATIC_PATH}(self):\n"
+        f"            return {prefill_call}\n"
         f"\n"
         f"    def decode({signature}):\n"
         f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
         f"\n"
         f"{about}"
         f'        """\n'
-        f"        {decode_statement}\n"
+        f"        with {STATIC_PATH}(self):\n"
+        f"            {decode_statement}\n"
     ).body.body)
+
+
+def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement]) -> cst.FunctionDef:
+    """The method with `statements` after its docstring, inside `with GraphmodeStaticPath(self):`."""
+    docstring = method.body.body[0]
+    block = cst.With(items=[cst.WithItem(cst.parse_expression(f"{STATIC_PATH}(self)"))],
+                     body=cst.IndentedBlock(body=statements))
+    return method.with_changes(body=method.body.with_changes(body=[docstring, block]))
 
 
 def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 
 from graphmode.transforms.analysis.astutil import is_position_param
+from graphmode.transforms.analysis.reach import static_twin
 from graphmode.transforms.rules.base import Rule
 
 
@@ -59,6 +60,8 @@ class IntPosition(Rule):
     )
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if static_twin(node) is not None:
+            return  # graphmode's output: the entries reach its static twin, which takes the position tensor
         for param in node.args.args:
             if is_position_param(param):
                 self.report(param, self.MESSAGE.format(name=param.arg))

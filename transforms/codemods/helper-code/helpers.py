@@ -128,3 +128,33 @@ def graphmode_key_slots(position_ids):
     if torch.compiler.is_compiling():
         return GRAPHMODE_MAX_SEQ_LEN
     return int(position_ids.reshape(-1)[-1]) + 1
+
+# Inserted by split_decode around the body of `prefill` and `decode`: the only way onto the static path.
+class GraphmodeStaticPath:
+    """Puts the calls made inside `with GraphmodeStaticPath(model):` on graphmode's static path (added by graphmode).
+
+    The `prefill` and `decode` entries are the only callers. Every other call (`forward`, `generate()`, training,
+    tracing, a cache object of the caller's own) runs the model's code exactly as it was written. The switch is one
+    list shared by every submodule, so the methods of one model, in any of its files, agree on it.
+    """
+
+    def __init__(self, model):
+        switch = getattr(model, "graphmode_static_switch", None)
+        if switch is None:
+            switch = [False]
+            for module in model.modules():
+                module.graphmode_static_switch = switch
+        self.switch = switch
+
+    def __enter__(self):
+        self.switch[0] = True
+
+    def __exit__(self, *exc_info):
+        self.switch[0] = False
+
+# Inserted where a method has a static twin (transforms/static_path.py): the test at the top of the original.
+def graphmode_static_path(module):
+    """Whether this call came through the `prefill`/`decode` entries (added by graphmode); if not, the module runs
+    its own code as written."""
+    switch = getattr(module, "graphmode_static_switch", None)
+    return switch is not None and switch[0]

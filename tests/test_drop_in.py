@@ -1,0 +1,227 @@
+"""The adapted file replaces the original wherever the original is used: the static path is an addition.
+
+Every call that does not come through the `prefill`/`decode` entries runs the model's own code as written, so a
+batch with left padding and a 2-D mask, a cache the caller carries and reorders (beam search), `use_cache=False`
+and the attention weights give what the original gives, bit for bit. The entries take the static path, and
+using them leaves no trace on the other calls. Each model is built twice from one seed: once from the original
+file, once from the adapted one, in this process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
+
+ROOT = Path(__file__).parents[1]
+HF_EXAMPLE = ROOT / "examples" / "hf_cache_api"
+LEGACY_EXAMPLE = ROOT / "examples" / "legacy_llm"
+TUPLE_TARGET = ROOT / "tests" / "fixtures" / "targets" / "tuple_cache"
+
+
+def _load(folder: Path, name: str, file: str = "model.py"):
+    """The folder's model file as module `name` (its sibling imports resolved from the folder)."""
+    spec = importlib.util.spec_from_file_location(name, folder / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
+
+
+def _pair(tmp_path: Path, folder: Path, options: Options, key: str):
+    """(original module, adapted module, the adaptation) for the folder's model.py."""
+    adapted_dir = tmp_path / "adapted"
+    shutil.copytree(folder, adapted_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    adaptation = adapt_source((folder / "model.py").read_text(), "model.py", None, options)
+    assert "split_decode" in adaptation.applied, adaptation.manual
+    (adapted_dir / "model.py").write_text(adaptation.adapted)
+    return _load(folder, f"original_{key}"), _load(adapted_dir, f"adapted_{key}"), adaptation
+
+
+def _same_weights(original: torch.nn.Module, adapted: torch.nn.Module) -> None:
+    adapted.load_state_dict(original.state_dict())
+    assert set(dict(original.named_parameters())) == set(dict(adapted.named_parameters()))
+
+
+def _hf_config(module, **overrides):
+    return module.Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, **overrides)
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+    original, adapted, adaptation = _pair(tmp_path_factory.mktemp("hf"), HF_EXAMPLE,
+                                              Options(entry_class="ForCausalLM"), "hf")
+    return original, adapted, adaptation
+
+
+def _hf_models(hf_pair, **overrides):
+    original_module, adapted_module, _ = hf_pair
+    torch.manual_seed(0)
+    original = original_module.ForCausalLM(_hf_config(original_module, **overrides)).eval()
+    adapted = adapted_module.ForCausalLM(_hf_config(adapted_module, **overrides)).eval()
+    _same_weights(original, adapted)
+    return original, adapted
+
+
+def _left_padded_batch():
+    """Three prompts of 7, 5 and 3 tokens, left-padded to 7, and their 2-D mask."""
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 256, (3, 7), generator=generator)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :4] = 0
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_left_padded_batch_with_its_mask_gives_the_originals_logits(hf_pair, implementation):
+    original, adapted = _hf_models(hf_pair, attn_implementation=implementation)
+    ids, mask = _left_padded_batch()
+    with torch.no_grad():
+        expected = original(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        got = adapted(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert got.shape == expected.shape == (3, 7, 256)
+    assert torch.equal(got, expected)
+
+
+def test_the_callers_own_cache_carries_a_padded_batch_through_greedy_decode(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    ids, mask = _left_padded_batch()
+    outputs = []
+    with torch.no_grad():
+        for model in (original, adapted):
+            tokens, attention, past, steps = ids, mask, None, []
+            out = model(input_ids=tokens, attention_mask=attention, use_cache=True)
+            for _ in range(6):
+                past = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                steps.append(token)
+                attention = torch.cat([attention, torch.ones_like(token)], dim=1)
+                out = model(input_ids=token, attention_mask=attention, past_key_values=past, use_cache=True)
+            outputs.append((torch.cat(steps, dim=1), out.logits, past))
+    (tokens_o, logits_o, past_o), (tokens_a, logits_a, past_a) = outputs
+    assert torch.equal(tokens_a, tokens_o)
+    assert torch.equal(logits_a, logits_o)
+    # The caller gets its cache back as the original hands it: every layer, at the true length.
+    assert [tuple(k.shape) for k, _ in past_a] == [tuple(k.shape) for k, _ in past_o] == [(3, 2, 12, 16)] * 2
+
+
+def test_a_cache_reordered_between_steps_as_beam_search_does(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    ids, _ = _left_padded_batch()
+    order = torch.tensor([2, 2, 0])  # beams 0 and 1 continue beam 2, beam 2 continues beam 0
+    logits = []
+    with torch.no_grad():
+        for model in (original, adapted):
+            out = model(input_ids=ids, use_cache=True)
+            past = tuple((k[order], v[order]) for k, v in out.past_key_values)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)[order]
+            logits.append(model(input_ids=token, past_key_values=past, use_cache=True).logits)
+    assert torch.equal(logits[1], logits[0])
+
+
+def test_the_entries_take_the_static_path_and_leave_every_other_call_as_it_was(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        # The original's own loop, by position ids it counts from its cache.
+        out = original(input_ids=prompt, use_cache=True)
+        expected = [out.logits[:, -1]]
+        token, past = out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
+        for _ in range(4):
+            out = original(input_ids=token, past_key_values=past, use_cache=True)
+            expected.append(out.logits[:, -1])
+            token, past = out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
+
+        got = [adapted.prefill(prompt, torch.arange(8))[:, -1]]
+        token = got[0].argmax(-1, keepdim=True)
+        for step in range(4):
+            got.append(adapted.decode(token, torch.tensor([8 + step]))[:, -1])
+            token = got[-1].argmax(-1, keepdim=True)
+        # Between and after the entries, a plain call runs the original path: it knows nothing of the static cache.
+        between = adapted(input_ids=prompt, use_cache=False).logits
+        expected_plain = original(input_ids=prompt, use_cache=False).logits
+    assert [t.argmax(-1).item() for t in got] == [t.argmax(-1).item() for t in expected]
+    assert max((g - e).abs().max().item() for g, e in zip(got, expected)) < 1e-4
+    assert torch.equal(between, expected_plain)
+    # The static cache holds what the entries wrote, and only the entries wrote it.
+    assert adapted.model.layers[0].self_attn.kv_cache.k_cache[0, :, :13].abs().sum() > 0
+    assert adapted.model.layers[0].self_attn.kv_cache.k_cache[0, :, 13:].abs().sum() == 0
+
+
+def test_the_file_keeps_every_original_function_and_asks_the_switch_first(hf_pair):
+    _, _, adaptation = hf_pair
+    text = adaptation.adapted
+    assert "def forward_static(" in text and "if graphmode_static_path(self):" in text
+    # The library helpers the original builds its masks with, and the cache object's length, are still used by it.
+    assert "_prepare_4d_causal_attention_mask_for_sdpa(" in text and "get_usable_length(" in text
+    # The static path builds no mask per call: it reads rows of the buffer.
+    assert "_prepare_4d_causal_attention_mask_for_sdpa(" not in adaptation.static_view
+    assert "graphmode" not in "".join(line for line in text.splitlines() if line.startswith(("import", "from")))
+
+
+@pytest.fixture(scope="module")
+def legacy_pair(tmp_path_factory):
+    return _pair(tmp_path_factory.mktemp("legacy"), LEGACY_EXAMPLE, Options(entry_class="Transformer"), "legacy")
+
+
+def _legacy_models(legacy_pair):
+    original_module, adapted_module, _ = legacy_pair
+    args = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, hidden_dim=128, max_seq_len=64)
+    torch.manual_seed(0)
+    original = original_module.Transformer(original_module.ModelArgs(**args)).eval()
+    adapted = adapted_module.Transformer(adapted_module.ModelArgs(**args)).eval()
+    _same_weights(original, adapted)
+    return original, adapted
+
+
+def test_int_positions_and_a_batch_of_three_keep_working_in_the_legacy_example(legacy_pair):
+    original, adapted = _legacy_models(legacy_pair)
+    prompt = torch.randint(0, 256, (3, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        results = []
+        for model in (original, adapted):
+            logits, past = model(prompt, 0)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            logits, past = model(token, 6, past_key_values=past)  # a Python int position, as its own loop passes
+            results.append((logits, [tuple(k.shape) for k, _ in past]))
+    assert torch.equal(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]
+
+
+@pytest.fixture(scope="module")
+def tuple_pair(tmp_path_factory):
+    # What the traced run sees there: keys and values grown along dim 1 (the sequence) at model.py:45-46.
+    options = Options(entry_class="TupleCacheLM", traced=True,
+                      evidence_caches=(("model.py", 45, 1), ("model.py", 46, 1)))
+    return _pair(tmp_path_factory.mktemp("tuple"), TUPLE_TARGET, options, "tuple")
+
+
+def test_a_tuple_cache_model_keeps_its_batch_and_its_cache_lengths(tuple_pair):
+    original_module, adapted_module, adaptation = tuple_pair
+    assert "carried_cache" in adaptation.applied
+    torch.manual_seed(0)
+    original = original_module.TupleCacheLM(original_module.Config()).eval()
+    adapted = adapted_module.TupleCacheLM(adapted_module.Config()).eval()
+    _same_weights(original, adapted)
+    prompt = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        results = []
+        for model in (original, adapted):
+            logits, past = model(input_ids=prompt, use_cache=True)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            out = model(input_ids=token, past_key_values=past, use_cache=True)
+            results.append((out[0], [tuple(t.shape) for layer in out[1] for t in layer]))
+    assert torch.equal(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]
