@@ -121,4 +121,6 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "batch_buckets_padding": v.bucket_sweep.get("padding"),
         # The original harness against the adapted sources (added): {"ran", "tokens_equal", ...}.
         "own_harness": v.own_harness,
+        # The equivalence battery (added): rows {"name", "path", "status", "detail"}; part of the verdict.
+        "battery": v.battery,
     }

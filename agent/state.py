@@ -126,6 +126,7 @@ class Verification(Record):
     compile_cache: dict[str, Any] = Field(default_factory=dict)
     bucket_sweep: dict[str, Any] = Field(default_factory=dict)
     own_harness: dict[str, Any] = Field(default_factory=dict)
+    battery: list[dict[str, Any]] = Field(default_factory=list)  # runners.battery rows; [] in older sessions
 
 
 class ManualItem(Record):

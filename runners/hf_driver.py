@@ -77,6 +77,10 @@ class StaticCacheDecoder(torch.nn.Module):
         """The model's own call: the original convention, untouched."""
         return self.model(*args, **kwargs)
 
+    def generate(self, *args, **kwargs):
+        """The model's own `generate()`, untouched (its dynamic cache, every strategy)."""
+        return self.model.generate(*args, **kwargs)
+
     def _new_static_cache(self, batch: int):
         from transformers import StaticCache
 
@@ -104,6 +108,10 @@ class StaticCacheDecoder(torch.nn.Module):
     def prefill(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """The prompt, eagerly, into a fresh static cache (a new one per prompt: a reset would keep the old
         batch size)."""
+        last = int(input_pos.max()) + 1
+        if last > self.max_seq_len:
+            raise ValueError(f"the static path holds {self.max_seq_len} positions (the harness's MAX_SEQ_LEN), and "
+                             f"this Prefill needs {last}; raise MAX_SEQ_LEN, or call `forward`, which has no such limit")
         self._static_cache = self._new_static_cache(tokens.shape[0])
         return self._run(tokens, input_pos)
 

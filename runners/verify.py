@@ -112,6 +112,9 @@ class VerifyResult:
     # verdict, not part of it: graph mode is verified through the entry points; this says whether the model's
     # other callers (its own generate loop) still work unchanged.
     own_harness: dict[str, Any] = field(default_factory=dict)
+    # The equivalence battery (runners/battery.py): rows {"name", "path", "status", "detail"}, status "held",
+    # "failed" or "n/a" (the original itself cannot run it). Part of the verdict: every row must hold or be n/a.
+    battery: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -246,6 +249,8 @@ def _problems(result: VerifyResult) -> list[str]:
     if result.similarity < result.similarity_threshold:
         problems.append(f"token sequences only {result.similarity:.3f} similar to eager "
                         f"(threshold {result.similarity_threshold:g})")
+    problems += [f"equivalence battery: {row['name']}: {row['detail']}" for row in result.battery
+                 if row["status"] == "failed"]
     return problems + _bucket_problems(result.bucket_sweep.get("buckets", []), result.logits_atol)
 
 
@@ -320,6 +325,22 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
 
 
 OWN_HARNESS_RUN = "own-harness"
+BATTERY_RUN = "battery"
+
+
+def _run_battery(original_dir: Path, adapted_dir: Path, backend: str, work: Path, timeout_s: float,
+                 log_dir: Path | None, atol: float) -> list[dict[str, Any]]:
+    """The equivalence battery (runners/battery.py) in a process of its own: its rows, or one failed row saying
+    why the battery could not run."""
+    out = work / f"{BATTERY_RUN}.json"
+    args = ["--original", str(original_dir), "--adapted", str(adapted_dir), "--backend", backend,
+            "--atol", repr(atol), "--out", str(out)]
+    try:
+        run_worker("graphmode.runners.battery", args, name=BATTERY_RUN, timeout_s=timeout_s, log_dir=log_dir,
+                   error=VerificationError, env=_graph_env(work / f"{BATTERY_RUN}.compile-cache"))
+    except VerificationError as error:
+        return [{"name": "the battery", "path": "-", "status": "failed", "detail": str(error)}]
+    return json.loads(out.read_text())
 
 
 def _check_own_harness(adapted_dir: Path, backend: str, steps: int, work: Path, timeout_s: float,
@@ -372,6 +393,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         say("the original harness against the adapted sources: running")
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
                                          sides["original"][0][0].tokens)
+        say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
+        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol)
         # After the runs, so it disturbs neither their alternation nor their figures.
         sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
                              partial_graph=sides["adapted"][0][0].graph_breaks > 0) if batch_buckets else None
@@ -445,5 +468,6 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     }
     result.bucket_sweep = sweep.to_dict() if sweep else {}
     result.own_harness = own_harness
+    result.battery = battery
     result.problems = _problems(result)
     return result

@@ -133,6 +133,20 @@ def test_causal_mask_shows_each_row_its_own_and_earlier_positions(window):
     assert (mask[~visible] == torch.finfo(torch.float32).min).all()
 
 
+@pytest.mark.parametrize("default", [torch.float16, torch.bfloat16])
+def test_causal_mask_builds_under_a_half_precision_default(default):
+    # transformers builds a model under torch_dtype=float16 by switching the default dtype: a mask that took the
+    # default would overflow on the float32 minimum and fail the model's construction (transformers 4.48's own
+    # test_eager_matches_sdpa_inference did).
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        mask = helpers.graphmode_causal_mask(5)
+    finally:
+        torch.set_default_dtype(before)
+    assert mask.dtype == torch.float32 and torch.equal(mask, helpers.graphmode_causal_mask(5))
+
+
 def test_mask_rows_hide_the_slots_not_written_yet():
     size, batch = 8, 2
     causal = helpers.graphmode_causal_mask(size)

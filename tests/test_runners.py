@@ -268,9 +268,16 @@ def verified(tmp_path_factory, adapted):
 
 
 @pytest.mark.slow
-def test_verify_hand_adapted_copy_passes(verified):
+def test_verify_hand_adapted_copy_passes_the_harness_and_the_battery_names_what_it_dropped(verified):
     result, logs = verified
-    assert result.problems == [] and result.passed
+    # The hand-written copy replaces the original's code instead of adding to it (gpt-fast style): the harness's
+    # sequence verifies, and the battery says which of the original's uses it no longer supports.
+    battery_problems = [p for p in result.problems if p.startswith("equivalence battery: ")]
+    assert result.problems == battery_problems and not result.passed
+    failed = {row["name"] for row in result.battery if row["status"] == "failed"}
+    assert "the model's own loop, batch 3, 8 steps" in failed
+    assert {row["name"] for row in result.battery if row["status"] == "held"} >= {
+        "prompt 8 + 55 steps: the last slot of 64"}
     assert result.tokens_equal and result.first_divergent_step is None
     assert result.graph_breaks == 0 and result.recompiles == 0 and not result.recompile_limit_hit
     assert result.adapted.graphs_at_warmup >= 1 and result.adapted.graphs_after_warmup == 0
@@ -283,7 +290,8 @@ def test_verify_hand_adapted_copy_passes(verified):
 def test_verify_result_is_json_and_timings_are_consistent(verified):
     result, logs = verified
     data = json.loads(json.dumps(result.to_dict()))
-    assert data["passed"] is True and data["backend"] == "aot_eager"
+    assert data["tokens_equal"] is True and data["backend"] == "aot_eager"
+    assert data["passed"] is False and all(row["status"] in ("held", "failed", "n/a") for row in data["battery"])
     for side in ("eager", "graph"):
         t = data[side]
         assert t["decode_ms_min"] <= t["decode_ms_per_token"] <= t["decode_ms_max"]

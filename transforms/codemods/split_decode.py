@@ -21,11 +21,12 @@ import libcst as cst
 from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import append_to_init, defined_at_top, insert_after_imports
-from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT, GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
+FITS = "graphmode_fits"  # the helper `prefill` refuses requests the static buffers cannot hold with
 STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
 
 
@@ -147,7 +148,13 @@ class SplitDecode(GraphCodemod):
         code = self.code_of_module(tree)
         self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
         module = super().transform_module_impl(tree)
-        if any("entry points added" in e.summary for e in self.edits) and not defined_at_top(module, STATIC_PATH):
+        if not any("entry points added" in e.summary for e in self.edits):
+            return module
+        if defined_at_top(module, MAX_SEQ_LEN_CONSTANT) and not defined_at_top(module, FITS):
+            module, checked = _prefill_checks_sizes(module, self.options.entry_class)
+            if checked:
+                module = insert_after_imports(module, helper_statements(FITS))
+        if not defined_at_top(module, STATIC_PATH):
             module = insert_after_imports(module, helper_statements(STATIC_PATH))
         return module
 
@@ -365,6 +372,26 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
         f"        with {STATIC_PATH}(self):\n"
         f"            {decode_statement}\n"
     ).body.body)
+
+
+def _prefill_checks_sizes(module: cst.Module, entry_class: str | None) -> tuple[cst.Module, bool]:
+    """`graphmode_fits(tokens, input_pos)` first in the entry class's `prefill`, where it takes positions."""
+    body, checked = list(module.body), False
+    for index, stmt in enumerate(body):
+        if not (isinstance(stmt, cst.ClassDef) and stmt.name.value == entry_class):
+            continue
+        prefill = find_method(stmt, "prefill")
+        names = [p.name.value for p in prefill.params.params] if prefill is not None else []
+        if POSITION_TENSOR not in names or len(names) < 3:
+            break
+        check = cst.parse_statement(f"{FITS}({names[1]}, {POSITION_TENSOR})\n")
+        docstring, *rest = prefill.body.body
+        prefill = prefill.with_changes(body=prefill.body.with_changes(body=[docstring, check, *rest]))
+        members = [prefill if isinstance(m, cst.FunctionDef) and m.name.value == "prefill" else m
+                   for m in stmt.body.body]
+        body[index] = stmt.with_changes(body=stmt.body.with_changes(body=members))
+        checked = True
+    return module.with_changes(body=body), checked
 
 
 def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement]) -> cst.FunctionDef:

@@ -13,8 +13,9 @@ Python identifier, which neither an import nor the package walk can reach, and s
 """
 import torch
 
-# Stands in for the constant `_module.ensure_size_constants` defines in the adapted file from the options.
+# Stand in for the constants `_module.ensure_size_constants` defines in the adapted file from the options.
 GRAPHMODE_MAX_SEQ_LEN = 32
+GRAPHMODE_MAX_BATCH_SIZE = 1
 
 
 # Inserted by static_kv_cache and cache_object: the cache of a model whose head count and head size
@@ -95,7 +96,10 @@ def graphmode_causal_mask(max_seq_len, sliding_window=None):
     visible = torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).tril()
     if sliding_window is not None:
         visible = visible.triu(1 - sliding_window)
-    return torch.zeros(max_seq_len, max_seq_len).masked_fill(~visible, torch.finfo(torch.float32).min)
+    # float32 whatever the default dtype: transformers builds models under torch_dtype=float16 by switching the
+    # default, and the float32 minimum would overflow there, failing the model's construction on every path.
+    zeros = torch.zeros(max_seq_len, max_seq_len, dtype=torch.float32)
+    return zeros.masked_fill(~visible, torch.finfo(torch.float32).min)
 
 # Inserted by cache_object where the caller is handed back a tuple cache.
 def graphmode_written(k, v, input_pos, seq_dim=2):
@@ -152,9 +156,36 @@ class GraphmodeStaticPath:
     def __exit__(self, *exc_info):
         self.switch[0] = False
 
+    @staticmethod
+    def hold(model):
+        """The state of the conversation in progress on the static path (a copy of every buffer), to give back
+        later with `restore`: one model serves several conversations in turn."""
+        return {name: buffer.clone() for name, buffer in model.named_buffers()}
+
+    @staticmethod
+    def restore(model, held):
+        """Puts a held conversation back, in place: a compiled `decode` keeps reading the same memory."""
+        buffers = dict(model.named_buffers())
+        for name, saved in held.items():
+            buffers[name].copy_(saved)
+
 # Inserted where a method has a static twin (transforms/static_path.py): the test at the top of the original.
 def graphmode_static_path(module):
     """Whether this call came through the `prefill`/`decode` entries (added by graphmode); if not, the module runs
     its own code as written."""
     switch = getattr(module, "graphmode_static_switch", None)
     return switch is not None and switch[0]
+
+# Inserted by split_decode at the top of `prefill` where the file sizes static buffers: the one place a request
+# too large for them can be refused before anything is written (Prefill runs eagerly; Decode is compiled).
+def graphmode_fits(tokens, input_pos):
+    """Refuses a Prefill the static buffers cannot hold, with their sizes (added by graphmode)."""
+    if not torch.compiler.is_compiling():  # Prefill runs eagerly; the reads below would wait for the device
+        batch, last = tokens.shape[0], int(input_pos.max()) + 1
+        if batch > GRAPHMODE_MAX_BATCH_SIZE or last > GRAPHMODE_MAX_SEQ_LEN:
+            raise ValueError(
+                f"the static path holds {GRAPHMODE_MAX_BATCH_SIZE} sequence(s) of {GRAPHMODE_MAX_SEQ_LEN} positions "
+                f"(GRAPHMODE_MAX_BATCH_SIZE and GRAPHMODE_MAX_SEQ_LEN in this file), and this Prefill needs {batch} "
+                f"of {last}; adapt again with a larger MAX_SEQ_LEN in the harness (or --batch-buckets), or call "
+                "`forward`, which has no such limit"
+            )
