@@ -56,6 +56,7 @@ PINS = {
     "4.44.2": ("accelerate==0.33.0", "datasets==2.21.0"),
     "4.46.3": ("accelerate==1.1.1", "datasets==3.1.0"),
     "4.48.3": ("accelerate==1.3.0", "datasets==3.2.0"),
+    "4.51.3": ("accelerate==1.6.0", "datasets==3.5.0"),
 }
 # Repo-root files the tests import or read (conftest.py puts src/ on sys.path; setup.cfg/pyproject.toml carry
 # the pytest options upstream runs with).
