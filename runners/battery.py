@@ -15,6 +15,7 @@ import inspect
 import json
 import sys
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,12 +23,12 @@ import torch
 
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.cli import run_main
-from graphmode.runners.harness import load_harness, max_seq_len, next_token_logits
+from graphmode.runners.harness import load_harness, logits_of, max_seq_len, next_token_logits
+from graphmode.runners.verify import DEFAULT_LOGITS_ATOL as DEFAULT_ATOL
 
 HELD, FAILED, NOT_APPLICABLE = "held", "failed", "n/a"
 BATCH = 3
 OWN_STEPS = 8
-DEFAULT_ATOL = 1e-2  # as verify's: far above float reordering noise, far below a dropped mask
 
 
 @dataclass
@@ -50,15 +51,10 @@ def _batch_prompt(prompt: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).to(prompt.device)
 
 
-def _logits_of(out: Any) -> torch.Tensor:
-    if isinstance(getattr(out, "logits", None), torch.Tensor):
-        return out.logits
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 def _compare(name: str, path: str, run: Callable[[Any, Any], Any], original: Any, adapted: Any,
              atol: float) -> Row:
-    """Runs the row on both; tensors (or lists of them) must match within atol, token lists exactly."""
+    """Runs the row on both (`run` gives {"tokens": [...], "logits": [tensors]}, either or both): tokens must be
+    equal, logits within atol."""
     try:
         expected = run(original, "original")
     except _NotRunnable as reason:
@@ -121,6 +117,11 @@ class Battery:
         adapted = adapted_harness.build_model().to(backend.device)
         return cls(original_harness, original, adapted_harness, adapted, backend, atol)
 
+    @cached_property
+    def compiled_decode(self):
+        """The adapted `decode`, compiled once for every row on the static path."""
+        return self.backend.compile(self.adapted.decode, True)
+
     def harness_of(self, side: str):
         return self.original_harness if side == "original" else self.adapted_harness
 
@@ -144,7 +145,7 @@ class Battery:
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             if not takes_any and not {"input_ids", "attention_mask"} <= set(parameters):
                 raise _NotRunnable("`forward` takes no `input_ids` and `attention_mask`")
-            return {"logits": [_logits_of(model(input_ids=ids, attention_mask=mask))]}
+            return {"logits": [logits_of(model(input_ids=ids, attention_mask=mask))]}
 
         return _compare("batch 3, left padding, 2-D mask", "own", run, self.original, self.adapted, self.atol)
 
@@ -243,8 +244,7 @@ class Battery:
                        self.atol)
 
     def _interleaved_static(self, prompts: list[torch.Tensor], switch) -> list[dict]:
-        model, device = self.adapted, self.prompt.device
-        decode = self.backend.compile(model.decode, True)
+        model, device, decode = self.adapted, self.prompt.device, self.compiled_decode
         runs, held = [], []
         for prompt in prompts:
             logits = next_token_logits(model.prefill(prompt, torch.arange(prompt.shape[1], device=device)))
@@ -261,8 +261,7 @@ class Battery:
         return runs
 
     def _static_loop(self, prompt: torch.Tensor, steps: int) -> dict:
-        model, device = self.adapted, prompt.device
-        decode = self.backend.compile(model.decode, True)
+        model, device, decode = self.adapted, prompt.device, self.compiled_decode
         logits = next_token_logits(model.prefill(prompt, torch.arange(prompt.shape[1], device=device)))
         seen, tokens = [logits], []
         for step in range(steps):

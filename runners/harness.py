@@ -110,6 +110,13 @@ def sources(harness: ModuleType, folder: Path) -> list[str]:
     return sorted(p.name for p in Path(folder).glob("*.py") if p.name != HARNESS_FILE)
 
 
+def logits_of(out: object) -> object:
+    """The logits in what a model returns: `out.logits` (a ModelOutput), out[0] (a tuple or list), else out."""
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def next_token_logits(out: object) -> torch.Tensor:
     """The (B, V) next-token logits from what an adapted model's prefill/decode returns.
 
@@ -117,9 +124,7 @@ def next_token_logits(out: object) -> torch.Tensor:
     or list (logits plus extras), else out itself; they are (B, T, V) and the next token comes from
     the last position.
     """
-    if isinstance(getattr(out, "logits", None), torch.Tensor):
-        out = out.logits
-    logits = out[0] if isinstance(out, (tuple, list)) else out
+    logits = logits_of(out)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise HarnessError(f"the adapted model must return logits of shape (B, T, V) "

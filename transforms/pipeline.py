@@ -8,7 +8,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
@@ -97,7 +96,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     result = FileAdaptation(path=path, original=source, adapted=source)
     to_original: list[int | None] = list(range(1, source.count("\n") + 2))
     current = source
-    parsed = ParsedSource(source)  # the current text, parsed when a codemod first needs it
+    parsed = original = ParsedSource(source)  # the current text, parsed when a codemod first needs it
     for codemod_class in CHAIN:
         if codemod_class.NAME not in names:
             continue
@@ -125,7 +124,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     if parsed.text is not source:
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
-        current = keep_original_path(cst.parse_module(source), parsed.module).code
+        current = keep_original_path(original.module, parsed.module).code
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result
@@ -158,11 +157,9 @@ def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
         if qualname not in originals:
             continue
         first, last = originals[qualname]
-        matcher = difflib.SequenceMatcher(None, original_lines[first - 1:last], adapted_lines[start - 1:end],
-                                          autojunk=False)
-        for tag, i1, i2, j1, _ in matcher.get_opcodes():
-            if tag == "equal":
-                lines.update({first + i1 + k: start + j1 + k for k in range(i2 - i1)})
+        in_twin = _carry_line_map("\n".join(original_lines[first - 1:last]), "\n".join(adapted_lines[start - 1:end]),
+                                  list(range(first, last + 1)))
+        lines.update({line: start + index for index, line in enumerate(in_twin) if line is not None})
     return lines
 
 

@@ -51,7 +51,7 @@ def reachable_functions(module: ast.Module) -> set[Function]:
 def static_twin(function: Function) -> str | None:
     """The twin a method hands the static path to (transforms/static_path.py), from its first statement
     `if graphmode_static_path(self): return self.<twin>(...)`; None for any other function."""
-    body = function.body[1:] if function.body and _is_docstring(function.body[0]) else function.body
+    body = function.body[1:] if ast.get_docstring(function, clean=False) is not None else function.body
     if not body or body[0].__class__ is not ast.If:
         return None
     test, then = body[0].test, body[0].body
@@ -60,10 +60,6 @@ def static_twin(function: Function) -> str | None:
         return None
     call = then[0].value.func
     return call.attr if call.__class__ is ast.Attribute else None
-
-
-def _is_docstring(stmt: ast.stmt) -> bool:
-    return stmt.__class__ is ast.Expr and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, Function]:
