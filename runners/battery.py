@@ -23,7 +23,7 @@ import torch
 
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.cli import run_main
-from graphmode.runners.harness import load_harness, logits_of, max_seq_len, next_token_logits
+from graphmode.runners.harness import load_harness, logits_of, max_seq_len, next_token_logits, size_static_path
 from graphmode.runners.verify import DEFAULT_LOGITS_ATOL as DEFAULT_ATOL
 
 HELD, FAILED, NOT_APPLICABLE = "held", "failed", "n/a"
@@ -105,6 +105,7 @@ class Battery:
         self.adapted_harness, self.adapted = adapted_harness, adapted.eval()
         self.prompt = original_harness.make_prompt().to(backend.device)
         self.max_seq_len = max_seq_len(adapted_harness)
+        size_static_path(self.adapted, adapted_harness, self.prompt.shape[0])
         self.backend, self.atol = backend, atol
 
     @classmethod
@@ -273,8 +274,8 @@ class Battery:
         return {"tokens": tokens, "logits": seen}
 
     def past_sized_length(self) -> Row:
-        """A prompt longer than the static buffers hold must be refused with a message that says so, never an
-        index error deep inside attention. Where graphmode sized nothing (the model's own buffers), the adapted
+        """A prompt longer than the static buffers were set up for must be refused with a message that names the
+        sizes and the sizing call, never an index error deep inside attention. Where graphmode sized nothing (the model's own buffers), the adapted
         entries may fail as the original does."""
         length = self.max_seq_len + 1
         prompt = self.prompt.repeat(1, length // self.prompt.shape[1] + 1)[:, :length]
@@ -282,9 +283,9 @@ class Battery:
         try:
             self.adapted.prefill(prompt, torch.arange(length, device=prompt.device))
         except ValueError as error:
-            if "static path" in str(error) and str(self.max_seq_len) in str(error):
+            if "setup_caches" in str(error) and str(self.max_seq_len) in str(error):
                 return Row(name, "static", HELD, f"refused: {_line(error)}")
-            failure = f"refused without naming the size: {_line(error)}"
+            failure = f"refused without naming the size and the sizing call (`setup_caches`): {_line(error)}"
         except Exception as error:
             failure = f"not refused: {type(error).__name__}: {_line(error)}"
         else:

@@ -102,6 +102,15 @@ def max_seq_len(harness: ModuleType) -> int:
     return getattr(harness, "MAX_SEQ_LEN", DEFAULT_MAX_SEQ_LEN)
 
 
+def size_static_path(model: torch.nn.Module, harness: ModuleType, max_batch_size: int) -> None:
+    """Allocates an adapted model's static buffers for the harness's MAX_SEQ_LEN, through graphmode's `setup_caches`
+    (the one its entries come with, which says so): the one place the harness's length reaches the adapted model. A
+    model's own `setup_caches` (the harness calls it) and a model without one are left alone."""
+    setup = getattr(model, "setup_caches", None)
+    if callable(setup) and "graphmode" in (getattr(setup, "__doc__", None) or ""):
+        setup(max_batch_size=max_batch_size, max_seq_length=max_seq_len(harness))
+
+
 def sources(harness: ModuleType, folder: Path) -> list[str]:
     """The files graphmode may rewrite: SOURCES, else every .py in the folder but the harness."""
     declared = getattr(harness, "SOURCES", None)

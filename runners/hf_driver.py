@@ -105,13 +105,24 @@ class StaticCacheDecoder(torch.nn.Module):
             kwargs["cache_position"] = input_pos
         return self.model(**kwargs).logits
 
+    def setup_caches(self, max_batch_size: int = 1, max_seq_length: int | None = None) -> None:
+        """The sizing call of graphmode's entries: the static cache of every later Prefill holds `max_seq_length`
+        positions (by default the config's `max_position_embeddings`); the batch is each prompt's own."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        length = max_seq_length if max_seq_length is not None else limit
+        if length is None or length < 1 or (limit is not None and length > limit):
+            raise ValueError(f"setup_caches(max_seq_length={max_seq_length}): the static path serves 1 to "
+                             f"{limit} positions (config.max_position_embeddings)")
+        self.max_seq_len = length
+
     def prefill(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """The prompt, eagerly, into a fresh static cache (a new one per prompt: a reset would keep the old
         batch size)."""
         last = int(input_pos.max()) + 1
         if last > self.max_seq_len:
-            raise ValueError(f"the static path holds {self.max_seq_len} positions (the harness's MAX_SEQ_LEN), and "
-                             f"this Prefill needs {last}; raise MAX_SEQ_LEN, or call `forward`, which has no such limit")
+            raise ValueError(f"the static path is set up for {self.max_seq_len} positions, and this Prefill needs "
+                             f"{last}; call `setup_caches(max_seq_length={last})` (or larger) first, or call "
+                             "`forward`, which has no such limit")
         self._static_cache = self._new_static_cache(tokens.shape[0])
         return self._run(tokens, input_pos)
 

@@ -42,7 +42,7 @@ from graphmode.runners.cli import WorkerFailure, call_user, run_main
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.env_info import environment
 from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
-    require_entry_points
+    require_entry_points, size_static_path
 from graphmode.runners.line_trace import lines_run
 from graphmode.runners.memory import peak_memory
 from graphmode.runners.results import WorkerResult
@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
         raise WorkerFailure(f"prompt ({prompt.shape[1]}) + steps ({args.steps}) exceeds the harness "
                             f"MAX_SEQ_LEN ({limit}); lower --steps or raise MAX_SEQ_LEN")
 
+    if args.side == "adapted":
+        batch = max([prompt.shape[0], *(args.batch_buckets or [])])
+        call_user("model.setup_caches", folder, lambda: size_static_path(model, harness, batch))
     if args.batch_buckets:
         bucket_sweep(args, backend, folder, model, prompt)
         return

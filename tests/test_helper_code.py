@@ -16,12 +16,13 @@ import torch.nn.functional as F
 import graphmode.transforms
 from graphmode.transforms.codemods._helper_code import HELPER_CODE, helper_names, helper_source
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS
-from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
-from graphmode.transforms.codemods.cache_object import MASK_BUILDER, WRITTEN_SLOTS
+from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS, MASK_ROWS
+from graphmode.transforms.codemods.split_decode import FITS, STATIC_PATH
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 
-INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS)
+INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
+            STATIC_PATH)
 
 
 def _load() -> ModuleType:
@@ -49,10 +50,6 @@ def test_each_inserted_helper_is_the_definition_in_the_file(name):
     assert helper_source(name) == inspect.getsource(getattr(helpers, name))
 
 
-def test_the_file_defines_the_size_constant_the_helpers_read():
-    assert isinstance(getattr(helpers, MAX_SEQ_LEN_CONSTANT), int)
-
-
 def test_no_graphmode_module_is_the_helper_file():
     """It imports torch: the package walk `graphmode scan`'s import check makes must not reach it."""
     walked = pkgutil.walk_packages(graphmode.transforms.__path__, "graphmode.transforms.")
@@ -63,7 +60,9 @@ def test_no_graphmode_module_is_the_helper_file():
 @pytest.mark.parametrize("seq_dim", [1, 2])
 def test_static_kv_cache_writes_at_the_positions_and_hands_back_the_whole_buffers(seq_dim):
     batch, heads, max_len, head_dim, prompt = 2, 3, 8, 4, 3
-    cache = helpers.StaticKVCache(batch, heads, max_len, head_dim, seq_dim=seq_dim)
+    cache = helpers.StaticKVCache(heads, head_dim, seq_dim=seq_dim)
+    assert cache.k_cache.numel() == 0  # nothing is allocated before setup_caches resizes it
+    cache.graphmode_resize(batch, max_len)
 
     def new(tokens):
         shape = [batch, heads, head_dim]
@@ -83,7 +82,8 @@ def test_static_kv_cache_writes_at_the_positions_and_hands_back_the_whole_buffer
 
 
 def test_static_kv_cache_hands_fewer_sequences_the_rows_they_wrote():
-    cache = helpers.StaticKVCache(4, 2, 6, 3)
+    cache = helpers.StaticKVCache(2, 3)
+    cache.graphmode_resize(4, 6)
     k = torch.randn(1, 2, 2, 3)
     k_out, v_out = cache.update(torch.arange(2), k, k + 1)
     assert k_out.shape == (1, 2, 6, 3) and k_out.data_ptr() == cache.k_cache.data_ptr()
@@ -93,7 +93,8 @@ def test_static_kv_cache_hands_fewer_sequences_the_rows_they_wrote():
 # -- StaticKVBuffers: shaped by the first write, in any layout --------------------------------------------
 def test_static_kv_buffers_take_the_first_writes_layout_and_hand_eager_callers_the_written_slots():
     max_batch, max_len, prompt = 2, 10, 4
-    buffers = helpers.StaticKVBuffers(max_batch, max_len, seq_dim=2, value_seq_dim=1)
+    buffers = helpers.StaticKVBuffers(seq_dim=2, value_seq_dim=1)
+    buffers.graphmode_resize(max_batch, max_len)
     assert buffers.k_cache is None  # nothing is allocated before the first write
     # Bloom's layout: keys (batch * heads, head_dim, length), values (batch * heads, length, head_dim).
     k, v = torch.randn(6, 5, prompt), torch.randn(6, prompt, 5)
@@ -107,14 +108,16 @@ def test_static_kv_buffers_take_the_first_writes_layout_and_hand_eager_callers_t
 
 
 def test_static_kv_buffers_hold_max_batch_rows_when_the_first_write_has_fewer():
-    buffers = helpers.StaticKVBuffers(3, 7, seq_dim=1)
+    buffers = helpers.StaticKVBuffers(seq_dim=1)
+    buffers.graphmode_resize(3, 7)
     k = torch.randn(1, 2, 4)
     k_out, _ = buffers.update(torch.arange(2), k, k)
     assert buffers.k_cache.shape == (3, 7, 4) and torch.equal(k_out, k)
 
 
 def test_static_kv_buffers_hand_a_compiled_graph_every_slot():
-    buffers = helpers.StaticKVBuffers(1, 6, seq_dim=2)
+    buffers = helpers.StaticKVBuffers(seq_dim=2)
+    buffers.graphmode_resize(1, 6)
     buffers.update(torch.arange(2), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))  # Prefill, eager
     k1 = torch.randn(1, 2, 1, 4)
     k_out, _ = _compiled(buffers.update)(torch.tensor([2]), k1, k1)
@@ -172,17 +175,20 @@ def test_written_slots_are_views_of_the_buffers_in_eager_calls_and_the_buffers_w
 
 
 def test_key_slots_count_the_written_slots_eagerly_and_every_slot_when_compiled():
+    model = torch.nn.Linear(2, 2)
+    helpers.GraphmodeStaticPath.setup(model, 1, 9)
     positions = torch.tensor([[4, 5, 6]])
-    assert helpers.graphmode_key_slots(positions) == int(positions.max()) + 1
-    compiled = _compiled(lambda p: torch.ones(helpers.graphmode_key_slots(p)))(positions)
-    assert compiled.shape == (getattr(helpers, MAX_SEQ_LEN_CONSTANT),)
+    assert helpers.graphmode_key_slots(model, positions) == int(positions.max()) + 1
+    compiled = _compiled(lambda p: torch.ones(helpers.graphmode_key_slots(model, p)))(positions)
+    assert compiled.shape == (9,)
 
 
 # -- together: attention over the whole static cache is attention over the written keys -------------------------
 def test_attention_over_the_static_cache_and_its_mask_rows_matches_attention_over_a_growing_cache():
     torch.manual_seed(0)
     batch, heads, head_dim, max_len, prompt = 1, 2, 8, 12, 5
-    cache = helpers.StaticKVCache(batch, heads, max_len, head_dim)
+    cache = helpers.StaticKVCache(heads, head_dim)
+    cache.graphmode_resize(batch, max_len)
     causal = helpers.graphmode_causal_mask(max_len)
     grown_k = grown_v = None
     for step, tokens in enumerate([prompt, 1, 1]):
@@ -195,3 +201,80 @@ def test_attention_over_the_static_cache_and_its_mask_rows_matches_attention_ove
         grown_v = v if grown_v is None else torch.cat([grown_v, v], dim=2)
         grown = F.scaled_dot_product_attention(q, grown_k, grown_v, attn_mask=causal[positions][:, : start + tokens])
         torch.testing.assert_close(static, grown)
+
+
+# -- sizing: setup_caches allocates every static buffer, from the config's own limit or the caller's sizes ---------
+class _Config:
+    max_position_embeddings = 12
+
+
+class _Tiny(torch.nn.Module):
+    """A model with a config, a static cache and a causal mask, as the codemods leave one."""
+
+    def __init__(self, config=_Config()):
+        super().__init__()
+        self.config = config
+        self.kv_cache = helpers.StaticKVCache(2, 4)
+        self.causal_mask = helpers.GraphmodeCausalMask(sliding_window=3)
+
+
+def test_setup_sizes_every_buffer_to_the_configs_limit_by_default():
+    model = _Tiny()
+    assert model.kv_cache.k_cache.numel() == 0 and model.causal_mask.mask.numel() == 0
+    helpers.GraphmodeStaticPath.setup(model)
+    assert model.kv_cache.k_cache.shape == (1, 2, 12, 4) and model.kv_cache.max_seq_len == 12
+    assert torch.equal(model.causal_mask.mask, helpers.graphmode_causal_mask(12, sliding_window=3))
+    helpers.GraphmodeStaticPath.setup(model, max_batch_size=3, max_seq_len=5)
+    assert model.kv_cache.k_cache.shape == (3, 2, 5, 4) and model.causal_mask.mask.shape == (5, 5)
+    assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "max_batch_size": 3, "max_seq_len": 5}
+
+
+def test_setup_keeps_the_buffers_dtype_and_starts_afresh():
+    model = _Tiny().to(torch.float16)
+    helpers.GraphmodeStaticPath.setup(model, max_seq_len=4)
+    model.kv_cache.update(torch.arange(2), torch.ones(1, 2, 2, 4, dtype=torch.float16), torch.ones(1, 2, 2, 4,
+                                                                                                   dtype=torch.float16))
+    helpers.GraphmodeStaticPath.setup(model, max_seq_len=4)
+    assert model.kv_cache.k_cache.dtype == torch.float16 and not model.kv_cache.k_cache.any()
+
+
+def test_setup_refuses_past_the_configs_limit_and_the_files_construction_sizes(monkeypatch):
+    model = _Tiny()
+    with pytest.raises(ValueError, match=r"setup_caches\(max_batch_size=1, max_seq_length=13\).*at most 12 "
+                                         r"positions \(config.max_position_embeddings\)"):
+        helpers.GraphmodeStaticPath.setup(model, max_seq_len=13)
+    # A file whose other buffers were built at construction (the size constants) serves no more than they hold.
+    monkeypatch.setattr(helpers, "GRAPHMODE_MAX_SEQ_LEN", 8, raising=False)
+    monkeypatch.setattr(helpers, "GRAPHMODE_MAX_BATCH_SIZE", 2, raising=False)
+    helpers.GraphmodeStaticPath.setup(model)
+    assert model.kv_cache.max_seq_len == 8
+    with pytest.raises(ValueError, match="at most 2 sequences"):
+        helpers.GraphmodeStaticPath.setup(model, max_batch_size=3)
+
+
+def test_setup_without_any_limit_asks_for_the_length():
+    model = torch.nn.Sequential(helpers.StaticKVCache(1, 2))
+    with pytest.raises(ValueError, match="pass max_seq_length"):
+        helpers.GraphmodeStaticPath.setup(model)
+    helpers.GraphmodeStaticPath.setup(model, 2, 6)
+    assert model[0].k_cache.shape == (2, 1, 6, 2)
+
+
+def test_fits_sizes_a_first_prefill_and_refuses_what_the_buffers_cannot_hold():
+    model = _Tiny()
+    helpers.graphmode_fits(model, torch.zeros(2, 3, dtype=torch.long), torch.arange(3))
+    assert model.kv_cache.k_cache.shape == (2, 2, 12, 4)  # the model's own limit, this batch
+    helpers.GraphmodeStaticPath.setup(model, max_batch_size=1, max_seq_len=6)
+    with pytest.raises(ValueError, match=r"set up for 1 sequence\(s\) of 6 positions.*needs 2 of 7.*"
+                                         r"setup_caches\(max_batch_size=2, max_seq_length=7\)"):
+        helpers.graphmode_fits(model, torch.zeros(2, 7, dtype=torch.long), torch.arange(7))
+
+
+def test_reorder_moves_the_static_rows_as_beam_search_reorders_its_cache():
+    model = _Tiny()
+    helpers.GraphmodeStaticPath.setup(model, max_batch_size=3, max_seq_len=4)
+    keys = torch.arange(3.0)[:, None, None, None].expand(3, 2, 2, 4)
+    model.kv_cache.update(torch.arange(2), keys, keys)
+    helpers.GraphmodeStaticPath.reorder(model, torch.tensor([2, 2, 0]))
+    assert model.kv_cache.k_cache[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+    assert torch.equal(model.kv_cache.v_cache, model.kv_cache.k_cache)

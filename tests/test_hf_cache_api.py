@@ -26,12 +26,9 @@ EXAMPLE = ROOT / "examples" / "hf_cache_api"
 OPTIONS = Options(entry_class="ForCausalLM")
 
 WRITE = "key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)\n"
-MASK_ROWS = ("attention_mask = self.causal_mask[position_ids][:, None].expand(batch_size, 1, seq_length, "
-             "GRAPHMODE_MAX_SEQ_LEN)\n")
-MASK_BUFFER = ('self.register_buffer("causal_mask", graphmode_causal_mask(GRAPHMODE_MAX_SEQ_LEN, '
-               'sliding_window=self.config.sliding_window), persistent=False)\n')
-CACHE = ("self.kv_cache = StaticKVCache(GRAPHMODE_MAX_BATCH_SIZE, self.num_key_value_heads, GRAPHMODE_MAX_SEQ_LEN, "
-         "self.head_dim, seq_dim=2)\n")
+MASK_ROWS = "attention_mask = self.causal_mask.mask[position_ids][:, None].expand(batch_size, 1, seq_length, -1)\n"
+MASK_BUFFER = "self.causal_mask = GraphmodeCausalMask(sliding_window=self.config.sliding_window)\n"
+CACHE = "self.kv_cache = StaticKVCache(self.num_key_value_heads, self.head_dim, seq_dim=2)\n"
 ENTRY = ("return self.forward(input_ids=input_ids, position_ids=input_pos.unsqueeze(0), use_cache=False, "
          "return_dict=False)[0]\n")
 
@@ -66,7 +63,8 @@ def test_the_cache_object_and_the_mask_helper_are_replaced(adapted_example):
 
     adapted = result.static_view  # what the static path runs; the file keeps the original bodies beside it
     assert adapted.count(WRITE) == 2  # eager and SDPA attention
-    assert adapted.count("kv_seq_len = GRAPHMODE_MAX_SEQ_LEN\n") == 2
+    assert adapted.count("kv_seq_len = self.kv_cache.max_seq_len\n") == 2
+    assert "GRAPHMODE_MAX_SEQ_LEN = " not in adapted  # sized by setup_caches, not by constants of the file
     assert adapted.count(CACHE) == 1  # in Attention.__init__ only: SdpaAttention inherits it
     assert adapted.count(MASK_ROWS) == 2  # the eager and the SDPA mask helper
     assert adapted.count(MASK_BUFFER) == 1

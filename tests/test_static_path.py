@@ -11,24 +11,12 @@ from types import ModuleType
 import libcst as cst
 import torch
 
+from graphmode.transforms.codemods._helper_code import helper_source
+from graphmode.transforms.codemods.split_decode import STATIC_PATH
 from graphmode.transforms.static_path import already_adapted, keep_original_path
 
-SWITCH = '''
-class GraphmodeStaticPath:
-    def __init__(self, model):
-        switch = getattr(model, "graphmode_static_switch", None)
-        if switch is None:
-            switch = [False]
-            for module in model.modules():
-                module.graphmode_static_switch = switch
-        self.switch = switch
-
-    def __enter__(self):
-        self.switch[0] = True
-
-    def __exit__(self, *exc_info):
-        self.switch[0] = False
-'''
+# The entries' switch, as split_decode inserts it beside the test the pass puts in the originals.
+SWITCH = "\n\n" + helper_source(STATIC_PATH)
 
 
 def _split(original: str, adapted: str) -> str:

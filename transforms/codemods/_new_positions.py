@@ -85,7 +85,7 @@ def key_length_sizes(method: cst.FunctionDef, found: Derivation) -> dict[cst.CST
         target = assign.targets[0].target if len(assign.targets) == 1 else None
         if isinstance(target, cst.Name) and names_in(assign.value) & dependent:
             dependent.add(target.value)
-    slots = cst.parse_expression(f"{KEY_SLOTS}({THREADED})")
+    slots = cst.parse_expression(f"{KEY_SLOTS}(self, {THREADED})")
     sizes: dict[cst.CSTNode, cst.CSTNode] = {}
     for call in nodes_of_type(method.body, cst.Call):
         if torch_call_name(call) not in _FACTORIES:

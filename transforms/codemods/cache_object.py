@@ -32,9 +32,12 @@ let attention read slots not written yet:
 - the write (object or tuple) becomes
   `key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)`,
   a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
-- the length read from the cache becomes `GRAPHMODE_MAX_SEQ_LEN`: attention reads the whole buffer;
-- the helper call becomes rows of one mask buffer built at the maximum length (same sliding window),
-  picked by `position_ids`.
+- the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
+- the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by
+  `position_ids`.
+
+Neither is allocated with the model: the entry's `setup_caches(max_batch_size, max_seq_length)` sizes both (the
+config's own limit by default), so a model only used through `forward` carries no static memory.
 
 The caller's own cache keeps its length: the object is still updated beside the buffers, and a tuple handed back
 holds the written slots of the buffers. So a caller that leaves `position_ids` out keeps working: the model's
@@ -51,9 +54,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphmode.transforms.codemods._helper_code import helper_statements
-from graphmode.transforms.codemods._module import append_to_init, defined_at_top, ensure_size_constants, \
-    insert_after_imports, remove_imports_if_unused, self_attributes, transform_statements
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from graphmode.transforms.codemods._module import append_to_init, defined_at_top, insert_after_imports, \
+    remove_imports_if_unused, self_attributes, transform_statements
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, size_in_init
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, none_test, \
@@ -63,6 +66,7 @@ from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_W
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 MASK_BUILDER = "graphmode_causal_mask"
+MASK_CLASS = "GraphmodeCausalMask"  # the module holding the mask, sized by `setup_caches` with MASK_BUILDER
 WRITTEN_SLOTS = "graphmode_written"
 MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS  # helpers called as `mask = helper(...)`
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
@@ -251,12 +255,12 @@ class CacheObject(GraphCodemod):
     DESCRIPTION = (
         "Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
         "API) or grows a tuple cache with `torch.cat` while positions come as `position_ids`, it writes a "
-        f"`{CACHE_CLASS}` of `({MAX_BATCH_CONSTANT}, kv heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` buffers instead, "
+        f"`{CACHE_CLASS}` of `(batch, kv heads, length, head_dim)` buffers instead, "
         "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
-        f"`past_key_value[0].shape[-2]`) becomes `{MAX_SEQ_LEN_CONSTANT}`, since attention reads the whole buffer; "
+        "`past_key_value[0].shape[-2]`) becomes the static cache's length, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
-        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one buffer built once (same "
-        "sliding window), picked by `position_ids`. Every Decode step then has the same shapes and addresses. The "
+        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one mask built once (same "
+        "sliding window), picked by `position_ids`. Both are sized by the entry's `setup_caches`, not with the model. Every Decode step then has the same shapes and addresses. The "
         "entries pass positions and no cache; a caller that passes `past_key_values` still gets back a cache of the "
         "true length (its length gives the positions when `position_ids` is left out): a cache object is still "
         "updated in such eager calls (a second copy of the keys and values), a tuple holds the written slots of the "
@@ -300,13 +304,14 @@ class CacheObject(GraphCodemod):
         touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
         module = transform_statements(tree, _Apply(plan), touched | {classes[name] for name in plan.init_lines})
         module = remove_imports_if_unused(module, plan.helpers, self.source)
-        module = insert_after_imports(module, helper_statements(MASK_BUILDER)) \
-            if not defined_at_top(module, MASK_BUILDER) else module
+        for helper in (MASK_BUILDER, MASK_CLASS):
+            if not defined_at_top(module, helper):
+                module = insert_after_imports(module, helper_statements(helper))
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
             module = insert_after_imports(module, helper_statements(WRITTEN_SLOTS))
         if not defined_at_top(module, CACHE_CLASS):
             module = insert_after_imports(module, helper_statements(CACHE_CLASS))
-        return ensure_size_constants(module, self.options)
+        return module
 
     # -- the cache writes and lengths, in attention methods -----------------------------------------
     def _plan_cache(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, method: cst.FunctionDef,
@@ -376,17 +381,16 @@ class CacheObject(GraphCodemod):
                 plan.drop.add(previous)  # `n = k.shape[-2]`, overwritten now
                 leading = list(previous.leading_lines)
                 self.record_edit(previous, f"`{name} = ...` dropped: the cache length is fixed now")
-            plan.replace[stmt] = cst.parse_statement(f"{name} = {MAX_SEQ_LEN_CONSTANT}\n").with_changes(
+            plan.replace[stmt] = cst.parse_statement(f"{name} = self.kv_cache.max_seq_len\n").with_changes(
                 leading_lines=[*leading, _comment("attention reads every slot of the static cache.")])
-            self.record_edit(stmt, f"`{name}` is `{MAX_SEQ_LEN_CONSTANT}` instead of a length read from `{cache}`")
+            self.record_edit(stmt, f"`{name}` is the static cache's length instead of a length read from `{cache}`")
         init_owner = owner.name.value
         if init_owner not in plan.init_lines:
             init = find_method(owner, "__init__")
             heads = size_in_init(init, KV_HEAD_ATTRIBUTES)
             head_dim = size_in_init(init, HEAD_DIM_ATTRIBUTES)
             plan.init_lines[init_owner] = [cst.parse_statement(
-                f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, {heads}, {MAX_SEQ_LEN_CONSTANT}, "
-                f"{head_dim}, seq_dim=2)\n")]
+                f"self.kv_cache = {CACHE_CLASS}({heads}, {head_dim}, seq_dim=2)\n")]
 
     @staticmethod
     def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef) -> cst.ClassDef | None:
@@ -455,10 +459,9 @@ class CacheObject(GraphCodemod):
                 return
             batch, length = (code_of(e.value) for e in shape.elements)
             windows.add(code_of(window) if window is not None else "")
-            rows = (f"{target} = self.{buffer}{_MASK_ROWS[position]}.expand({batch}, 1, {length}, "
-                    f"{MAX_SEQ_LEN_CONSTANT})\n")
+            rows = f"{target} = self.{buffer}.mask{_MASK_ROWS[position]}.expand({batch}, 1, {length}, -1)\n"
             rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
-                "rows of the causal mask built once at the maximum length, picked by position.")])
+                "rows of the causal mask built once by setup_caches, picked by position.")])
         if len(windows) > 1:
             self.record_manual(calls[0][0], "the mask helpers of this method use different sliding windows; build "
                                             "the mask buffers by hand")
@@ -478,9 +481,9 @@ class CacheObject(GraphCodemod):
         plan.replace.update(rewrites)
         window = windows.pop()
         plan.windows.add(window)
-        argument = f", sliding_window={window}" if window else ""
+        argument = f"sliding_window={window}" if window else ""
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
-            f'self.register_buffer("{buffer}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}{argument}), persistent=False)\n'))
+            f"self.{buffer} = {MASK_CLASS}({argument})\n"))
 
     def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
         """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
@@ -509,5 +512,5 @@ class _Apply(cst.CSTTransformer):
             return self.plan.replace[original_node]
         if isinstance(updated_node, cst.ClassDef) and updated_node.name.value in self.plan.init_lines:
             return append_to_init(updated_node, self.plan.init_lines[updated_node.name.value],
-                                  "preallocated for Decode at the maximum length.")
+                                  "for the static path, allocated by setup_caches.")
         return updated_node

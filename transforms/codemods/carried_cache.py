@@ -14,7 +14,8 @@ shape above is recognised. The pair becomes
 
     key, value = self.kv_cache.update(position_ids[0], key, value)
 
-with `self.kv_cache` a `StaticKVBuffers` that holds `GRAPHMODE_MAX_SEQ_LEN` slots along the growing dim
+with `self.kv_cache` a `StaticKVBuffers` that holds as many slots along the growing dim as the entry's
+`setup_caches(max_batch_size, max_seq_length)` asks for
 (one for the keys and one for the values where they differ, as in Bloom), shaped from the first write (Prefill,
 eager), so no head count or layout has to be named. With evidence the pair may sit at any depth of branches;
 the write then goes on every path that computes this layer's keys (`_write_paths`).
@@ -28,7 +29,7 @@ introduced in the method that reads the past length off the cache and passed dow
 (`_new_positions`).
 Where the model's forward builds the 4-D mask with a library helper instead
 (`attention_mask = _prepare_4d_causal_attention_mask[_for_sdpa](mask, (batch, length), embeds, past)`, transformers
-4.36 to 4.46), the call becomes rows of one causal mask built at the maximum length and picked by the positions,
+4.36 to 4.46), the call becomes rows of one causal mask (sized by `setup_caches`) picked by the positions,
 with as many columns as the cache hands back (every slot in a compiled graph, the written ones in eager calls).
 All or nothing per file: a cache without such a mask, or a moving slice not understood, changes nothing.
 """
@@ -43,10 +44,10 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
 from graphmode.transforms.codemods._write_paths import place_write
-from graphmode.transforms.codemods._module import defined_at_top, ensure_size_constants, insert_after_imports, \
+from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports, \
     remove_imports_if_unused, self_attributes, transform_statements
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod
-from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_HELPERS, mask_helper_call
+from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, MASK_HELPERS, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
     nodes_of_type, none_test, single_assignment, torch_call_name
 
@@ -160,7 +161,7 @@ class CarriedCache(GraphCodemod):
     TITLE = "Replace the tuple KV cache grown with torch.cat by buffers written in place"
     DESCRIPTION = (
         "Where attention grows a cache passed in and out of `forward` with `torch.cat` (seen doing so at run time, "
-        "along whatever dim), it writes a `StaticKVBuffers` of `GRAPHMODE_MAX_SEQ_LEN` slots along that dim instead, "
+        "along whatever dim), it writes a `StaticKVBuffers` (sized by the entry's `setup_caches`) instead, "
         "with `index_copy_` at the positions; the causal buffer sliced by the key length (or the 4-D mask a "
         "library helper builds per call, or a triangle `torch.full((Q, K), -inf).triu(K - Q + 1)` cut at the key "
         "length) becomes rows picked by the positions, so attention reads every slot and "
@@ -223,13 +224,13 @@ class CarriedCache(GraphCodemod):
         module = remove_imports_if_unused(module, plan.helpers, self.source)
         generated = [BUFFERS_CLASS]
         if plan.mask_buffers:
-            generated += [MASK_BUILDER, MASK_ROWS]
+            generated += [MASK_BUILDER, MASK_CLASS, MASK_ROWS]
         if plan.key_slots:
             generated.append(KEY_SLOTS)
         for name in reversed(generated):  # each goes first after the imports
             if not defined_at_top(module, name):
                 module = insert_after_imports(module, helper_statements(name))
-        return ensure_size_constants(module, self.options)
+        return module
 
     def _threading(self, tree: cst.Module, plan: _Plan) -> Threading:
         """How positions reach every method that needs them; where no caller has any, they are introduced in the
@@ -476,9 +477,9 @@ class CarriedCache(GraphCodemod):
             cls.name.value, "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask")
         for stmt, target, call in calls:
             plan.replace[stmt] = cst.parse_statement(
-                f"{target} = {MASK_ROWS}(self.{buffer}, {THREADED})\n").with_changes(
-                leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once at the maximum "
-                                                             "length, picked by position.")])
+                f"{target} = {MASK_ROWS}(self.{buffer}.mask, {THREADED})\n").with_changes(
+                leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once by setup_caches, "
+                                                             "picked by position.")])
             plan.masks += 1
             plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
@@ -507,13 +508,11 @@ class _Apply(cst.CSTTransformer):
             key_dim, value_dim = self.plan.init[name]
             dims = f"seq_dim={key_dim}" + (f", value_seq_dim={value_dim}" if value_dim != key_dim else "")
             lines.append(cst.parse_statement(
-                f"self.kv_cache = {BUFFERS_CLASS}({MAX_BATCH_CONSTANT}, {MAX_SEQ_LEN_CONSTANT}, {dims})\n").with_changes(
-                leading_lines=[_comment("keys and values of every position, written in place.")]))
+                f"self.kv_cache = {BUFFERS_CLASS}({dims})\n").with_changes(
+                leading_lines=[_comment("keys and values of every position, written in place; sized by setup_caches.")]))
         if name in self.plan.mask_buffers:
-            lines.append(cst.parse_statement(
-                f'self.register_buffer("{self.plan.mask_buffers[name]}", {MASK_BUILDER}({MAX_SEQ_LEN_CONSTANT}), '
-                f'persistent=False)\n').with_changes(
-                leading_lines=[_comment("the causal mask for every position, built once.")]))
+            lines.append(cst.parse_statement(f"self.{self.plan.mask_buffers[name]} = {MASK_CLASS}()\n").with_changes(
+                leading_lines=[_comment("the causal mask for every position, built once by setup_caches.")]))
         if not lines or init is None or not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node  # a cache class without __init__ in this file: not handled yet (see FINDINGS)
         new_init = init.with_changes(body=init.body.with_changes(body=[*init.body.body, *lines]))

@@ -26,7 +26,10 @@ from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstr
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
-FITS = "graphmode_fits"  # the helper `prefill` refuses requests the static buffers cannot hold with
+FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, or refuses requests they cannot hold
+SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
+# The helpers whose buffers `setup_caches` allocates (static_kv_cache, carried_cache, cache_object insert them).
+_SIZED_BY_SETUP = ("StaticKVCache", "StaticKVBuffers", "GraphmodeCausalMask")
 STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
 
 
@@ -150,7 +153,8 @@ class SplitDecode(GraphCodemod):
         module = super().transform_module_impl(tree)
         if not any("entry points added" in e.summary for e in self.edits):
             return module
-        if defined_at_top(module, MAX_SEQ_LEN_CONSTANT) and not defined_at_top(module, FITS):
+        sized = any(defined_at_top(module, name) for name in (MAX_SEQ_LEN_CONSTANT, *_SIZED_BY_SETUP))
+        if sized and not defined_at_top(module, FITS):
             module, checked = _prefill_checks_sizes(module, self.options.entry_class)
             if checked:
                 module = insert_after_imports(module, helper_statements(FITS))
@@ -375,7 +379,8 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
 
 
 def _prefill_checks_sizes(module: cst.Module, entry_class: str | None) -> tuple[cst.Module, bool]:
-    """`graphmode_fits(tokens, input_pos)` first in the entry class's `prefill`, where it takes positions."""
+    """`graphmode_fits(self, tokens, input_pos)` first in the entry class's `prefill`, where it takes positions, and
+    the sizing call `setup_caches` before it, unless the class has one of its own."""
     body, checked = list(module.body), False
     for index, stmt in enumerate(body):
         if not (isinstance(stmt, cst.ClassDef) and stmt.name.value == entry_class):
@@ -384,14 +389,34 @@ def _prefill_checks_sizes(module: cst.Module, entry_class: str | None) -> tuple[
         names = [p.name.value for p in prefill.params.params] if prefill is not None else []
         if POSITION_TENSOR not in names or len(names) < 3:
             break
-        check = cst.parse_statement(f"{FITS}({names[1]}, {POSITION_TENSOR})\n")
+        check = cst.parse_statement(f"{FITS}(self, {names[1]}, {POSITION_TENSOR})\n")
         docstring, *rest = prefill.body.body
         prefill = prefill.with_changes(body=prefill.body.with_changes(body=[docstring, check, *rest]))
-        members = [prefill if isinstance(m, cst.FunctionDef) and m.name.value == "prefill" else m
-                   for m in stmt.body.body]
+        setup = [] if find_method(stmt, SETUP) is not None else [_setup_method().with_changes(
+            leading_lines=prefill.leading_lines)]
+        members = []
+        for member in stmt.body.body:
+            if isinstance(member, cst.FunctionDef) and member.name.value == "prefill":
+                members += [*setup, prefill]
+            else:
+                members.append(member)
         body[index] = stmt.with_changes(body=stmt.body.with_changes(body=members))
         checked = True
     return module.with_changes(body=body), checked
+
+
+def _setup_method() -> cst.FunctionDef:
+    """The entry's sizing call (gpt-fast's `setup_caches`): the static buffers are allocated here, not with the
+    model, so every use of the model that never takes the static path carries none of them."""
+    return cst.parse_statement(
+        "class Entries:\n"
+        f"    def {SETUP}(self, max_batch_size=1, max_seq_length=None):\n"
+        '        """Allocates the buffers of the static path (added by graphmode): `prefill` and `decode` serve up to\n'
+        "        `max_batch_size` sequences of `max_seq_length` positions, by default as many as the model's config\n"
+        "        names. Calling it again starts afresh; `forward` and `generate()` never read these buffers.\n"
+        '        """\n'
+        f"        {STATIC_PATH}.setup(self, max_batch_size, max_seq_length)\n"
+    ).body.body[0]
 
 
 def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement]) -> cst.FunctionDef:

@@ -7,7 +7,7 @@ Recognises, in a method that takes a position,
         v = torch.cat([past_key_value[1], v], dim=2)
 
 (with or without the guard) and turns it into `k, v = self.kv_cache.update(input_pos, k, v)`, where
-`self.kv_cache` is a `StaticKVCache` of `GRAPHMODE_MAX_SEQ_LEN` positions created in `__init__`.
+`self.kv_cache` is a `StaticKVCache` created in `__init__` and sized by the entry's `setup_caches`.
 Attention then runs over the whole buffer; the causal mask hides what is not written yet.
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ from graphmode.transforms.codemods._module import (
     insert_after_imports,
     replace_method,
 )
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from graphmode.transforms.cstutil import POSITION_TENSOR, appending_cat, code_of, find_method, nodes_of_type, \
     position_param
 from graphmode.transforms.vocabulary import TENSOR_POSITION_PARAMS
@@ -75,7 +74,7 @@ class StaticKVCacheCodemod(BufferCodemod):
     TITLE = "Preallocate the KV cache and write it in place"
     DESCRIPTION = (
         f"Replaces the cache grown with `torch.cat` by a `{CACHE_CLASS}` module holding "
-        f"`({MAX_BATCH_CONSTANT}, heads, {MAX_SEQ_LEN_CONSTANT}, head_dim)` buffers, written with `index_copy_` at "
+        "`(batch, heads, length, head_dim)` buffers (sized by the entry's `setup_caches`), written with `index_copy_` at "
         "the position tensor. Attention runs over the whole buffer and the causal mask hides unwritten slots, so "
         "every Decode step has the same shapes and addresses. The `past_key_value` arguments are no longer read; "
         "the returned cache is the buffer itself."
@@ -121,13 +120,12 @@ class StaticKVCacheCodemod(BufferCodemod):
         updated_node = replace_method(updated_node, method.name.value,
                                       method.with_changes(body=method.body.with_changes(body=new_body)))
         create = cst.parse_statement(
-            f"self.kv_cache = {CACHE_CLASS}({MAX_BATCH_CONSTANT}, {heads}, {MAX_SEQ_LEN_CONSTANT}, "
-            f"{head_dim}, seq_dim={seq_dim})\n"
+            f"self.kv_cache = {CACHE_CLASS}({heads}, {head_dim}, seq_dim={seq_dim})\n"
         )
-        updated_node = append_to_init(updated_node, [create], "keys and values for every position, preallocated.")
+        updated_node = append_to_init(updated_node, [create], "keys and values for every position, sized by setup_caches.")
         return updated_node
 
     def finish_module(self, module: cst.Module) -> cst.Module:
         if not defined_at_top(module, CACHE_CLASS):
             module = insert_after_imports(module, helper_statements(CACHE_CLASS))
-        return super().finish_module(module)
+        return module  # no size constants: `setup_caches` sizes the cache

@@ -20,8 +20,9 @@ Also recognises the legacy Hugging Face rotary cache that grows on demand (trans
         self._set_cos_sin_cache(seq_len=seq_len, device=x.device, dtype=x.dtype)
     return self.cos_cached[:seq_len].to(dtype=x.dtype), self.sin_cached[:seq_len].to(dtype=x.dtype)
 
-The call in `__init__` then builds at least `GRAPHMODE_MAX_SEQ_LEN` rows, the growth branch goes,
-and forward returns the whole tables, which callers index by position (`cos[position_ids]`).
+The call in `__init__` stays as it is (its tables cover the length the model names, which is as far as the
+entry's `setup_caches` serves), the growth branch goes, and forward returns the whole tables, which callers index
+by position (`cos[position_ids]`).
 """
 from __future__ import annotations
 
@@ -86,12 +87,12 @@ class StaticRotary(BufferCodemod):
         "The method then only selects rows by the position tensor, so the length read with `.item()` is no "
         "longer needed. Values are identical; positions past the maximum now raise an index error. "
         "A rotary cache that grows on demand (`if seq_len > self.max_seq_len_cached: self._set_cos_sin_cache(...)`) "
-        f"is built in `__init__` for at least `{MAX_SEQ_LEN_CONSTANT}` positions, the growth branch (which "
-        "re-registered the buffers and changed an int attribute, a recompile) goes, and forward returns the whole "
+        "keeps the tables `__init__` builds for the model's own length (as far as `setup_caches` serves), the "
+        "growth branch (which re-registered the buffers and changed an int attribute, a recompile) goes, and "
+        "forward returns the whole "
         "tables instead of the `[:seq_len]` slice, whose shape changed every step. Callers must select rows by "
         "position, as transformers' `apply_rotary_pos_emb` does with `cos[position_ids]`: rows 0..seq_len-1 are the "
-        "same rows as before. A subclass whose table depends on the length (dynamic NTK scaling) builds a different "
-        f"table when `{MAX_SEQ_LEN_CONSTANT}` exceeds the length `__init__` passed."
+        "same rows as before."
     )
     SKILL = "static-buffers"
     FIXES = frozenset({"GM101", "GM201", "GM401"})
@@ -103,6 +104,10 @@ class StaticRotary(BufferCodemod):
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
         self._module_names: set[str] = set()
+        self._sized_by_constant = False  # a table built in __init__ for GRAPHMODE_MAX_SEQ_LEN positions
+
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        return super().finish_module(module) if self._sized_by_constant else module
 
     def visit_Module(self, node: cst.Module) -> None:
         for stmt in node.body:
@@ -175,6 +180,7 @@ class StaticRotary(BufferCodemod):
         self.record_edit(method, f"table moved to __init__ as buffers {', '.join(names)}")
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
         updated = replace_method(updated, method.name.value, new_method)
+        self._sized_by_constant = True
         return append_to_init(updated, init_statements, f"`{method.name.value}` tables, built once at the maximum length.")
 
 
@@ -203,21 +209,8 @@ class StaticRotary(BufferCodemod):
                                        "call that passes the length")
             return None
 
-        # __init__: at least the maximum length (the updated tree holds equal, not identical, nodes).
-        init = find_method(updated, "__init__")
-        statement = init.body.body[calls[0]]
-        length_arg = _length_arg(statement, builder)
-        call = statement.body[0].value
-        grown_arg = length_arg.with_changes(value=cst.Call(cst.Name("max"), [
-            cst.Arg(length_arg.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-            cst.Arg(cst.Name(MAX_SEQ_LEN_CONSTANT)),
-        ]))
-        new_statement = statement.with_changes(body=[statement.body[0].with_changes(value=call.with_changes(
-            args=[grown_arg if a is length_arg else a for a in call.args]))])
-        new_init = init.with_changes(body=init.body.with_changes(
-            body=[new_statement if s is statement else s for s in init.body.body]))
-        updated = replace_method(updated, "__init__", new_init)
-
+        # __init__ is left as it is: the tables it builds cover the length it passes (the model's own limit), and
+        # `setup_caches` serves no more positions than the config names.
         # forward: no growth, the whole tables.
         returned = rest[1].visit(_WholeTables(slices))
         comments = [line for line in rest[1].leading_lines if line.comment is not None]
@@ -229,7 +222,6 @@ class StaticRotary(BufferCodemod):
         new_method = method.with_changes(body=method.body.with_changes(body=[*docstring, returned]))
         updated = replace_method(updated, method.name.value, new_method)
         attribute = _compared_attribute(branch.test)
-        self.record_edit(original_init[calls[0]], f"`{builder.name.value}` builds at least `{MAX_SEQ_LEN_CONSTANT}` rows")
         self.record_edit(branch, f"growth of `self.{attribute}` removed; the cache covers every position")
         self.record_edit(rest[1], f"returns the whole tables {', '.join(sorted(set(slices.values())))} instead of "
                                   f"`[:{length}]`; callers index them by position")

@@ -5,35 +5,44 @@ comments inside it, exactly as written here (`graphmode.transforms.codemods._hel
 above a definition are not copied: they are for graphmode's maintainers. A change here changes every adapted
 file, so the fixtures under tests/fixtures/codemods change with it.
 
-The copies run in the user's module, which imports torch and defines the size constants
-(`_module.ensure_size_constants`); both exist here too, so this file imports, lints and runs as it is
-(tests/test_helper_code.py runs each helper on small tensors). It imports torch, which no graphmode.transforms
-module may do at import time (`graphmode scan` runs without torch): so it sits in a folder whose name is no
-Python identifier, which neither an import nor the package walk can reach, and ships as package data.
+The copies run in the user's module, which imports torch, as this file does, so it imports, lints and runs as it
+is (tests/test_helper_code.py runs each helper on small tensors). Where that module defines the size constants
+(`_module.ensure_size_constants`: buffers built once at construction), `GraphmodeStaticPath.setup` reads them.
+
+Importing torch is what no graphmode.transforms module may do at import time (`graphmode scan` runs without
+torch): so this file sits in a folder whose name is no Python identifier, which neither an import nor the package
+walk can reach, and ships as package data.
 """
 import torch
-
-# Stand in for the constants `_module.ensure_size_constants` defines in the adapted file from the options.
-GRAPHMODE_MAX_SEQ_LEN = 32
-GRAPHMODE_MAX_BATCH_SIZE = 1
 
 
 # Inserted by static_kv_cache and cache_object: the cache of a model whose head count and head size
 # `__init__` names.
 class StaticKVCache(torch.nn.Module):
-    """Keys and values for every position up to the maximum, written in place (added by graphmode).
+    """Keys and values for every position the static path serves, written in place (added by graphmode).
 
-    Every Decode step sees the same shapes and the same memory, which capture/replay backends need.
-    Slots not written yet hold zeros; the causal mask keeps attention away from them.
+    `graphmode_resize` allocates the buffers (the model's `setup_caches` calls it); until then they hold nothing, so
+    a model only ever called through `forward` carries no cache memory. Every Decode step sees the same shapes and
+    the same memory, which capture/replay backends need. Slots not written yet hold zeros; the causal mask keeps
+    attention away from them.
     """
 
-    def __init__(self, max_batch_size, n_heads, max_seq_len, head_dim, seq_dim=2):
+    def __init__(self, n_heads, head_dim, seq_dim=2):
         super().__init__()
-        shape = [max_batch_size, n_heads, head_dim]
-        shape.insert(seq_dim, max_seq_len)
-        self.seq_dim = seq_dim
-        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+        self.n_heads, self.head_dim, self.seq_dim = n_heads, head_dim, seq_dim
+        self.max_batch_size = self.max_seq_len = 0
+        self.register_buffer("k_cache", torch.zeros(self._shape()), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(self._shape()), persistent=False)
+
+    def _shape(self):
+        shape = [self.max_batch_size, self.n_heads, self.head_dim]
+        shape.insert(self.seq_dim, self.max_seq_len)
+        return shape
+
+    def graphmode_resize(self, max_batch_size, max_seq_len):
+        """Fresh zeros for `max_batch_size` sequences of `max_seq_len` positions, in the buffers' dtype and device."""
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.k_cache, self.v_cache = self.k_cache.new_zeros(self._shape()), self.v_cache.new_zeros(self._shape())
 
     def update(self, input_pos, k, v):
         # The buffers themselves, not views of them: a compiled graph hands an output that is an
@@ -47,20 +56,26 @@ class StaticKVCache(torch.nn.Module):
 
 # Inserted by carried_cache: the cache of a tuple-cache model in any layout, shaped by its first write.
 class StaticKVBuffers(torch.nn.Module):
-    """Keys and values for every position up to the maximum, written in place (added by graphmode).
+    """Keys and values for every position the static path serves, written in place (added by graphmode).
 
-    The buffers take the layout of the first keys and values written (Prefill, which runs eagerly), with
-    `max_seq_len` slots along `seq_dim` (`value_seq_dim` for the values, where they differ), so every compiled
-    Decode step sees the same shapes and memory. Slots not written yet hold zeros; the causal mask keeps
+    `graphmode_resize` (called by the model's `setup_caches`) sets the sizes. The buffers take the layout of the first
+    keys and values written after it (Prefill, which runs eagerly), with `max_seq_len` slots along `seq_dim`
+    (`value_seq_dim` for the values, where they differ), so every compiled Decode step sees the same shapes and
+    memory. Slots not written yet hold zeros; the causal mask keeps
     attention away from them.
     """
 
-    def __init__(self, max_batch_size, max_seq_len, seq_dim, value_seq_dim=None):
+    def __init__(self, seq_dim, value_seq_dim=None):
         super().__init__()
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.max_batch_size = self.max_seq_len = 0
         self.seq_dim, self.value_seq_dim = seq_dim, seq_dim if value_seq_dim is None else value_seq_dim
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
+
+    def graphmode_resize(self, max_batch_size, max_seq_len):
+        """Room for `max_batch_size` sequences of `max_seq_len` positions, allocated at the next write."""
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.k_cache = self.v_cache = None
 
     def update(self, input_pos, k, v):
         if self.k_cache is None:
@@ -101,6 +116,23 @@ def graphmode_causal_mask(max_seq_len, sliding_window=None):
     zeros = torch.zeros(max_seq_len, max_seq_len, dtype=torch.float32)
     return zeros.masked_fill(~visible, torch.finfo(torch.float32).min)
 
+# Inserted by cache_object and carried_cache where the model's mask helper call is replaced by rows of a mask
+# built once: the module `setup_caches` sizes along with the caches.
+class GraphmodeCausalMask(torch.nn.Module):
+    """The causal mask of the static path, `mask[p]` the row of position p (added by graphmode).
+
+    `graphmode_resize` (called by the model's `setup_caches`) builds it for the positions the static path serves,
+    with `graphmode_causal_mask`; until then it is empty.
+    """
+
+    def __init__(self, sliding_window=None):
+        super().__init__()
+        self.sliding_window = sliding_window
+        self.register_buffer("mask", torch.zeros(0, 0, dtype=torch.float32), persistent=False)
+
+    def graphmode_resize(self, max_batch_size, max_seq_len):
+        self.mask = graphmode_causal_mask(max_seq_len, self.sliding_window).to(self.mask.device)
+
 # Inserted by cache_object where the caller is handed back a tuple cache.
 def graphmode_written(k, v, input_pos, seq_dim=2):
     """The slots of static cache buffers written so far (added by graphmode).
@@ -126,35 +158,78 @@ def graphmode_mask_rows(causal_mask, position_ids):
     return rows
 
 # Inserted by carried_cache where a method makes a tensor for the `past + new` keys (`_new_positions`).
-def graphmode_key_slots(position_ids):
-    """How many key slots attention reads (added by graphmode): every slot of the static cache in a compiled
+def graphmode_key_slots(module, position_ids):
+    """How many key slots attention reads (added by graphmode): every slot `setup_caches` allocated in a compiled
     graph, the ones written so far in an eager call."""
     if torch.compiler.is_compiling():
-        return GRAPHMODE_MAX_SEQ_LEN
+        return module.graphmode_static_state["max_seq_len"]
     return int(position_ids.reshape(-1)[-1]) + 1
 
-# Inserted by split_decode around the body of `prefill` and `decode`: the only way onto the static path.
+# Inserted by split_decode around the body of `prefill` and `decode`: the only way onto the static path, and where
+# it is sized.
 class GraphmodeStaticPath:
     """Puts the calls made inside `with GraphmodeStaticPath(model):` on graphmode's static path (added by graphmode).
 
     The `prefill` and `decode` entries are the only callers. Every other call (`forward`, `generate()`, training,
-    tracing, a cache object of the caller's own) runs the model's code exactly as it was written. The switch is one
-    list shared by every submodule, so the methods of one model, in any of its files, agree on it.
+    tracing, a cache object of the caller's own) runs the model's code exactly as it was written. The state (on or
+    off, and the sizes `setup` allocated) is one dict shared by every submodule, so the methods of one model, in any
+    of its files, agree on it.
     """
 
+    # Where a model's config names how many positions it serves, in the spellings model families use.
+    LIMITS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length", "n_ctx")
+
     def __init__(self, model):
-        switch = getattr(model, "graphmode_static_switch", None)
-        if switch is None:
-            switch = [False]
-            for module in model.modules():
-                module.graphmode_static_switch = switch
-        self.switch = switch
+        self.state = GraphmodeStaticPath.state_of(model)
 
     def __enter__(self):
-        self.switch[0] = True
+        self.state["on"] = True
 
     def __exit__(self, *exc_info):
-        self.switch[0] = False
+        self.state["on"] = False
+
+    @staticmethod
+    def state_of(model):
+        state = getattr(model, "graphmode_static_state", None)
+        if state is None:
+            state = {"on": False, "max_batch_size": 0, "max_seq_len": 0}
+            for module in model.modules():
+                module.graphmode_static_state = state
+        return state
+
+    @staticmethod
+    def setup(model, max_batch_size=1, max_seq_len=None):
+        """Allocates every static buffer for `max_batch_size` sequences of `max_seq_len` positions, by default the
+        model's own limit; held conversations are lost. Refuses sizes past what the model can serve."""
+        limits = []
+        for owner_name in ("config", "params", "args"):
+            owner = getattr(model, owner_name, None)
+            name = next((n for n in GraphmodeStaticPath.LIMITS if isinstance(getattr(owner, n, None), int)), None)
+            if name is not None:
+                limits.append((getattr(owner, name), f"{owner_name}.{name}"))
+                break
+        # Buffers this file builds once at construction (rotary tables, masks of its own) hold this many positions.
+        built = globals().get("GRAPHMODE_MAX_SEQ_LEN"), globals().get("GRAPHMODE_MAX_BATCH_SIZE")
+        if built[0] is not None:
+            limits.append((built[0], "GRAPHMODE_MAX_SEQ_LEN in the model's file"))
+        if max_seq_len is None:
+            if not limits:
+                raise ValueError("setup_caches: the model's config names no length limit; pass max_seq_length")
+            max_seq_len = min(limit for limit, _ in limits)
+        refused = [f"at most {limit} positions ({name})" for limit, name in limits if max_seq_len > limit]
+        if built[1] is not None and max_batch_size > built[1]:
+            refused.append(f"at most {built[1]} sequences (GRAPHMODE_MAX_BATCH_SIZE in the model's file)")
+        if max_batch_size < 1 or max_seq_len < 1:
+            refused.append("at least one sequence of one position")
+        if refused:
+            raise ValueError(f"setup_caches(max_batch_size={max_batch_size}, max_seq_length={max_seq_len}): the "
+                             f"static path serves {'; '.join(refused)}")
+        state = GraphmodeStaticPath.state_of(model)
+        for module in model.modules():
+            resize = getattr(module, "graphmode_resize", None)
+            if callable(resize):
+                resize(max_batch_size, max_seq_len)
+        state.update(max_batch_size=max_batch_size, max_seq_len=max_seq_len)
 
     @staticmethod
     def hold(model):
@@ -169,23 +244,39 @@ class GraphmodeStaticPath:
         for name, saved in held.items():
             buffers[name].copy_(saved)
 
+    @staticmethod
+    def reorder(model, rows):
+        """Reorders the sequences of the static caches in place, as beam search reorders its cache: sequence i
+        becomes sequence `rows[i]` (a tensor of indices)."""
+        for module in model.modules():
+            if callable(getattr(module, "graphmode_resize", None)):
+                for buffer in (getattr(module, "k_cache", None), getattr(module, "v_cache", None)):
+                    if buffer is not None and buffer.shape[0] >= rows.shape[0]:
+                        buffer[: rows.shape[0]] = buffer.index_select(0, rows)
+
+
 # Inserted where a method has a static twin (transforms/static_path.py): the test at the top of the original.
 def graphmode_static_path(module):
     """Whether this call came through the `prefill`/`decode` entries (added by graphmode); if not, the module runs
     its own code as written."""
-    switch = getattr(module, "graphmode_static_switch", None)
-    return switch is not None and switch[0]
+    state = getattr(module, "graphmode_static_state", None)
+    return state is not None and state["on"]
 
-# Inserted by split_decode at the top of `prefill` where the file sizes static buffers: the one place a request
-# too large for them can be refused before anything is written (Prefill runs eagerly; Decode is compiled).
-def graphmode_fits(tokens, input_pos):
-    """Refuses a Prefill the static buffers cannot hold, with their sizes (added by graphmode)."""
+
+# Inserted by split_decode at the top of `prefill`: the one place a request too large for the static buffers can be
+# refused before anything is written (Prefill runs eagerly; Decode is compiled).
+def graphmode_fits(model, tokens, input_pos):
+    """Sizes the static path at its first Prefill when `setup_caches` was not called (the model's own limit, this
+    batch), and refuses a Prefill the buffers cannot hold, with their sizes (added by graphmode)."""
     if not torch.compiler.is_compiling():  # Prefill runs eagerly; the reads below would wait for the device
+        state = GraphmodeStaticPath.state_of(model)
         batch, last = tokens.shape[0], int(input_pos.max()) + 1
-        if batch > GRAPHMODE_MAX_BATCH_SIZE or last > GRAPHMODE_MAX_SEQ_LEN:
+        if not state["max_seq_len"]:
+            GraphmodeStaticPath.setup(model, max_batch_size=batch)
+        if batch > state["max_batch_size"] or last > state["max_seq_len"]:
             raise ValueError(
-                f"the static path holds {GRAPHMODE_MAX_BATCH_SIZE} sequence(s) of {GRAPHMODE_MAX_SEQ_LEN} positions "
-                f"(GRAPHMODE_MAX_BATCH_SIZE and GRAPHMODE_MAX_SEQ_LEN in this file), and this Prefill needs {batch} "
-                f"of {last}; adapt again with a larger MAX_SEQ_LEN in the harness (or --batch-buckets), or call "
+                f"the static path is set up for {state['max_batch_size']} sequence(s) of {state['max_seq_len']} "
+                f"positions, and this Prefill needs {batch} of {last}; call "
+                f"`setup_caches(max_batch_size={batch}, max_seq_length={last})` (or larger) first, or call "
                 "`forward`, which has no such limit"
             )
