@@ -51,6 +51,31 @@ def _batch_prompt(prompt: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).to(prompt.device)
 
 
+def _padded(prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_batch_prompt` with rows 1 and 2 left-padded (2 and 4 slots of id 0) and its 2-D mask."""
+    ids = _batch_prompt(prompt)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[2, :4] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _padded_loop(model: Any, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> dict:
+    """Greedy steps through `forward` by keyword, the caller's cache carried and the mask grown, as generate() does."""
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    logits = logits_of(out)[:, -1]
+    seen, tokens = [logits], []
+    for _ in range(steps):
+        token = logits.argmax(-1, keepdim=True)
+        tokens.append(token.squeeze(-1).tolist())
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        past = out.past_key_values if hasattr(out, "past_key_values") else out[1]
+        out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
+        logits = logits_of(out)[:, -1]
+        seen.append(logits)
+    return {"tokens": tokens, "logits": seen}
+
+
 def _compare(name: str, path: str, run: Callable[[Any, Any], Any], original: Any, adapted: Any,
              atol: float) -> Row:
     """Runs the row on both (`run` gives {"tokens": [...], "logits": [tensors]}, either or both): tokens must be
@@ -129,17 +154,14 @@ class Battery:
     def rows(self) -> list[Row]:
         with torch.inference_mode():
             rows = [self.padded_batch(), self.own_loop_batch(), self.two_conversations(), self.generate_strategies(),
-                    self.near_sized_length(), self.two_static_conversations(), self.past_sized_length()]
+                    self.near_sized_length(), self.two_static_conversations(), self.past_sized_length(),
+                    self.padded_static_batch()]
         return rows
 
     # -- the model's own path: eager against eager ------------------------------------------------
     def padded_batch(self) -> Row:
         """Three prompts, two of them left-padded, with the 2-D mask, through `forward` by keyword."""
-        ids = _batch_prompt(self.prompt)
-        mask = torch.ones_like(ids)
-        mask[1, :2] = 0
-        mask[2, :4] = 0
-        ids = ids.masked_fill(mask == 0, 0)
+        ids, mask = _padded(self.prompt)
 
         def run(model, side):
             parameters = inspect.signature(model.forward).parameters
@@ -243,6 +265,40 @@ class Battery:
                                         "logits": [t for e in expected for t in e["logits"]]},
                        {"tokens": [g["tokens"] for g in got], "logits": [t for g in got for t in g["logits"]]},
                        self.atol)
+
+    def padded_static_batch(self) -> Row:
+        """The left-padded batch of `padded_batch` on the static path: `prefill`/`decode` with its padding mask at the
+        full length (Decode compiled), against the original's own loop with the mask growing, as generate() runs."""
+        name = f"batch {BATCH}, left padding, 2-D mask, {OWN_STEPS} steps"
+        ids, mask = _padded(self.prompt)
+        if "attention_mask" not in inspect.signature(self.adapted.prefill).parameters:
+            return Row(name, "static", NOT_APPLICABLE, "not offered: the entries take no padding mask (their rows "
+                                                       "share one set of positions); padded batches go through "
+                                                       "`forward`, as the row above")
+        try:
+            expected = _padded_loop(self.original, ids, mask, OWN_STEPS)
+        except Exception as error:
+            return Row(name, "static", NOT_APPLICABLE, f"the original raises {type(error).__name__}: {_line(error)}")
+        model, device = self.adapted, ids.device
+        padding = torch.ones(BATCH, self.max_seq_len, dtype=mask.dtype, device=device)
+        padding[:, : mask.shape[1]] = mask
+        try:
+            model.setup_caches(max_batch_size=BATCH, max_seq_length=self.max_seq_len)
+            decode = self.backend.compile(model.decode, True)
+            logits = next_token_logits(model.prefill(ids, torch.arange(ids.shape[1], device=device),
+                                                     attention_mask=padding))
+            got = {"tokens": [], "logits": [logits]}
+            for step in range(OWN_STEPS):
+                token = logits.argmax(-1, keepdim=True)
+                got["tokens"].append(token.squeeze(-1).tolist())
+                position = torch.tensor([ids.shape[1] + step], device=device)
+                logits = next_token_logits(decode(token.clone(), position, attention_mask=padding)).clone()
+                got["logits"].append(logits)
+        except Exception as error:
+            return Row(name, "static", FAILED, f"the adapted entries raise {type(error).__name__}: {_line(error)}")
+        finally:
+            size_static_path(model, self.adapted_harness, self.prompt.shape[0])  # as the other rows found it
+        return _judged(name, "static", expected, got, self.atol)
 
     def _interleaved_static(self, prompts: list[torch.Tensor], switch) -> list[dict]:
         model, device, decode = self.adapted, self.prompt.device, self.compiled_decode

@@ -49,7 +49,9 @@ def batteries(tmp_path_factory):
     backend, _ = resolve("aot_eager")
     original = _built(HF_EXAMPLE)
     made = {}
-    for name, source in (("adapted", adaptation.adapted), ("in_place", adaptation.static_view)):
+    # In place, with the slots read off the positions of row 0, as earlier releases wrote them (no entry sets them).
+    in_place = adaptation.static_view.replace("graphmode_slots(self)", "position_ids[0]")
+    for name, source in (("adapted", adaptation.adapted), ("in_place", in_place)):
         made[name] = Battery(*original, *_built(_folder(tmp, name, source)), backend)
     yield made
     for name in ("harness", "model", "cache", "masks"):
@@ -140,3 +142,25 @@ def test_two_conversations_on_the_static_path_held_and_restored(batteries):
         kept = battery._interleaved_static(prompts, inspect.getmodule(type(battery.adapted)).GraphmodeStaticPath)
         lost = battery._interleaved_static(prompts, Forgetful)
     assert kept[0]["tokens"] != lost[0]["tokens"]
+
+
+def test_a_left_padded_batch_on_the_static_path(batteries, tmp_path):
+    row = _row(batteries["adapted"], "padded_static_batch")
+    assert row.status == HELD and row.path == "static", row
+    battery = batteries["adapted"]
+    source = (Path(battery.adapted_harness.__file__).parent / "model.py").read_text()
+    # Mask rows that drop the padding mask: the padded rows read their padding, and the row catches it.
+    applied = "    if attention_mask is None or attention_mask.dim() != 2:\n        return rows\n"
+    assert source.count(applied) == 1
+    blind = Battery(battery.original_harness, battery.original,
+                    *_built(_folder(tmp_path, "blind", source.replace(applied, "    return rows\n"))), battery.backend)
+    caught = _row(blind, "padded_static_batch")
+    assert caught.status == FAILED and "differ" in caught.detail, caught
+    # Entries that take no padding mask do not offer the row: it says so instead of failing.
+    entries = "def prefill(self, input_ids, input_pos, attention_mask=None):"
+    assert source.count(entries) == 1
+    plain = Battery(battery.original_harness, battery.original,
+                    *_built(_folder(tmp_path, "plain", source.replace(entries, "def prefill(self, input_ids, input_pos):"))),
+                    battery.backend)
+    offered = _row(plain, "padded_static_batch")
+    assert offered.status == NOT_APPLICABLE and "not offered" in offered.detail

@@ -160,6 +160,87 @@ def test_the_entries_take_the_static_path_and_leave_every_other_call_as_it_was(h
     assert adapted.model.layers[0].self_attn.kv_cache.k_cache[0, :, 13:].abs().sum() == 0
 
 
+def _static_bytes(model: torch.nn.Module) -> int:
+    return sum(b.numel() for m in model.modules() if hasattr(m, "graphmode_resize") for b in m.buffers())
+
+
+def _original_greedy(model, prompt, steps):
+    """The original's own loop: positions counted from its cache; the logits of every step."""
+    out = model(input_ids=prompt, use_cache=True)
+    logits = [out.logits[:, -1]]
+    for _ in range(steps):
+        token = logits[-1].argmax(-1, keepdim=True)
+        out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+        logits.append(out.logits[:, -1])
+    return logits
+
+
+def test_the_static_buffers_are_allocated_by_setup_caches_from_the_config_or_the_caller(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    assert _static_bytes(adapted) == 0  # a model used only through `forward` carries no static memory
+    attention = adapted.model.layers[0].self_attn
+    adapted.setup_caches()  # one sequence of what the config names (max_position_embeddings=64)
+    assert attention.kv_cache.k_cache.shape == (1, 2, 64, 16) and adapted.model.causal_mask.mask.shape == (64, 64)
+    with pytest.raises(ValueError, match=r"at most 64 positions \(config.max_position_embeddings\)"):
+        adapted.setup_caches(max_seq_length=65)
+    adapted.setup_caches(max_batch_size=2, max_seq_length=20)  # the caller's sizes, not the harness's
+    assert attention.kv_cache.k_cache.shape == (2, 2, 20, 16) and adapted.model.causal_mask.mask.shape == (20, 20)
+    prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = _original_greedy(original, prompt, 13)
+        got = [adapted.prefill(prompt, torch.arange(6))[:, -1]]
+        for step in range(13):  # up to the last of the 20 slots
+            got.append(adapted.decode(got[-1].argmax(-1, keepdim=True), torch.tensor([6 + step]))[:, -1])
+        with pytest.raises(ValueError, match=r"set up for 2 sequence\(s\) of 20 positions.*setup_caches\("):
+            adapted.prefill(torch.zeros(3, 6, dtype=torch.long), torch.arange(6))
+        with pytest.raises(ValueError, match=r"needs 2 of 21.*setup_caches\(max_batch_size=2, max_seq_length=21\)"):
+            adapted.prefill(torch.zeros(2, 21, dtype=torch.long), torch.arange(21))
+    assert [g.argmax(-1).tolist() for g in got] == [e.argmax(-1).tolist() for e in expected]
+    assert max((g - e).abs().max().item() for g, e in zip(got, expected)) < 1e-4
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_left_padded_batch_on_the_static_path_gives_the_originals_tokens(hf_pair, implementation):
+    """The rows share the slots, each has its own positions, and the padding mask hides the padded slots: the
+    entries with Decode compiled give what the original's own loop gives for the same padded batch."""
+    original, adapted = _hf_models(hf_pair, attn_implementation=implementation)
+    ids, mask = _left_padded_batch()
+    steps, length = 6, 16
+    with torch.no_grad():
+        expected, attention = [], mask
+        out = original(input_ids=ids, attention_mask=attention, use_cache=True)
+        expected.append(out.logits[:, -1])
+        for _ in range(steps):
+            token = expected[-1].argmax(-1, keepdim=True)
+            attention = torch.cat([attention, torch.ones_like(token)], dim=1)
+            out = original(input_ids=token, attention_mask=attention, past_key_values=out.past_key_values,
+                           use_cache=True)
+            expected.append(out.logits[:, -1])
+
+        adapted.setup_caches(max_batch_size=3, max_seq_length=length)
+        padding = torch.ones(3, length, dtype=torch.long)  # at the full length: one shape for every step
+        padding[:, : mask.shape[1]] = mask
+        decode = torch.compile(adapted.decode, backend="eager", fullgraph=True, dynamic=False)
+        got = [adapted.prefill(ids, torch.arange(7), attention_mask=padding)[:, -1]]
+        for step in range(steps):
+            token = got[-1].argmax(-1, keepdim=True)
+            got.append(decode(token, torch.tensor([7 + step]), attention_mask=padding)[:, -1])
+        unmasked = adapted.prefill(ids, torch.arange(7))[:, -1]  # the same rows read as if nothing were padded
+    assert not torch.allclose(unmasked[1:], expected[0][1:], atol=1e-3)  # so the mask is what keeps them equal
+    assert [g.argmax(-1).tolist() for g in got] == [e.argmax(-1).tolist() for e in expected]
+    assert max((g - e).abs().max().item() for g, e in zip(got, expected)) < 1e-4
+
+
+def test_a_first_prefill_without_setup_caches_sizes_the_static_path_itself(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    prompt = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = adapted.prefill(prompt, torch.arange(5))[:, -1]
+        expected = original(input_ids=prompt, use_cache=False).logits[:, -1]
+    assert adapted.model.layers[1].self_attn.kv_cache.k_cache.shape == (3, 2, 64, 16)  # this batch, the config's 64
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
 def test_the_file_keeps_every_original_function_and_asks_the_switch_first(hf_pair):
     _, _, adaptation = hf_pair
     text = adaptation.adapted

@@ -226,7 +226,8 @@ def test_setup_sizes_every_buffer_to_the_configs_limit_by_default():
     assert torch.equal(model.causal_mask.mask, helpers.graphmode_causal_mask(12, sliding_window=3))
     helpers.GraphmodeStaticPath.setup(model, max_batch_size=3, max_seq_len=5)
     assert model.kv_cache.k_cache.shape == (3, 2, 5, 4) and model.causal_mask.mask.shape == (5, 5)
-    assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "max_batch_size": 3, "max_seq_len": 5}
+    assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "slots": None, "max_batch_size": 3,
+                                                           "max_seq_len": 5}
 
 
 def test_setup_keeps_the_buffers_dtype_and_starts_afresh():

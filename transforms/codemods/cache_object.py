@@ -30,11 +30,14 @@ The three change together or not at all, since a static cache without a mask ove
 let attention read slots not written yet:
 
 - the write (object or tuple) becomes
-  `key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)`,
+  `key_states, value_states = self.kv_cache.update(cache_position, key_states, value_states)`, at the slots
+  of the entries' call (`graphmode_slots(self)` where the model names only `position_ids`, which are each row's
+  own positions: left-padded rows share the slots and have positions of their own),
   a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
 - the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
-- the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by
-  `position_ids`.
+- the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by the
+  slots, with the slots the caller's 2-D padding mask (the helper's own argument) holds 0 hidden too
+  (`graphmode_padded_rows`).
 
 Neither is allocated with the model: the entry's `setup_caches(max_batch_size, max_seq_length)` sizes both (the
 config's own limit by default), so a model only used through `forward` carries no static memory.
@@ -68,12 +71,13 @@ from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_W
 MASK_BUILDER = "graphmode_causal_mask"
 MASK_CLASS = "GraphmodeCausalMask"  # the module holding the mask, sized by `setup_caches` with MASK_BUILDER
 WRITTEN_SLOTS = "graphmode_written"
+SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
+PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the caller's 2-D padding mask applied
 MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS  # helpers called as `mask = helper(...)`
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
-_SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
+_SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
-_MASK_ROWS = {"cache_position": "[cache_position][None, None]", "position_ids": "[position_ids][:, None]"}
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -247,6 +251,7 @@ class _Plan:
     incomplete: bool = False  # a cache or mask was recognised but could not be rewritten
     written: bool = False  # a tuple handed back to the caller holds the written slots (WRITTEN_SLOTS)
     helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
+    reads_slots: bool = False  # the slots come from the entries' call (SLOTS): the model names only position_ids
 
 
 class CacheObject(GraphCodemod):
@@ -264,7 +269,8 @@ class CacheObject(GraphCodemod):
         "entries pass positions and no cache; a caller that passes `past_key_values` still gets back a cache of the "
         "true length (its length gives the positions when `position_ids` is left out): a cache object is still "
         "updated in such eager calls (a second copy of the keys and values), a tuple holds the written slots of the "
-        "buffers. The rows of a batch share positions (no left padding), and a 2-D padding mask is not applied."
+        "buffers. On the static path the rows of a batch share the slots, each with positions of its own, and the "
+        "caller's 2-D padding mask hides its padded slots (left padding)."
     )
     SKILL = "static-kv-cache"
     FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
@@ -304,7 +310,7 @@ class CacheObject(GraphCodemod):
         touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
         module = transform_statements(tree, _Apply(plan), touched | {classes[name] for name in plan.init_lines})
         module = remove_imports_if_unused(module, plan.helpers, self.source)
-        for helper in (MASK_BUILDER, MASK_CLASS):
+        for helper in (MASK_BUILDER, MASK_CLASS, PADDED_ROWS, *([SLOTS] if plan.reads_slots else [])):
             if not defined_at_top(module, helper):
                 module = insert_after_imports(module, helper_statements(helper))
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
@@ -336,6 +342,7 @@ class CacheObject(GraphCodemod):
                                        "(use the eager or sdpa attention with the adapted model)")
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         owner = self._cache_owner(classes, cls)
         body = list(method.body.body)
         writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
@@ -413,7 +420,7 @@ class CacheObject(GraphCodemod):
         if not calls:
             return
         params = {p.name.value for p in method.params.params}
-        position = next((p for p in _MASK_ROWS if p in params), None)
+        position = next((p for p in _SLOT_SOURCES if p in params), None)
         init = find_method(cls, "__init__")
         buffer = "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask"
         windows: set[str] = set()
@@ -459,7 +466,10 @@ class CacheObject(GraphCodemod):
                 return
             batch, length = (code_of(e.value) for e in shape.elements)
             windows.add(code_of(window) if window is not None else "")
-            rows = f"{target} = self.{buffer}.mask{_MASK_ROWS[position]}.expand({batch}, 1, {length}, -1)\n"
+            padding = _padding_mask(call)
+            plan.reads_slots |= position == "position_ids"
+            rows = (f"{target} = {PADDED_ROWS}(self.{buffer}.mask, {_SLOT_SOURCES[position]}, {padding})"
+                    f".expand({batch}, 1, {length}, -1)\n")
             rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
                 "rows of the causal mask built once by setup_caches, picked by position.")])
         if len(windows) > 1:
@@ -487,7 +497,8 @@ class CacheObject(GraphCodemod):
 
     def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
         """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
-        that 2-D mask, and the rows that replace it do not, so it would be a dead kernel in every step."""
+        that 2-D mask, and the rows that replace it take None for "no padding", so the ones would be a kernel that
+        hides nothing, in every step."""
         found = []
         for stmt in method.body.body:
             if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock)
@@ -497,8 +508,17 @@ class CacheObject(GraphCodemod):
             assigned = single_assignment(stmt.body.body[0])
             if tested and tested[1] and tested[0] in targets and assigned and assigned[0] == tested[0]:
                 found.append(stmt)
-                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` is dropped: the mask rows do not read it")
+                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None for it")
         return found
+
+
+def _padding_mask(call: cst.Call) -> str:
+    """The 2-D padding mask the model handed its mask helper (`attention_mask=` or the first argument), which the
+    rows made in its place apply too; "None" when the call names none."""
+    keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "attention_mask"), None)
+    positional = next((a.value for a in call.args if a.keyword is None), None)
+    found = keyword if keyword is not None else positional
+    return code_of(found) if isinstance(found, (cst.Name, cst.Attribute)) else "None"
 
 
 class _Apply(cst.CSTTransformer):

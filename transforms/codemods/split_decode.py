@@ -28,6 +28,9 @@ from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 _ENTRY_NAMES = ("prefill", "decode")
 FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, or refuses requests they cannot hold
 SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
+ROW_POSITIONS = "graphmode_row_positions"  # each row's positions from a padding mask, as generate() counts them
+PADDED_ROWS = "graphmode_padded_rows"  # cache_object's mask rows that apply the caller's padding mask
+_PADDING = "attention_mask"  # the 2-D padding mask the keyword entries take where the mask rows apply it
 # The helpers whose buffers `setup_caches` allocates (static_kv_cache, carried_cache, cache_object insert them).
 _SIZED_BY_SETUP = ("StaticKVCache", "StaticKVBuffers", "GraphmodeCausalMask")
 STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
@@ -150,6 +153,8 @@ class SplitDecode(GraphCodemod):
         # rebuilds every returned view of a buffer it mutated, on every call.
         code = self.code_of_module(tree)
         self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
+        self._takes_padding = f"{PADDED_ROWS}(" in code  # cache_object's mask rows apply a 2-D padding mask
+        self._padded_entries = False  # the entries take that mask (and call ROW_POSITIONS)
         module = super().transform_module_impl(tree)
         if not any("entry points added" in e.summary for e in self.edits):
             return module
@@ -160,6 +165,8 @@ class SplitDecode(GraphCodemod):
                 module = insert_after_imports(module, helper_statements(FITS))
         if not defined_at_top(module, STATIC_PATH):
             module = insert_after_imports(module, helper_statements(STATIC_PATH))
+        if self._padded_entries and not defined_at_top(module, ROW_POSITIONS):
+            module = insert_after_imports(module, helper_statements(ROW_POSITIONS))
         return module
 
     def passes_over(self, qualname: str) -> bool:
@@ -240,12 +247,13 @@ class SplitDecode(GraphCodemod):
         if self._cache_in_buffers:
             decode_body = _return_logits_only(decode_body)
         signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
+        slots = POSITION_TENSOR if positions else None
         call = f"self.forward({', '.join([*required, *(f'{name}={value}' for name, value in positions.items())])})"
         if not fold.folded and cst.Module(body=decode_body).deep_equals(cst.Module(body=body)):
             # Nothing in `forward` is Prefill-only (graph-ready code): a copy would only be a second place to edit.
             return _add_after_forward(updated_node, _entry_methods(
                 signature, call, "`forward` has no branch only Prefill takes, so Decode calls it as it is.",
-                f"return {call}", self.options.prefill_resets))
+                f"return {call}", self.options.prefill_resets, slots))
 
         # Defaults Decode still reads (and does not assign first) are bound at the top.
         bindings = []
@@ -255,10 +263,10 @@ class SplitDecode(GraphCodemod):
 
         prefill, decode = _entry_methods(signature, call,
                                          "The body of `forward` with the branches only Prefill takes folded away.",
-                                         "pass", self.options.prefill_resets)
+                                         "pass", self.options.prefill_resets, slots)
         bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
                      if name != value and name in names_in(cst.Module(body=decode_body))]
-        decode = _on_static_path(decode, [*bindings, *decode_body])
+        decode = _on_static_path(decode, [*bindings, *decode_body], slots)
         return _add_after_forward(updated_node, [prefill, decode])
 
     def _unfit_inputs(self, params: list[cst.Param]) -> str | None:
@@ -316,13 +324,22 @@ class SplitDecode(GraphCodemod):
             return None
         passed.update({n: _rows_argument(roles[n], tokens) for n in names
                        if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})
+        signature, about = f"self, {tokens}, {POSITION_TENSOR}", ""
+        if self._takes_padding and _PADDING in names and "position_ids" in passed:
+            # Left padding: the rows share the slots (`input_pos`), each with positions of its own, and the mask
+            # rows hide the slots the caller's 2-D mask holds 0 for.
+            passed = {_PADDING: _PADDING, **passed, "position_ids": f"{ROW_POSITIONS}({POSITION_TENSOR}, {_PADDING})"}
+            signature += f", {_PADDING}=None"
+            self._padded_entries = True
+            about = (f"\n`{_PADDING}` (rows, slots), optional: 0 at a row's padded slots (left padding); in Decode, "
+                     "pass it at the\nfull length `setup_caches` set, so every step has the same shapes.")
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
-        return _entry_methods(f"self, {tokens}, {POSITION_TENSOR}", call,
+        return _entry_methods(signature, call,
                               "`forward` with Decode's keywords: the branches it takes on them are settled while "
-                              "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back.",
-                              f"return {call}", self.options.prefill_resets)
+                              "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back."
+                              + about, f"return {call}", self.options.prefill_resets, POSITION_TENSOR)
 
 
 # How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
@@ -354,10 +371,11 @@ _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
 
 
 def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_statement: str,
-                   resets: tuple[str, ...] = ()) -> list[cst.FunctionDef]:
+                   resets: tuple[str, ...] = (), slots: str | None = None) -> list[cst.FunctionDef]:
     """`prefill` (calls the `resets` methods, then returns prefill_call) and `decode` (its docstring says
     decode_about; its body is decode_statement), parsed inside a class so the docstrings get the method
-    indentation."""
+    indentation. Both enter the static path with the slots they write (`slots`, where they take positions)."""
+    switch = f"{STATIC_PATH}(self, {slots})" if slots else f"{STATIC_PATH}(self)"
     about = "".join(f"        {line}\n" for line in decode_about.splitlines())
     setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(
@@ -365,7 +383,7 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
         f"    def prefill({signature}):\n"
         f'        """Prefill entry (added by graphmode): the whole prompt, run eagerly."""\n'
         f"{setup}"
-        f"        with {STATIC_PATH}(self):\n"
+        f"        with {switch}:\n"
         f"            return {prefill_call}\n"
         f"\n"
         f"    def decode({signature}):\n"
@@ -373,7 +391,7 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
         f"\n"
         f"{about}"
         f'        """\n'
-        f"        with {STATIC_PATH}(self):\n"
+        f"        with {switch}:\n"
         f"            {decode_statement}\n"
     ).body.body)
 
@@ -419,10 +437,12 @@ def _setup_method() -> cst.FunctionDef:
     ).body.body[0]
 
 
-def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement]) -> cst.FunctionDef:
-    """The method with `statements` after its docstring, inside `with GraphmodeStaticPath(self):`."""
+def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement],
+                    slots: str | None = None) -> cst.FunctionDef:
+    """The method with `statements` after its docstring, inside `with GraphmodeStaticPath(self, slots):`."""
     docstring = method.body.body[0]
-    block = cst.With(items=[cst.WithItem(cst.parse_expression(f"{STATIC_PATH}(self)"))],
+    switch = f"{STATIC_PATH}(self, {slots})" if slots else f"{STATIC_PATH}(self)"
+    block = cst.With(items=[cst.WithItem(cst.parse_expression(switch))],
                      body=cst.IndentedBlock(body=statements))
     return method.with_changes(body=method.body.with_changes(body=[docstring, block]))
 

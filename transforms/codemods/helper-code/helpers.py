@@ -179,20 +179,21 @@ class GraphmodeStaticPath:
     # Where a model's config names how many positions it serves, in the spellings model families use.
     LIMITS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length", "n_ctx")
 
-    def __init__(self, model):
-        self.state = GraphmodeStaticPath.state_of(model)
+    def __init__(self, model, slots=None):
+        self.state, self.slots = GraphmodeStaticPath.state_of(model), slots
 
     def __enter__(self):
-        self.state["on"] = True
+        # The slots every row of this call writes (the entries' `input_pos`), apart from each row's own positions.
+        self.state.update(on=True, slots=self.slots)
 
     def __exit__(self, *exc_info):
-        self.state["on"] = False
+        self.state.update(on=False, slots=None)
 
     @staticmethod
     def state_of(model):
         state = getattr(model, "graphmode_static_state", None)
         if state is None:
-            state = {"on": False, "max_batch_size": 0, "max_seq_len": 0}
+            state = {"on": False, "slots": None, "max_batch_size": 0, "max_seq_len": 0}
             for module in model.modules():
                 module.graphmode_static_state = state
         return state
@@ -253,6 +254,35 @@ class GraphmodeStaticPath:
                 for buffer in (getattr(module, "k_cache", None), getattr(module, "v_cache", None)):
                     if buffer is not None and buffer.shape[0] >= rows.shape[0]:
                         buffer[: rows.shape[0]] = buffer.index_select(0, rows)
+
+
+# Inserted by cache_object where attention writes the static cache and its model takes no `cache_position`.
+def graphmode_slots(module):
+    """The cache slots this call of the entries writes, shared by every row (added by graphmode); each row's own
+    positions (left padding) go to the rotary tables as `position_ids`."""
+    return module.graphmode_static_state["slots"]
+
+
+# Inserted by split_decode where the entries take a padding mask (cache_object's mask rows read it).
+def graphmode_row_positions(slots, attention_mask=None):
+    """Each row's positions at these slots (added by graphmode): the slots themselves without a padding mask, else
+    the count of the row's unpadded slots before each one, as transformers' generate() counts them."""
+    if attention_mask is None:
+        return slots.unsqueeze(0)
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, slots]
+
+
+# Inserted by cache_object in place of the model's mask helper call, on the static path.
+def graphmode_padded_rows(causal_mask, slots, attention_mask=None):
+    """The causal-mask rows of these slots, (rows, 1, tokens, slots), with the slots a row's 2-D padding mask holds 0
+    for hidden too (added by graphmode). The padding mask may be shorter than the static cache (a mask that grows
+    every step, eagerly); the compiled Decode should be handed it at the full length, so its shape stays fixed."""
+    rows = causal_mask[slots][None, None]
+    if attention_mask is None or attention_mask.dim() != 2:
+        return rows
+    hidden = attention_mask[:, None, None, :] == 0
+    hidden = torch.nn.functional.pad(hidden, (0, rows.shape[-1] - hidden.shape[-1]))
+    return rows.masked_fill(hidden, torch.finfo(rows.dtype).min)
 
 
 # Inserted where a method has a static twin (transforms/static_path.py): the test at the top of the original.
