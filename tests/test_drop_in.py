@@ -231,6 +231,29 @@ def test_a_left_padded_batch_on_the_static_path_gives_the_originals_tokens(hf_pa
     assert max((g - e).abs().max().item() for g, e in zip(got, expected)) < 1e-4
 
 
+def test_the_static_rows_reorder_as_beam_search_reorders_the_originals_cache(hf_pair):
+    original, adapted = _hf_models(hf_pair)
+    prompt = torch.randint(1, 256, (3, 6), generator=torch.Generator().manual_seed(6))
+    order = torch.tensor([2, 2, 0])  # beams 0 and 1 continue beam 2, beam 2 continues beam 0
+    switch = hf_pair[1].GraphmodeStaticPath
+    with torch.no_grad():
+        out = original(input_ids=prompt, use_cache=True)
+        past = tuple((k[order], v[order]) for k, v in out.past_key_values)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)[order]
+        expected = original(input_ids=token, past_key_values=past, use_cache=True).logits[:, -1]
+
+        adapted.setup_caches(max_batch_size=3, max_seq_length=16)
+        first = adapted.prefill(prompt, torch.arange(6))[:, -1]
+        switch.reorder(adapted, order)
+        got = adapted.decode(first.argmax(-1, keepdim=True)[order], torch.tensor([6]))[:, -1]
+        switch.restore(adapted, switch.hold(adapted))  # held and given back in place: nothing changes
+        again = adapted.decode(first.argmax(-1, keepdim=True)[order], torch.tensor([6]))[:, -1]
+        adapted.prefill(prompt, torch.arange(6))
+        unordered = adapted.decode(first.argmax(-1, keepdim=True)[order], torch.tensor([6]))[:, -1]
+    assert torch.allclose(got, expected, atol=1e-5) and torch.equal(again, got)
+    assert not torch.allclose(unordered, expected, atol=1e-3)  # without the reorder, the rows read other prompts
+
+
 def test_a_first_prefill_without_setup_caches_sizes_the_static_path_itself(hf_pair):
     original, adapted = _hf_models(hf_pair)
     prompt = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(5))

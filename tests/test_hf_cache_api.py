@@ -25,12 +25,13 @@ ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "hf_cache_api"
 OPTIONS = Options(entry_class="ForCausalLM")
 
-WRITE = "key_states, value_states = self.kv_cache.update(position_ids[0], key_states, value_states)\n"
-MASK_ROWS = "attention_mask = self.causal_mask.mask[position_ids][:, None].expand(batch_size, 1, seq_length, -1)\n"
+WRITE = "key_states, value_states = self.kv_cache.update(graphmode_slots(self), key_states, value_states)\n"
+MASK_ROWS = ("attention_mask = graphmode_padded_rows(self.causal_mask.mask, graphmode_slots(self), attention_mask)"
+             ".expand(batch_size, 1, seq_length, -1)\n")
 MASK_BUFFER = "self.causal_mask = GraphmodeCausalMask(sliding_window=self.config.sliding_window)\n"
 CACHE = "self.kv_cache = StaticKVCache(self.num_key_value_heads, self.head_dim, seq_dim=2)\n"
-ENTRY = ("return self.forward(input_ids=input_ids, position_ids=input_pos.unsqueeze(0), use_cache=False, "
-         "return_dict=False)[0]\n")
+ENTRY = ("return self.forward(input_ids=input_ids, attention_mask=attention_mask, "
+         "position_ids=graphmode_row_positions(input_pos, attention_mask), use_cache=False, return_dict=False)[0]\n")
 
 
 def _source() -> str:
@@ -77,8 +78,8 @@ def test_the_cache_object_and_the_mask_helper_are_replaced(adapted_example):
     # A caller that carries the cache object still gets it grown (its own loop counts positions from it), but
     # attention no longer reads what the object returns.
     assert "= past_key_value.update(" not in adapted and adapted.count("    past_key_value.update(") == 2
-    assert "def prefill(self, input_ids, input_pos):" in adapted
-    assert "def decode(self, input_ids, input_pos):" in adapted
+    assert "def prefill(self, input_ids, input_pos, attention_mask=None):" in adapted
+    assert "def decode(self, input_ids, input_pos, attention_mask=None):" in adapted
     assert adapted.count(ENTRY) == 2
 
     again = adapt_source(result.adapted, "model.py", None, OPTIONS)
@@ -135,7 +136,7 @@ def test_adapt_yes_verifies_the_hf_example_and_leaves_it_untouched(tmp_path):
     tokens = report["tokens"]["eager"][0]
     assert len(tokens) == 32 and len(set(tokens)) > 8, "greedy tokens of the tiny model must not be degenerate"
     adapted = (run / "adapted" / "model.py").read_text()
-    assert "def decode(self, input_ids, input_pos)" in adapted and WRITE in adapted
+    assert "def decode(self, input_ids, input_pos, attention_mask=None)" in adapted and WRITE in adapted
     # The library modules travel with the adapted copy unchanged.
     for library in ("cache.py", "masks.py"):
         assert (run / "adapted" / library).read_bytes() == (EXAMPLE / library).read_bytes()
