@@ -150,7 +150,7 @@ def test_a_left_padded_batch_on_the_static_path(batteries, tmp_path):
     battery = batteries["adapted"]
     source = (Path(battery.adapted_harness.__file__).parent / "model.py").read_text()
     # Mask rows that drop the padding mask: the padded rows read their padding, and the row catches it.
-    applied = "    if attention_mask is None or attention_mask.dim() != 2:\n        return rows\n"
+    applied = "    if padding is None:\n        return rows\n"
     assert source.count(applied) == 1
     blind = Battery(battery.original_harness, battery.original,
                     *_built(_folder(tmp_path, "blind", source.replace(applied, "    return rows\n"))), battery.backend)

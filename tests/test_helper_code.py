@@ -226,8 +226,8 @@ def test_setup_sizes_every_buffer_to_the_configs_limit_by_default():
     assert torch.equal(model.causal_mask.mask, helpers.graphmode_causal_mask(12, sliding_window=3))
     helpers.GraphmodeStaticPath.setup(model, max_batch_size=3, max_seq_len=5)
     assert model.kv_cache.k_cache.shape == (3, 2, 5, 4) and model.causal_mask.mask.shape == (5, 5)
-    assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "slots": None, "max_batch_size": 3,
-                                                           "max_seq_len": 5}
+    assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "slots": None, "padding": None,
+                                                           "max_batch_size": 3, "max_seq_len": 5}
 
 
 def test_setup_keeps_the_buffers_dtype_and_starts_afresh():
@@ -279,3 +279,26 @@ def test_reorder_moves_the_static_rows_as_beam_search_reorders_its_cache():
     helpers.GraphmodeStaticPath.reorder(model, torch.tensor([2, 2, 0]))
     assert model.kv_cache.k_cache[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
     assert torch.equal(model.kv_cache.v_cache, model.kv_cache.k_cache)
+
+
+# -- left padding: rows share the slots, each has positions of its own, padded slots are hidden --------------------
+def test_row_positions_count_each_rows_unpadded_slots():
+    padding = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    assert helpers.graphmode_row_positions(torch.arange(5)).tolist() == [[0, 1, 2, 3, 4]]
+    assert helpers.graphmode_row_positions(torch.arange(5), padding).tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]]
+    assert helpers.graphmode_row_positions(torch.tensor([4]), padding).tolist() == [[4], [2]]
+
+
+def test_padded_rows_hide_what_the_padding_mask_holds_0_for_only_inside_the_entries():
+    model = _Tiny()
+    helpers.GraphmodeStaticPath.setup(model, max_batch_size=2, max_seq_len=6)
+    causal, slots = model.causal_mask.mask, torch.tensor([3])
+    padding = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])  # shorter than the 6 slots: a mask grown eagerly
+    with helpers.GraphmodeStaticPath(model, slots, padding):
+        rows = helpers.graphmode_padded_rows(model, causal, slots)
+        assert helpers.graphmode_slots(model) is slots
+    minimum = torch.finfo(torch.float32).min
+    assert rows.shape == (2, 1, 1, 6)
+    assert torch.equal(rows[0, 0, 0], causal[3]) and (rows[1, 0, 0, :2] == minimum).all()
+    assert torch.equal(rows[1, 0, 0, 2:], causal[3, 2:])
+    assert helpers.graphmode_padded_rows(model, causal, slots).shape == (1, 1, 1, 6)  # outside: no padding

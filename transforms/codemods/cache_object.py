@@ -36,8 +36,8 @@ let attention read slots not written yet:
   a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
 - the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
 - the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by the
-  slots, with the slots the caller's 2-D padding mask (the helper's own argument) holds 0 hidden too
-  (`graphmode_padded_rows`).
+  slots, with the slots the entries' 2-D padding mask holds 0 hidden too (`graphmode_padded_rows`; the entries
+  hand that mask to graphmode's rows alone, never to the model's own code).
 
 Neither is allocated with the model: the entry's `setup_caches(max_batch_size, max_seq_length)` sizes both (the
 config's own limit by default), so a model only used through `forward` carries no static memory.
@@ -72,7 +72,7 @@ MASK_BUILDER = "graphmode_causal_mask"
 MASK_CLASS = "GraphmodeCausalMask"  # the module holding the mask, sized by `setup_caches` with MASK_BUILDER
 WRITTEN_SLOTS = "graphmode_written"
 SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
-PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the caller's 2-D padding mask applied
+PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the entries' 2-D padding mask applied
 MASK_HELPERS = LIBRARY_MASK_HELPERS | SAME_FILE_MASK_HELPERS  # helpers called as `mask = helper(...)`
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
@@ -466,9 +466,8 @@ class CacheObject(GraphCodemod):
                 return
             batch, length = (code_of(e.value) for e in shape.elements)
             windows.add(code_of(window) if window is not None else "")
-            padding = _padding_mask(call)
             plan.reads_slots |= position == "position_ids"
-            rows = (f"{target} = {PADDED_ROWS}(self.{buffer}.mask, {_SLOT_SOURCES[position]}, {padding})"
+            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}.mask, {_SLOT_SOURCES[position]})"
                     f".expand({batch}, 1, {length}, -1)\n")
             rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
                 "rows of the causal mask built once by setup_caches, picked by position.")])
@@ -510,15 +509,6 @@ class CacheObject(GraphCodemod):
                 found.append(stmt)
                 self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None for it")
         return found
-
-
-def _padding_mask(call: cst.Call) -> str:
-    """The 2-D padding mask the model handed its mask helper (`attention_mask=` or the first argument), which the
-    rows made in its place apply too; "None" when the call names none."""
-    keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "attention_mask"), None)
-    positional = next((a.value for a in call.args if a.keyword is None), None)
-    found = keyword if keyword is not None else positional
-    return code_of(found) if isinstance(found, (cst.Name, cst.Attribute)) else "None"
 
 
 class _Apply(cst.CSTTransformer):

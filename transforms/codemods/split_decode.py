@@ -325,12 +325,14 @@ class SplitDecode(GraphCodemod):
         passed.update({n: _rows_argument(roles[n], tokens) for n in names
                        if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})
         signature, about = f"self, {tokens}, {POSITION_TENSOR}", ""
-        if self._takes_padding and _PADDING in names and "position_ids" in passed:
+        padding = None
+        if self._takes_padding and "position_ids" in passed:
             # Left padding: the rows share the slots (`input_pos`), each with positions of its own, and the mask
-            # rows hide the slots the caller's 2-D mask holds 0 for.
-            passed = {_PADDING: _PADDING, **passed, "position_ids": f"{ROW_POSITIONS}({POSITION_TENSOR}, {_PADDING})"}
+            # rows hide the slots the caller's 2-D mask holds 0 for. The mask goes to those rows alone (through
+            # the switch), not to `forward`, whose own code may branch on its values.
+            passed["position_ids"] = f"{ROW_POSITIONS}({POSITION_TENSOR}, {_PADDING})"
             signature += f", {_PADDING}=None"
-            self._padded_entries = True
+            padding, self._padded_entries = _PADDING, True
             about = (f"\n`{_PADDING}` (rows, slots), optional: 0 at a row's padded slots (left padding); in Decode, "
                      "pass it at the\nfull length `setup_caches` set, so every step has the same shapes.")
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
@@ -339,7 +341,7 @@ class SplitDecode(GraphCodemod):
         return _entry_methods(signature, call,
                               "`forward` with Decode's keywords: the branches it takes on them are settled while "
                               "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back."
-                              + about, f"return {call}", self.options.prefill_resets, POSITION_TENSOR)
+                              + about, f"return {call}", self.options.prefill_resets, POSITION_TENSOR, padding)
 
 
 # How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
@@ -371,11 +373,13 @@ _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
 
 
 def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_statement: str,
-                   resets: tuple[str, ...] = (), slots: str | None = None) -> list[cst.FunctionDef]:
+                   resets: tuple[str, ...] = (), slots: str | None = None,
+                   padding: str | None = None) -> list[cst.FunctionDef]:
     """`prefill` (calls the `resets` methods, then returns prefill_call) and `decode` (its docstring says
     decode_about; its body is decode_statement), parsed inside a class so the docstrings get the method
-    indentation. Both enter the static path with the slots they write (`slots`, where they take positions)."""
-    switch = f"{STATIC_PATH}(self, {slots})" if slots else f"{STATIC_PATH}(self)"
+    indentation. Both enter the static path with the slots they write (`slots`, where they take positions) and
+    the padding mask they take (`padding`)."""
+    switch = f"{STATIC_PATH}(self{''.join(f', {a}' for a in (slots, padding) if a)})"
     about = "".join(f"        {line}\n" for line in decode_about.splitlines())
     setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(

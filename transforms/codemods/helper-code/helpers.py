@@ -179,21 +179,23 @@ class GraphmodeStaticPath:
     # Where a model's config names how many positions it serves, in the spellings model families use.
     LIMITS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length", "n_ctx")
 
-    def __init__(self, model, slots=None):
-        self.state, self.slots = GraphmodeStaticPath.state_of(model), slots
+    def __init__(self, model, slots=None, padding=None):
+        self.state, self.slots, self.padding = GraphmodeStaticPath.state_of(model), slots, padding
 
     def __enter__(self):
-        # The slots every row of this call writes (the entries' `input_pos`), apart from each row's own positions.
-        self.state.update(on=True, slots=self.slots)
+        # The slots every row of this call writes (the entries' `input_pos`), apart from each row's own positions,
+        # and the caller's 2-D padding mask, which only graphmode's mask rows read: the model's own code never sees
+        # it, so no branch of its on the mask's values (`if 0 in attention_mask:`) enters the compiled Decode.
+        self.state.update(on=True, slots=self.slots, padding=self.padding)
 
     def __exit__(self, *exc_info):
-        self.state.update(on=False, slots=None)
+        self.state.update(on=False, slots=None, padding=None)
 
     @staticmethod
     def state_of(model):
         state = getattr(model, "graphmode_static_state", None)
         if state is None:
-            state = {"on": False, "slots": None, "max_batch_size": 0, "max_seq_len": 0}
+            state = {"on": False, "slots": None, "padding": None, "max_batch_size": 0, "max_seq_len": 0}
             for module in model.modules():
                 module.graphmode_static_state = state
         return state
@@ -273,14 +275,16 @@ def graphmode_row_positions(slots, attention_mask=None):
 
 
 # Inserted by cache_object in place of the model's mask helper call, on the static path.
-def graphmode_padded_rows(causal_mask, slots, attention_mask=None):
-    """The causal-mask rows of these slots, (rows, 1, tokens, slots), with the slots a row's 2-D padding mask holds 0
-    for hidden too (added by graphmode). The padding mask may be shorter than the static cache (a mask that grows
-    every step, eagerly); the compiled Decode should be handed it at the full length, so its shape stays fixed."""
+def graphmode_padded_rows(module, causal_mask, slots):
+    """The causal-mask rows of these slots, (rows, 1, tokens, slots), with the slots the entries' 2-D padding mask
+    holds 0 for hidden too (added by graphmode). The padding mask may be shorter than the static cache (a mask that
+    grows every step, eagerly); the compiled Decode should be handed it at the full length, so its shape stays
+    fixed."""
     rows = causal_mask[slots][None, None]
-    if attention_mask is None or attention_mask.dim() != 2:
+    padding = module.graphmode_static_state["padding"]
+    if padding is None:
         return rows
-    hidden = attention_mask[:, None, None, :] == 0
+    hidden = padding[:, None, None, :] == 0
     hidden = torch.nn.functional.pad(hidden, (0, rows.shape[-1] - hidden.shape[-1]))
     return rows.masked_fill(hidden, torch.finfo(rows.dtype).min)
 
