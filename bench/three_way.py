@@ -96,6 +96,7 @@ def build(backend: Backend, tmp: Path, hand_sdpa: bool) -> dict[str, Version]:
     adapted_mod = import_file(tmp / "adapted" / "model.py", "gm3_adapted_model")
     adapted = adapted_mod.Transformer(adapted_mod.ModelArgs(max_seq_len=MAX_SEQ_LEN)).eval()
     adapted.load_state_dict(original.state_dict(), strict=True)
+    adapted.setup_caches(max_batch_size=1, max_seq_length=MAX_SEQ_LEN)  # the static buffers, as the hand-written has
 
     hand_mod = import_file(Path(__file__).with_name("handwritten_llm.py"), "gm3_handwritten_llm")
     hand = hand_mod.Transformer(hand_mod.ModelArgs.like(original.args), sdpa=hand_sdpa).eval()
