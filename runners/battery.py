@@ -331,8 +331,8 @@ class Battery:
 
     def past_sized_length(self) -> Row:
         """A prompt longer than the static buffers were set up for must be refused with a message that names the
-        sizes and the sizing call, never an index error deep inside attention. Where graphmode sized nothing (the model's own buffers), the adapted
-        entries may fail as the original does."""
+        sizes and the sizing call, never an index error deep inside attention. Where graphmode sized nothing (the
+        model's own buffers), the adapted entries may fail as the original does."""
         length = self.max_seq_len + 1
         prompt = self.prompt.repeat(1, length // self.prompt.shape[1] + 1)[:, :length]
         name = f"a prompt of {length}, past the {self.max_seq_len} slots"

@@ -22,6 +22,9 @@ from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import append_to_init, defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from graphmode.transforms.codemods.cache_object import MASK_CLASS, PADDED_ROWS
+from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS
+from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
@@ -29,10 +32,9 @@ _ENTRY_NAMES = ("prefill", "decode")
 FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, or refuses requests they cannot hold
 SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
 ROW_POSITIONS = "graphmode_row_positions"  # each row's positions from a padding mask, as generate() counts them
-PADDED_ROWS = "graphmode_padded_rows"  # cache_object's mask rows that apply the caller's padding mask
 _PADDING = "attention_mask"  # the 2-D padding mask the keyword entries take where the mask rows apply it
 # The helpers whose buffers `setup_caches` allocates (static_kv_cache, carried_cache, cache_object insert them).
-_SIZED_BY_SETUP = ("StaticKVCache", "StaticKVBuffers", "GraphmodeCausalMask")
+_SIZED_BY_SETUP = (CACHE_CLASS, BUFFERS_CLASS, MASK_CLASS)
 STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
 
 
