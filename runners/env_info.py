@@ -49,6 +49,7 @@ def environment(device: str) -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "torch_npu": package_version("torch_npu"),
+        "transformers": package_version("transformers"),
         "cann": cann_version(),
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -195,6 +195,7 @@ def _variables(original: WorkerResult, adapted: WorkerResult, backend: str, runs
         "device": env.get("device"),
         "torch": env.get("torch"),
         "torch_npu": env.get("torch_npu"),
+        "transformers": env.get("transformers"),
         "cann": env.get("cann"),
         "python": env.get("python"),
         "threads": env.get("threads"),

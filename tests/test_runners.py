@@ -5,6 +5,7 @@ finite logits, counts above or at zero, lines that exist in the files named).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -186,7 +187,8 @@ def test_worker_original_side(tmp_path):
     assert logits.shape == (steps + 1, 1, vocab) and torch.isfinite(logits).all()
     # Each fed token is the greedy choice from the previous call's logits.
     assert result["tokens"][0] == logits[:steps, 0].argmax(-1).tolist()
-    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads", "torch_npu", "cann"}
+    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads", "torch_npu", "cann", "transformers"}
+    assert result["env"]["transformers"] == importlib.metadata.version("transformers")  # the release the worker ran
     # The timed second generation repeats the first pass's tokens and adds the last step's choice.
     assert result["new_tokens"] == steps + 1 and result["generation_s"] > 0
     assert result["batch"] == 1 and result["dtype"] == "float32" and result["model"] == "model.Transformer"

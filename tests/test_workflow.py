@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -122,6 +123,8 @@ def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     # The probe's evidence is merged into the static findings: the rule's line carries what Dynamo saw.
     assert "classified as **recompile**" in design and "recompiled" in design and "graph break:" in design
     assert "Nothing: every finding has an automatic change." in design
+    # The design names the transformers release it was made under (installed here, as the suite's extras pin).
+    assert f"| transformers | {importlib.metadata.version('transformers')} (the release installed" in design
 
     listed = graphmode("sessions", home=home, cwd=tmp_path)
     assert session in listed.stdout and "confirm" in listed.stdout
