@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from langgraph.types import interrupt
@@ -90,19 +89,13 @@ def design(state: RunState) -> dict:
     planned = run_dir / "planned.diff"
     write_atomic(planned, "".join(file_diffs.values()))
     path = run_dir / "design.md"
+    from graphmode.runners.env_info import package_version  # reads metadata only: no torch
+
     write_atomic(path, render(
         "design.md.j2", state=state, plan=plan, findings=state.findings, manual=manual, skill=skill,
-        fixed={i: change.id for change in plan for i in change.fixes}, transformers=_installed("transformers"),
+        fixed={i: change.id for change in plan for i in change.fixes}, transformers=package_version("transformers"),
     ))
     return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned)}
-
-
-def _installed(distribution: str) -> str | None:
-    """The installed release of a distribution, read from its metadata (nothing is imported), or None."""
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 def confirm(state: RunState) -> dict:

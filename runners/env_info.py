@@ -8,8 +8,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import torch
-
 # Where CANN's toolkit says which version it is (set_env.sh exports the first two).
 _CANN_HOMES = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 _CANN_DEFAULT = Path("/usr/local/Ascend/ascend-toolkit/latest")
@@ -41,6 +39,8 @@ def cann_version() -> str | None:
 
 
 def environment(device: str) -> dict[str, Any]:
+    import torch  # here, not at import: the agent reads package versions without torch
+
     name = device
     if device == "cuda" and torch.cuda.is_available():
         name = f"cuda ({torch.cuda.get_device_name(0)})"

@@ -381,7 +381,7 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
     decode_about; its body is decode_statement), parsed inside a class so the docstrings get the method
     indentation. Both enter the static path with the slots they write (`slots`, where they take positions) and
     the padding mask they take (`padding`)."""
-    switch = f"{STATIC_PATH}(self{''.join(f', {a}' for a in (slots, padding) if a)})"
+    switch = _switch(slots, padding)
     about = "".join(f"        {line}\n" for line in decode_about.splitlines())
     setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(
@@ -443,12 +443,17 @@ def _setup_method() -> cst.FunctionDef:
     ).body.body[0]
 
 
+def _switch(slots: str | None = None, padding: str | None = None) -> str:
+    """`GraphmodeStaticPath(self, ...)`, the `with` item the entries enter the static path with: the slots they write
+    and the padding mask they take, where they do."""
+    return f"{STATIC_PATH}(self{''.join(f', {a}' for a in (slots, padding) if a)})"
+
+
 def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement],
                     slots: str | None = None) -> cst.FunctionDef:
     """The method with `statements` after its docstring, inside `with GraphmodeStaticPath(self, slots):`."""
     docstring = method.body.body[0]
-    switch = f"{STATIC_PATH}(self, {slots})" if slots else f"{STATIC_PATH}(self)"
-    block = cst.With(items=[cst.WithItem(cst.parse_expression(switch))],
+    block = cst.With(items=[cst.WithItem(cst.parse_expression(_switch(slots)))],
                      body=cst.IndentedBlock(body=statements))
     return method.with_changes(body=method.body.with_changes(body=[docstring, block]))
 
