@@ -21,9 +21,10 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
                       recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
                       prefill_resets=tuple(calls.get("prefill_resets", [])),
                       traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
+                      evidence_cache_writes=evidence_cache_writes(state.evidence),
                       changing_int_params=changing_int_params(state.evidence),
                       host_sync_lines=host_sync_lines(state.evidence),
-                      position_lines=position_lines(state.evidence))
+                      position_lines=position_lines(state.evidence), cache_reads=cache_reads(state.evidence))
     target = Path(state.options.target)
     return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -54,6 +55,20 @@ def evidence_caches(evidence: dict) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(set(found)))
 
 
+def evidence_cache_writes(evidence: dict) -> tuple[tuple[str, int, tuple[int, ...], tuple], ...]:
+    """(file, statement line, growing dim of each tensor, each tensor's shape per layer) of every statement the
+    traced run saw grow a KV cache through a library call (a cache object's `update`), the tensors in the order
+    the library grew them."""
+    found = []
+    for key, entry in evidence.get("lines", {}).items():
+        file, _, line = key.rpartition(":")
+        grown = [g for g in entry.get("growing", []) if g.get("kind") == "cache" and g.get("via") and g.get("dims")]
+        if grown:
+            found.append((file, entry.get("statement") or int(line), tuple(g["dims"][0] for g in grown),
+                          tuple(tuple(tuple(shape) for shape in g.get("call_shapes", [])) for g in grown)))
+    return tuple(sorted(found))
+
+
 def host_sync_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
     """(file, statement line) of every statement the traced run saw read the device on the host in Decode."""
     return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
@@ -65,6 +80,19 @@ def position_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
     """(file, statement line) of every statement the traced run saw make the positions of the tokens computed."""
     return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
                          for key, entry in evidence.get("lines", {}).items() if entry.get("positions")}))
+
+
+def cache_reads(evidence: dict) -> tuple[tuple[str, int, str, str], ...]:
+    """(file, statement line, op, "scores" | "reads") of every op the traced run saw take a growing tensor in: the
+    ones whose output grows with it (derived growth: scores of the keys) and the ones whose output does not."""
+    found = set()
+    for key, entry in evidence.get("lines", {}).items():
+        file, _, line = key.rpartition(":")
+        statement = entry.get("statement") or int(line)
+        found |= {(file, statement, growth["op"], "scores") for growth in entry.get("growing", [])
+                  if growth.get("kind") == "derived" and not growth.get("via")}
+        found |= {(file, statement, op, "reads") for op in entry.get("reads_growing", [])}
+    return tuple(sorted(found))
 
 
 def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:

@@ -12,6 +12,8 @@
     name = "llama-tiny"          # optional: the target's folder in the output; derived from path or hf
     hf = "llama"                 # any [target] key of a graphmode.toml: harness, hf, tiny, convention, sources
     tiny = true
+    python = "venvs/tf-4.41/bin/python"  # the interpreter its model runs under (a venv with the transformers
+                                 # release it needs); each target may name its own, so one batch covers them all
     run = { runs = 1 }           # this target's own [run] options, over [defaults]
 
 Paths are relative to the manifest's folder. Everything is checked before anything runs, so a typo in target 19
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +116,25 @@ def load_manifest(path: Path, *, out: Path | None = None, overrides: dict[str, A
             raise UserError(f"{path}: the output folder {batch_out} is inside target {found.name}'s folder; give "
                             "the batch another --out")
         targets.append(found)
+    _check_interpreters(path, targets)
     return Manifest(path=path.resolve(), out=batch_out, targets=targets)
+
+
+def _check_interpreters(path: Path, targets: list[BatchTarget]) -> None:
+    """Each interpreter the targets name can run graphmode's workers: checked once per interpreter, before any target
+    runs (a well under a second each)."""
+    from graphmode.runners.interpreter import InterpreterError, check  # standard library only: no torch
+
+    checked: set[str] = set()
+    for found in targets:
+        named = found.target.get("python")
+        if named is None or named in checked:
+            continue
+        try:
+            check(named, f"{path}: [[target]] {found.name} python")
+        except InterpreterError as error:
+            raise UserError(str(error)) from None
+        checked.add(named)
 
 
 def _target(path: Path, folder: Path, number: int, entry: Any, defaults: dict[str, Any], overrides: dict[str, Any],
@@ -204,6 +225,8 @@ def _absolute(folder: Path, spec: dict[str, Any]) -> dict[str, Any]:
     spec = dict(spec)
     if "harness" in spec:
         spec["harness"] = str((folder / spec["harness"]).expanduser().resolve())
+    if "/" in spec.get("python", ""):  # not resolved: a venv's bin/python is a link out of the venv
+        spec["python"] = os.path.abspath((folder / spec["python"]).expanduser())
     if "hf" in spec:
         local = (folder / spec["hf"]).expanduser()
         if local.exists():

@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     adapt.add_argument("--tiny", action="store_true",
                        help="with --hf: a tiny model (2 layers, hidden size 64, vocabulary 256) with random weights "
                             "from a fixed seed, built from the config; the folder's weights are not read")
+    adapt.add_argument("--python", metavar="PATH", default=None,
+                       help="the Python interpreter the target's model runs under, e.g. a venv with the transformers "
+                            "release its code needs (python -m venv DIR && DIR/bin/pip install torch==... "
+                            "transformers==X); every worker runs there, graphmode itself stays here. It needs torch, "
+                            "not graphmode (default: graphmode.toml's [target] python, else graphmode's own)")
     adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
     adapt.add_argument("--backend", default=None, help=backend_help())
     adapt.add_argument("--out", type=Path, default=None,
@@ -185,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             return _fix(args)
         return _sessions()
     except UserError as error:
-        errors.print(f"[red]graphmode: error:[/] {error}", soft_wrap=True)
+        from rich.markup import escape  # a message's own brackets ("[target] python") are text, not markup
+
+        errors.print(f"[red]graphmode: error:[/] {escape(str(error))}", soft_wrap=True)
         return 2
     except BrokenPipeError:  # `graphmode scan ... | head`: the reader has seen enough
         sys.stdout = open(os.devnull, "w")
@@ -249,13 +256,16 @@ def _adapt(args: argparse.Namespace) -> int:
     from graphmode.runners.backends import BackendUnavailable, resolve
 
     file = _merge_target_file(args)
+    interpreter = _target_interpreter(args, file)
     hf_target = None
     if args.hf is not None:
         if args.path is not None:
             raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
         from graphmode.agent.hf_target import resolve as resolve_hf
 
+        _check_hf_release(args.hf, interpreter)
         hf_target = resolve_hf(args.hf, args.tiny, _hf_max_seq_len(args.steps))
+        hf_target.transformers_version = interpreter.transformers or hf_target.transformers_version
         target = (args.out / hf_target.name / "target").resolve()
     else:
         if args.path is None:
@@ -307,9 +317,13 @@ def _adapt(args: argparse.Namespace) -> int:
     options = RunOptions(target=str(target), run_dir=str(run_dir), backend=backend.name, steps=args.steps,
                          runs=args.runs, similarity=args.similarity, compile_cache=args.compile_cache,
                          batch_buckets=buckets, auto_approve=args.yes, timeout_s=args.timeout,
-                         hf=_hf_summary(hf_target), sources=sources)
+                         hf=_hf_summary(hf_target), sources=sources, interpreter=interpreter.to_dict(),
+                         python=interpreter.path if interpreter.path != sys.executable else None)
     state = RunState(session_id=uuid.uuid4().hex[:8], options=options)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
+    if options.python:
+        console.print(f"the model runs under {interpreter.path} (Python {interpreter.python}, torch {interpreter.torch}, "
+                      f"transformers {interpreter.transformers or 'not installed'})", soft_wrap=True)
     console.print(f"backend {backend.name}: {why}")
     from graphmode.agent.output import run_folder_lock
     from graphmode.agent.workflow import build_graph, open_checkpointer
@@ -325,6 +339,32 @@ def _adapt(args: argparse.Namespace) -> int:
             state.options.target = str(target)
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
+    """The interpreter the model runs under (--python, else the target file's python, else graphmode's own), checked
+    before anything runs: one that cannot run graphmode's workers is bad input, said with the fix."""
+    from graphmode.runners.interpreter import InterpreterError, check, own_interpreter
+
+    if args.python is not None:
+        named, said_by = args.python, "--python"
+    elif file is not None and file.python() is not None:
+        named, said_by = file.python(), f"{file.path}: [target] python"
+    else:
+        return own_interpreter()
+    try:
+        return check(named, said_by)
+    except InterpreterError as error:
+        raise UserError(str(error)) from None
+
+
+def _check_hf_release(spec: str, interpreter) -> None:
+    """--hf runs the model on the interpreter's transformers: it must have one, recent enough for the path driven."""
+    from graphmode.runners.releases import hf_release_problem
+
+    problem = hf_release_problem(spec, interpreter.path, interpreter.transformers)
+    if problem:
+        raise UserError(f"--hf {spec}: {problem}")
 
 
 def _hf_summary(hf_target) -> dict | None:
@@ -719,7 +759,20 @@ def _init(args: argparse.Namespace) -> int:
     if harness.exists() and not args.force:
         raise UserError(f"{harness} exists; --force replaces it (keeping the old one as {HARNESS_FILE}.orig)")
     from graphmode.agent.convention_target import render_harness
+    from graphmode.agent.hf_target import init_harness, is_hub_folder
 
+    if is_hub_folder(folder) and args.convention is None:
+        # A Hub folder's files import each other relatively (`from .configuration_x import ...`): its harness
+        # imports the folder as a package and drives the model as its generate() does, as `--hf FOLDER --tiny`.
+        text, target = init_harness(folder)
+        if harness.exists():
+            shutil.copyfile(harness, harness.with_name(HARNESS_FILE + ".orig"))
+        write_atomic(harness, text)
+        console.print(f"wrote {harness}: {' or '.join(target.model_refs)} from config.json's auto_map, the folder "
+                      "imported as a package; tiny random weights", soft_wrap=True, markup=False)
+        console.print(f"then: python {harness} (one greedy run), and graphmode adapt {folder}", soft_wrap=True,
+                      markup=False)
+        return 0
     text, found, todo = render_harness(folder, args.convention)
     if harness.exists():
         shutil.copyfile(harness, harness.with_name(HARNESS_FILE + ".orig"))

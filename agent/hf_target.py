@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphmode.agent.errors import UserError
+from graphmode.agent.hf_prompt import PromptTokens, prompt_tokens, tiny_special_ids
 from graphmode.agent.output import render, swapped_in, write_atomic
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -45,9 +46,14 @@ class HFTarget:
     weights_folder: str | None = None  # the user's folder with the weights, read in place (never copied)
     package: str | None = None         # remote code: the copy's package name
     auto_map: dict = field(default_factory=dict)
+    model_refs: list[str] = field(default_factory=list)  # auto_map's model classes, tried in order for an LM head
+    in_place: bool = False             # remote code imported from the harness's own folder (`graphmode init`)
     sources: list[str] = field(default_factory=list)
     missing_imports: dict = field(default_factory=dict)  # package -> "file:line" of an unguarded import
     prompt_vocab: int = 256            # prompt ids are drawn below this (and below the vocabulary size)
+    prompt_prefix: list[int] = field(default_factory=list)  # the special ids every prompt starts with (hf_prompt)
+    special_ids: list[int] = field(default_factory=list)    # below prompt_vocab: never drawn at random
+    prompt_evidence: list[str] = field(default_factory=list)  # where each prefix id was read
     notes: list[str] = field(default_factory=list)
 
 
@@ -60,7 +66,8 @@ def summary(target: HFTarget) -> dict:
                "as a tensor), the original on the default dynamic cache")
     return {"spec": target.spec, "model_type": target.model_type, "transformers": target.transformers_version,
             "weights": "tiny, random (--tiny)" if target.tiny else f"read from {target.weights_folder}",
-            "code": how, "rewritten": bool(target.package), "placeholders": dict(target.missing_imports)}
+            "code": how, "rewritten": bool(target.package), "placeholders": dict(target.missing_imports),
+            "prompt_prefix": "; ".join(target.prompt_evidence) or "none (no special token in the config)"}
 
 
 def _transformers():
@@ -91,6 +98,8 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
         target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True,
                           transformers_version=transformers.__version__)
         target.config_overrides = _tiny_overrides(CONFIG_MAPPING[spec], max_seq_len)
+        _set_prompt_tokens(target, prompt_tokens({**CONFIG_MAPPING[spec]().to_dict(), **target.config_overrides},
+                                                 None))
         return target
 
     folder = path.parent if path.is_file() else path
@@ -127,11 +136,20 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
         target.prompt_vocab = min(vocab, target.prompt_vocab)
     if not auto_map:
         _check_static_path(spec, CONFIG_MAPPING[model_type])
+    # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
+    config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
+    values = {**(config_class().to_dict() if config_class else {}), **config}
+    tokens = prompt_tokens(values, folder)  # read at full size: --tiny moves the ids it names below
     if tiny:
-        config_class = CONFIG_MAPPING.get(model_type) if not auto_map else None
         target.config_overrides = (_tiny_overrides(config_class, max_seq_len, config) if config_class else
                                    _tiny_overrides_from_dict(config, max_seq_len))
-    else:
+        vocab = next((target.config_overrides[k] for k in ("vocab_size", "padded_vocab_size")
+                      if k in target.config_overrides), None)
+        if vocab:
+            target.prompt_vocab = min(vocab, target.prompt_vocab)
+            target.config_overrides.update(tiny_special_ids(values, vocab, tokens))
+    _set_prompt_tokens(target, tokens)
+    if not tiny:
         weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
         if not weights:
             raise UserError(f"--hf {spec}: no weights in {folder} (looked for {', '.join(WEIGHT_FILES)}); add --tiny "
@@ -140,6 +158,15 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
         if not auto_map:  # remote code would have to be imported to know its shapes; its harness says it then
             _check_weights_match(folder, config_file, model_type)
     return target
+
+
+def _set_prompt_tokens(target: HFTarget, tokens: PromptTokens) -> None:
+    target.prompt_prefix = list(tokens.prefix)
+    target.special_ids = [i for i in tokens.special if i < target.prompt_vocab]
+    target.prompt_evidence = list(tokens.evidence)
+    if len(target.special_ids) >= target.prompt_vocab:
+        raise UserError(f"--hf {target.spec}: every id below {target.prompt_vocab} is a special token; graphmode "
+                        "draws the prompt from the others")
 
 
 def _check_weights_match(folder: Path, config_file: Path, model_type: str) -> None:
@@ -200,14 +227,14 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
     """A folder whose config.json names its own classes: their files, copied as a package, are the sources."""
     if not isinstance(auto_map, dict):
         raise UserError(f"{config_file}: auto_map must be an object of class references")
-    model_ref = auto_map.get("AutoModelForCausalLM")
     config_ref = auto_map.get("AutoConfig")
-    if not model_ref or not config_ref:
-        missing = " and ".join(k for k, v in (("AutoConfig", config_ref), ("AutoModelForCausalLM", model_ref))
-                               if not v)
-        raise UserError(f"{config_file}: auto_map has no {missing}; graphmode adapts causal language models "
-                        "(auto_map must name AutoConfig and AutoModelForCausalLM)")
-    for ref in (config_ref, model_ref):
+    model_keys = _model_entries(auto_map)
+    if not model_keys or not config_ref:
+        missing = " and ".join(k for k, v in (("AutoConfig", config_ref), ("AutoModel* entry", model_keys)) if not v)
+        raise UserError(f"{config_file}: auto_map has no {missing}; graphmode adapts language models (auto_map must "
+                        "name AutoConfig, and AutoModelForCausalLM or another AutoModel* class with an LM head)")
+    refs = list(dict.fromkeys(auto_map[key] for key in model_keys))
+    for ref in (config_ref, *refs):
         if not isinstance(ref, str) or "--" in ref:
             raise UserError(f"{config_file}: auto_map entry {ref!r} points into another repository; copy that code "
                             "into this folder (graphmode reads local files only)")
@@ -215,16 +242,32 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
         if not (folder / f"{module}.py").is_file():
             raise UserError(f"{config_file}: auto_map names {ref}, but {folder / (module + '.py')} does not exist")
     target.package = _safe_name(folder.resolve().name)
-    target.auto_map = {"AutoConfig": config_ref, "AutoModelForCausalLM": model_ref}
+    target.auto_map = {"AutoConfig": config_ref, **{key: auto_map[key] for key in model_keys}}
+    target.model_refs = refs
+    if "AutoModelForCausalLM" not in model_keys:
+        target.notes.append(f"auto_map names no AutoModelForCausalLM: the harness takes the first of "
+                            f"{', '.join(refs)} ({', '.join(model_keys)}) whose model has an LM head (a linear onto "
+                            "the vocabulary), and says so when none has")
     target.sources = sorted(f"{target.package}/{p.name}" for p in folder.glob("modeling_*.py"))
-    model_module = model_ref.rpartition(".")[0]
-    if f"{target.package}/{model_module}.py" not in target.sources:
-        target.sources.append(f"{target.package}/{model_module}.py")
+    for ref in refs:
+        model_module = ref.rpartition(".")[0]
+        if f"{target.package}/{model_module}.py" not in target.sources:
+            target.sources.append(f"{target.package}/{model_module}.py")
     for source in sorted(folder.glob("*.py")):
         target.missing_imports.update(_missing_imports(source))
     for package, where in target.missing_imports.items():
         target.notes.append(f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
                             f"place, so the run fails (naming {package}) only if the code calls into it")
+
+
+# The auto_map entries that may name a language model, in the order tried: a causal LM first, then the classes
+# GLM-style repositories map theirs to (AutoModel, AutoModelForSeq2SeqLM), then any other AutoModel* entry.
+_MODEL_ENTRY_ORDER = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel")
+
+
+def _model_entries(auto_map: dict) -> list[str]:
+    keys = [key for key in auto_map if isinstance(key, str) and key.startswith("AutoModel")]
+    return sorted(keys, key=lambda k: _MODEL_ENTRY_ORDER.index(k) if k in _MODEL_ENTRY_ORDER else len(keys))
 
 
 def _missing_imports(source: Path) -> dict[str, str]:
@@ -273,7 +316,7 @@ def _called(call: ast.Call) -> str:
 def _tiny_overrides(config_class, max_seq_len: int, config: dict | None = None) -> dict:
     from graphmode.runners.hf_driver import tiny_config_overrides
 
-    overrides = tiny_config_overrides(config_class)
+    overrides = tiny_config_overrides(config_class, values=config)
     default = config_class()
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         if hasattr(default, name):
@@ -285,7 +328,7 @@ def _tiny_overrides(config_class, max_seq_len: int, config: dict | None = None) 
 def _tiny_overrides_from_dict(config: dict, max_seq_len: int) -> dict:
     """The --tiny sizes for a config class graphmode cannot instantiate before the remote code is imported: the
     usual key names, where config.json has them."""
-    from graphmode.runners.hf_driver import TINY_SIZES
+    from graphmode.runners.hf_driver import TINY_SIZES, tiny_moe_mla_overrides
 
     aliases = {"hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
                "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -298,16 +341,16 @@ def _tiny_overrides_from_dict(config: dict, max_seq_len: int) -> dict:
         for name in names:
             if isinstance(config.get(name), int):
                 overrides[name] = TINY_SIZES[size]
-    if isinstance(config.get("head_dim"), int):
-        overrides["head_dim"] = TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"]
+    for name in ("head_dim", "kv_channels"):  # ChatGLM names the head size kv_channels
+        if isinstance(config.get(name), int):
+            overrides[name] = TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"]
     for name in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
         if isinstance(config.get(name), int):
             overrides[name] = max(config[name], max_seq_len) if config[name] < max_seq_len else config[name]
     if "tie_word_embeddings" in config:
         overrides["tie_word_embeddings"] = False  # a tied tiny head repeats one token (runners.hf_driver)
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if isinstance(config.get(name), int) and config[name] >= TINY_SIZES["vocab_size"]:
-            overrides[name] = TINY_SIZES["vocab_size"] - 1
+    # special ids beyond the tiny vocabulary move in resolve() (hf_prompt.tiny_special_ids)
+    overrides.update(tiny_moe_mla_overrides(config, TINY_SIZES["num_hidden_layers"]))
     return _fit_per_layer_lists(overrides, config)
 
 
@@ -331,6 +374,24 @@ def _safe_name(name: str) -> str:
 def _suggest(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=3)
     return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def is_hub_folder(folder: Path) -> bool:
+    """A folder whose config.json names its own code (auto_map): remote code, imported as a package."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("auto_map"))
+
+
+def init_harness(folder: Path, max_seq_len: int = 64) -> tuple[str, HFTarget]:
+    """`graphmode init` on a Hub folder: the harness `--hf FOLDER --tiny` writes, but importing the folder it sits
+    in as a package (the modeling files import each other relatively) and reading config.json beside it."""
+    target = resolve(str(folder), True, max_seq_len)
+    target.in_place, target.config_folder = True, None
+    target.sources = [source.partition("/")[2] for source in target.sources]
+    return render("hf_harness.py.j2", t=target, max_seq_len=max_seq_len), target
 
 
 def write_target(target: HFTarget, source_spec: Path | None, dest: Path, max_seq_len: int) -> Path:

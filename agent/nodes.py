@@ -35,9 +35,9 @@ def analyze(state: RunState) -> dict:
     sources = opts.sources or declared_sources(target)
     findings = [f for relative in sources for f in scan_source(read_source(target, relative), relative)]
     evidence = _user_code(lambda: collect_evidence(target, log_dir=logs, timeout_s=opts.timeout_s,
-                                                   sources=opts.sources))
+                                                   sources=opts.sources), opts.python)
     baseline = Baseline.model_validate(_user_code(
-        lambda: probe(target, steps=8, backend=opts.backend, log_dir=logs, timeout_s=opts.timeout_s)))
+        lambda: probe(target, steps=8, backend=opts.backend, log_dir=logs, timeout_s=opts.timeout_s), opts.python))
     check_batch_fits(opts.batch_buckets, baseline)
     return {
         "sources": sources,
@@ -57,12 +57,15 @@ def check_batch_fits(buckets: list[int], baseline: Baseline) -> None:
                         f"larger than the largest bucket; add a bucket of at least {batch}")
 
 
-def _user_code(run):
-    """Runs a step that executes the user's code in a worker; its one-line failure becomes a UserError."""
+def _user_code(run, python: str | None):
+    """Runs a step that executes the user's code in workers, under the target's interpreter (`python`; None:
+    graphmode's own); their one-line failure becomes a UserError."""
+    from graphmode.runners.interpreter import running_under
     from graphmode.runners.subprocess_run import WorkerError
 
     try:
-        return run()
+        with running_under(python):
+            return run()
     except WorkerError as error:
         raise UserError(str(error)) from None
 
@@ -89,11 +92,14 @@ def design(state: RunState) -> dict:
     planned = run_dir / "planned.diff"
     write_atomic(planned, "".join(file_diffs.values()))
     path = run_dir / "design.md"
-    from graphmode.runners.env_info import package_version  # reads metadata only: no torch
+    from graphmode.runners.interpreter import own_interpreter  # reads metadata only: no torch
 
+    # The releases the model runs on: those of the target's interpreter, checked and described when the run began.
+    interpreter = state.options.interpreter or own_interpreter().to_dict()
     write_atomic(path, render(
         "design.md.j2", state=state, plan=plan, findings=state.findings, manual=manual, skill=skill,
-        fixed={i: change.id for change in plan for i in change.fixes}, transformers=package_version("transformers"),
+        fixed={i: change.id for change in plan for i in change.fixes}, interpreter=interpreter,
+        transformers=interpreter["transformers"],
     ))
     return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned)}
 
@@ -131,6 +137,9 @@ def verify(state: RunState) -> dict:
     from graphmode.runners.verify import AdaptedNotRunnable, verify as run_verification
 
     opts = state.options
+    missing = _why_no_entries(state)
+    if missing:  # nothing the adapted side could run: the design's own reason, not a missing method
+        return {"verification": Verification(ran=False, problems=[missing])}
 
     def run():
         try:
@@ -143,10 +152,29 @@ def verify(state: RunState) -> dict:
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left
 
-    result = _user_code(run)
+    result = _user_code(run, opts.python)
     if isinstance(result, AdaptedNotRunnable):
         return {"verification": Verification(ran=False, problems=[str(result)])}
     return {"verification": Verification.model_validate(result.to_dict())}
+
+
+def _why_no_entries(state: RunState) -> str | None:
+    """Why the entry class got no prefill/decode entries, in the design's words (its manual items of the codemods
+    that add a cache or the entries), when the entries were not added; None when they were, or when the class had
+    its own (then split_decode left no item)."""
+    if "split_decode" in state.applied:
+        return None
+    said = [(r["codemod"], f"{r['reason']} ({item.path}:{item.line})") for item in state.manual for r in item.reasons
+            if r.get("codemod") in _ENTRY_CODEMODS]
+    if not any(codemod == "split_decode" for codemod, _ in said):
+        return None
+    said.sort(key=lambda pair: _ENTRY_CODEMODS.index(pair[0]))  # stable: why no cache first, then why no entries
+    return f"`{state.entry_class}` has no prefill or decode entry points, as the design says: " + \
+        "; ".join(text for _, text in said)
+
+
+# The codemods whose manual items say why the entries could not be added.
+_ENTRY_CODEMODS = ("added_cache", "split_decode")
 
 
 def _compile_cache(state: RunState) -> Path | None:

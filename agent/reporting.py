@@ -70,6 +70,11 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
     }
 
 
+def _side(env: dict) -> dict:
+    """The interpreter one side's workers ran under, with its Python and transformers (runners.env_info)."""
+    return {"executable": env.get("executable"), "python": env.get("python"), "transformers": env.get("transformers")}
+
+
 def report_json(state: RunState, manual: list[dict]) -> dict:
     """The machine-readable report. Its top-level fields are stable; add, never rename."""
     v = state.verification
@@ -94,7 +99,8 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         # Of the manual items, the ones on lines one traced Decode step of the adapted model runs (added;
         # None: not traced).
         "manual_items_run_by_decode": sum(bool(m["decode_runs"]) for m in manual) if traced else None,
-        "env": v.adapted["env"],
+        # The adapted side's environment, and the interpreter each side ran under (a target may name its own).
+        "env": {**v.adapted["env"], "sides": {"original": _side(v.original["env"]), "adapted": _side(v.adapted["env"])}},
         "timings": {"eager": eager.model_dump(), "graph": graph.model_dump()},
         "logits_max_abs_diff_per_step": v.logits_max_abs_diff_per_step,
         "tokens": {"eager": v.original["tokens"], "graph": v.adapted["tokens"]},

@@ -42,6 +42,10 @@ class RunOptions(BaseModel):
     hf: dict[str, Any] | None = None
     # graphmode.toml's [target] sources: the files that may be rewritten, instead of the harness's SOURCES.
     sources: list[str] | None = None
+    # The interpreter the target's model runs under (graphmode.toml's python, --python): every worker runs there;
+    # its facts (runners.interpreter.Interpreter.to_dict()) for the documents. None: graphmode's own.
+    python: str | None = None
+    interpreter: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:

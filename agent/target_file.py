@@ -6,6 +6,8 @@
     # tiny = true                # with hf: a tiny model with random weights (as --tiny)
     # convention = "start_pos"   # no harness yet: write one for this calling convention (as `graphmode init`)
     sources = ["model.py"]       # the files graphmode may rewrite (instead of the harness's SOURCES)
+    # python = "/opt/venvs/tf-4.41/bin/python"  # the interpreter the model runs under (as --python): a venv with
+                                 # the transformers release its code needs; graphmode's workers run there
 
     [run]
     backend = "inductor"         # every [run] key is the `graphmode adapt` option of the same name
@@ -22,6 +24,7 @@ Paths in [target] are relative to the file's folder. An option given on the comm
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"),
     "tiny": (bool, "true or false"),
     "convention": (str, "a convention name"), "sources": (list, "a list of file names"),
+    "python": (str, "a Python interpreter's path"),
 }
 RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "backend": (str, "a backend name"), "steps": (int, "a whole number"), "runs": (int, "a whole number"),
@@ -70,6 +74,14 @@ class TargetFile:
         """A [target] path, relative to the file's folder."""
         path = Path(value).expanduser()
         return path if path.is_absolute() else self.folder / path
+
+    def python(self) -> str | None:
+        """[target] python: a path relative to the file's folder, or a bare name looked up on PATH (`python3.10`);
+        symbolic links are kept (a venv's bin/python links to its base Python, which is not the venv)."""
+        named = self.target.get("python")
+        if named is None or "/" not in named:
+            return named
+        return os.path.abspath(self.relative(named))
 
 
 def _toml():

@@ -47,12 +47,28 @@ def run_main(main: Callable[[], None]) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         if not str(exc).startswith(type(exc).__name__) and not _is_ours(exc):
             message = f"{type(exc).__name__}: {message}"
+        diagnosis = _release_diagnosis(exc)
+        if diagnosis:
+            message = f"{message}. {diagnosis[0].upper()}{diagnosis[1:]}"
         sys.stderr.write(f"{ERROR_PREFIX}{message}\n")
         sys.stderr.flush()
         return ERROR_EXIT
     return 0
 
 
+def _release_diagnosis(exc: BaseException) -> str | None:
+    """When the model's code failed for something this interpreter's transformers lacks: what, and which releases
+    have it (runners.releases). Every worker's failure passes here, so no call site has to ask."""
+    from graphmode.runners.crash import exception_chain
+    from graphmode.runners.env_info import package_version
+    from graphmode.runners.releases import diagnose
+
+    try:
+        return diagnose(exception_chain(exc), package_version("transformers"))
+    except Exception:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+        return None
+
+
 def _is_ours(exc: BaseException) -> bool:
     # Our own errors (HarnessError, WorkerFailure) already carry a complete sentence.
-    return type(exc).__module__.startswith("runners.")
+    return type(exc).__module__.startswith(("graphmode.runners.", "runners."))

@@ -132,6 +132,10 @@ class Growth:
     piece: int | None = None  # size of the new piece along dims[0], for a carried cat
     layout: str | None = None  # "[b, h, s, d]" ... for a carried cache
     kv_dim: int | None = None  # k and v stacked along this dim of one tensor
+    # For a carried cache: its shape after the last Decode step in each call at this line, in call order (one call
+    # per layer where the line runs once per layer). Caches are sized from these, not from the first call's alone:
+    # layers, and the tensors a line writes (MLA's keys and values), may differ.
+    call_shapes: list[list[int]] | None = None
 
 
 @dataclass
@@ -165,6 +169,9 @@ class LineEvidence:
     # The line makes the positions of the tokens computed (past, past + 1, ... at every Decode step) out of
     # something else (a mask's cumsum, lengths): where a model has no position input, this is where one goes.
     positions: bool = False
+    # Ops at this line that read a tensor growing every Decode step and give back one that does not: attention
+    # reading the cache along its growing dim in one op (`scaled_dot_product_attention`), or weights times values.
+    reads_growing: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -309,7 +316,8 @@ def _line_from_dict(data: dict[str, Any]) -> LineEvidence:
         statement=data.get("statement"),
         growing=[_build(Growth, g) for g in data.get("growing", [])],
         scalars=[_build(ScalarChange, s) for s in data.get("scalars", [])],
-        syncs=[_build(HostSync, s) for s in data.get("syncs", [])], positions=bool(data.get("positions")))
+        syncs=[_build(HostSync, s) for s in data.get("syncs", [])], positions=bool(data.get("positions")),
+        reads_growing=list(data.get("reads_growing", [])))
 
 
 # -- the trace -----------------------------------------------------------------------------------------
@@ -816,6 +824,8 @@ class _Analysis:
             if not integer:
                 growth.kv_dim = self._kv_dim(site, k, carried, dims)
                 growth.layout = _layout(len(calls[-1].out), dims[0], growth.kv_dim)
+                last = self.by_step[site.id][self.decode_steps[-1]]
+                growth.call_shapes = [list(c.out) for c in last if c.out is not None]
             return growth, True
         inputs = [self._input_grows(site, k, i) for i in range(len(calls[0].inputs))]
         if any(grows for grows, _ in inputs):
@@ -883,9 +893,12 @@ class _Analysis:
         for site in t._site_list:
             growth, growing_input = self._growth(site) if self._aligned(site) else (None, False)
             scalars = [] if growing_input else self._scalars(site)
-            if growth is None and not scalars:
+            reads = growth is None and growing_input and site.via is None
+            if growth is None and not scalars and not reads:
                 continue
             entry = self._entry(lines, site.file, site.line, site.function)
+            if reads and site.op not in entry.reads_growing:
+                entry.reads_growing.append(site.op)
             if growth is not None:
                 entry.growing.append(growth)
                 if growth.kind == "input" and self._token_input(site):
@@ -905,7 +918,7 @@ class _Analysis:
         for key, entry in lines.items():
             file, _, line = key.rpartition(":")
             ran = {phase for phase, covered in t.coverage.get(file, {}).items() if int(line) in covered}
-            if entry.growing or entry.scalars or entry.positions:
+            if entry.growing or entry.scalars or entry.positions or entry.reads_growing:
                 ran.add(DECODE)
             for sync in entry.syncs:
                 ran |= {phase for phase in (PREFILL, DECODE) if getattr(sync, phase)}

@@ -46,8 +46,9 @@ def _ints_text(scalars: list[ScalarChange]) -> str:
     return ", ".join(f"{s.arg} {_series(s.values)} ({_delta(s.delta)})" for s in scalars)
 
 
-def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int) -> tuple[str, str]:
-    """(code, message) for a growing tensor that is a cause."""
+def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int, tokens: bool = False) -> tuple[str, str]:
+    """(code, message) for a growing tensor that is a cause; `tokens`: it is where the growing token sequence
+    enters (Evidence.recomputes_sequence)."""
     where = f" (in {g.via})" if g.via else ""
     grows = f"grows by {g.by} along {_dims(g)} every Decode step: {_series(g.shapes)}"
     if g.kind == "cache":
@@ -58,10 +59,15 @@ def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int) -> tup
                          f"{layout}{stacked}: {_series(g.shapes)}; one input is this line's own output of the "
                          f"step before (a carried cache){piece}")
     if g.kind == "input":
-        if g.dtype.startswith(("int", "uint", "long")) or g.dtype == "bool" or g.op == "embedding":
+        if tokens:
             return "GM301", (f"no KV cache: the model gets the whole token sequence again every Decode step "
                              f"(`{g.op}`{where} output {grows}) and recomputes every position; keep a KV cache "
                              f"and feed only the {new_tokens} new token(s)")
+        if g.dtype.startswith(("int", "uint", "long")) or g.dtype == "bool":
+            return "GM201", (f"`{g.op}`{where} gets an integer or boolean tensor from outside the sources, not the "
+                             f"tokens, that {grows}: a mask the caller grows with the sequence (generate()'s 2-D "
+                             "attention mask), a new shape every step; hand it at the full length the static buffers "
+                             "hold")
         return "GM301", (f"`{g.op}`{where} gets a tensor from outside the sources that {grows}; "
                          "a cache grown by the caller has a new shape every step")
     ints = f"; Python ints {_ints_text(scalars)}" if scalars else ""
@@ -75,7 +81,7 @@ def _line_findings(path: str, line: int, entry: LineEvidence, evidence: Evidence
     origins = [g for g in entry.growing if g.kind != "derived"]
     for g in origins:
         code, message = _growth_text(g, [s for s in entry.scalars if s.op == g.op and s.via == g.via],
-                                     evidence.new_tokens)
+                                     evidence.new_tokens, evidence.recomputes_sequence == f"{path}:{line}")
         messages[code].append(message)
     explained = {(g.op, g.via) for g in origins}
     for (op, via), scalars in _grouped(s for s in entry.scalars if (s.op, s.via) not in explained):

@@ -131,9 +131,12 @@ class StaticCacheDecoder(torch.nn.Module):
         return self._run(tokens, input_pos)
 
 
-def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None) -> dict[str, int]:
+def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
+                          values: dict | None = None) -> dict[str, int]:
     """The --tiny sizes under the names `config_class` uses (GPT-2's n_embd, OPT's ffn_dim, ...), only for the
-    sizes the config has; head sizes follow the hidden size so a config with a fixed head_dim stays consistent."""
+    sizes the config has; head sizes follow the hidden size so a config with a fixed head_dim stays consistent.
+    Expert and MLA sizes shrink too (tiny_moe_mla_overrides), read from `values` (a config.json) over the class's
+    defaults."""
     sizes = dict(TINY_SIZES if sizes is None else sizes)
     default = config_class()
     aliases = getattr(config_class, "attribute_map", {}) or {}
@@ -164,6 +167,63 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None) -> 
         value = getattr(default, name, None)
         if isinstance(value, int) and value >= sizes["vocab_size"]:  # an embedding's padding_idx must exist
             overrides[name] = sizes["vocab_size"] - 1
+    overrides.update(tiny_moe_mla_overrides({**default.to_dict(), **(values or {})}, sizes["num_hidden_layers"]))
+    return overrides
+
+
+# --tiny for mixture-of-experts and MLA configs, under the names DeepSeek (V2/V3), Qwen-MoE, Mixtral and OLMoE use.
+TINY_EXPERTS = 4
+TINY_EXPERTS_PER_TOKEN = 2
+TINY_MOE_SIZES = {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}
+# MLA: a compressed KV latent and a query rank, and per-head sizes whose rope and nope parts make the head of
+# hidden_size // num_attention_heads (64 // 4 = 16) and a value head of the same size.
+TINY_MLA_SIZES = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                  "v_head_dim": 16}
+_EXPERT_COUNTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+
+def tiny_moe_mla_overrides(values: dict, layers: int) -> dict:
+    """The --tiny sizes for the expert and MLA fields a config has (`values`: the config's values, from config.json
+    or the config class's defaults), for a model of `layers` layers that keeps at least one MoE layer.
+
+    Which layers are MoE: DeepSeek makes layer i MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0,
+    Qwen-MoE when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers. So the dense prefix keeps at
+    most layers - 1 layers, the frequencies become 1 and mlp_only_layers drops the last layer. Group-limited
+    routing (n_group, topk_group) stays consistent: the groups divide the experts and the chosen groups hold at
+    least the experts each token picks. A field the config lacks, or leaves None (q_lora_rank in V2-Lite, no
+    groups), is left as it is."""
+    overrides: dict = {}
+
+    def has(name: str) -> bool:
+        return values.get(name) is not None
+
+    experts = next((name for name in _EXPERT_COUNTS if isinstance(values.get(name), int) and values[name] > 0), None)
+    if experts is not None:
+        overrides[experts] = TINY_EXPERTS
+        if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
+            overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+        if isinstance(values.get("n_shared_experts"), int) and values["n_shared_experts"] > 0:
+            overrides["n_shared_experts"] = 1
+        overrides.update({name: size for name, size in TINY_MOE_SIZES.items() if has(name)})
+        if isinstance(values.get("first_k_dense_replace"), int):
+            overrides["first_k_dense_replace"] = min(values["first_k_dense_replace"], layers - 1)
+        for name in ("moe_layer_freq", "decoder_sparse_step"):
+            if isinstance(values.get(name), int):
+                overrides[name] = 1
+        if isinstance(values.get("mlp_only_layers"), list):
+            overrides["mlp_only_layers"] = [i for i in values["mlp_only_layers"] if i < layers - 1]
+        if isinstance(values.get("n_group"), int) and values["n_group"] > 1:
+            overrides["n_group"] = 2
+            # one chosen group holds TINY_EXPERTS / 2 experts: every token can still pick its experts there
+            overrides["num_experts_per_tok"] = min(overrides.get("num_experts_per_tok", TINY_EXPERTS_PER_TOKEN),
+                                                   TINY_EXPERTS // 2)
+        if has("topk_group"):
+            overrides["topk_group"] = 1
+    overrides.update({name: size for name, size in TINY_MLA_SIZES.items() if has(name)})
+    if has("qk_rope_head_dim") and isinstance(values.get("head_dim"), int):
+        overrides["head_dim"] = TINY_MLA_SIZES["qk_rope_head_dim"]  # 5.x's DeepSeek config: the rotary part's size
+    if has("qk_rope_head_dim") and has("qk_head_dim"):
+        overrides["qk_head_dim"] = TINY_MLA_SIZES["qk_rope_head_dim"] + TINY_MLA_SIZES["qk_nope_head_dim"]
     return overrides
 
 
@@ -171,12 +231,19 @@ def reinitialise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every linear and embedding weight drawn again from one seed, at unit activation scale.
 
     The usual 0.02 initialisation makes a tiny random model repeat one token forever, so eager and graph would
-    agree trivially; N(0, 1) embeddings and N(0, 1/fan_in) projections give tokens that vary.
+    agree trivially; N(0, 1) embeddings and N(0, 1/fan_in) projections give tokens that vary. Biases become zero and
+    the scales of norms one, as most models' own initialisation makes them: remote code that builds its modules
+    with torch's skip_init (ChatGLM) leaves them as uninitialised memory, which a checkpoint would overwrite.
     """
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.nn.Parameter):
+                bias.zero_()
             weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.nn.Parameter) and weight.dim() == 1:
+                weight.fill_(1.0)
             if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
                 continue
             if isinstance(module, torch.nn.Embedding):
@@ -207,3 +274,68 @@ def import_remote_class(package: str, reference: str):
 
     module_name, _, class_name = reference.rpartition(".")
     return getattr(importlib.import_module(f"{package}.{module_name}"), class_name)
+
+
+def folder_package(folder) -> str:
+    """A Hub folder imported as a package under a name of its own, so its files' relative imports (`from
+    .configuration_x import ...`) resolve without an __init__.py; the name comes from the folder's path, so an
+    original and an adapted copy loaded in one process stay apart."""
+    import hashlib
+    import sys
+    import types
+    from pathlib import Path
+
+    folder = Path(folder).resolve()
+    name = f"graphmode_hub_{hashlib.sha1(str(folder).encode()).hexdigest()[:12]}"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(folder)]
+        package.__file__ = str(folder / "__init__.py")  # lets a caller drop it with the folder's other modules
+        sys.modules[name] = package
+    return name
+
+
+def vocabulary_size(config) -> int | None:
+    """The vocabulary size the embedding and the LM head are built with: ChatGLM's padded_vocab_size where a config
+    has one (its vocab_size keeps the tokenizer's count), else vocab_size."""
+    return next((value for value in (getattr(config, name, None) for name in ("padded_vocab_size", "vocab_size"))
+                 if isinstance(value, int)), None)
+
+
+def lm_head(model: torch.nn.Module, vocab: int) -> str | None:
+    """The name of `model`'s LM head: the module that ends the model with a weight onto the whole vocabulary,
+    (vocab, hidden) as a linear holds it. That is the module its get_output_embeddings() gives, else the last module
+    holding a 2-D weight (`lm_head`, ChatGLM's `output_layer`, Baichuan's NormHead); a vocabulary-wide layer inside
+    the body (a feed-forward that happens to be as wide) is not one."""
+    weighted = [(name, module) for name, module in model.named_modules()
+                if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 2]
+    try:
+        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    except (AttributeError, NotImplementedError):
+        output = None
+    for name, module in weighted[::-1]:
+        if (module is output or name == weighted[-1][0]) and module.weight.shape[0] == vocab:
+            return name
+    return None
+
+
+def language_model_class(package: str, references: list[str], config):
+    """The first class among auto_map's model entries (AutoModelForCausalLM first, then AutoModel,
+    AutoModelForSeq2SeqLM, ...) whose instance, built on the meta device from `config`, has an LM head: a linear
+    onto the vocabulary. GLM-style repositories map only AutoModel to a class with one. Raises naming every
+    candidate when none has one."""
+    vocab = vocabulary_size(config)
+    seen: list[str] = []
+    for reference in references:
+        model_class = import_remote_class(package, reference)
+        try:
+            with torch.device("meta"):
+                model = model_class(config)
+        except Exception:  # code that reads values while it builds (`.item()`) needs real tensors
+            model = model_class(config)
+        if vocab is not None and lm_head(model, vocab):
+            return model_class
+        seen.append(reference)
+    raise ValueError(f"none of the model classes config.json's auto_map names ({', '.join(seen)}) has an LM head (a "
+                     f"linear onto the {vocab}-token vocabulary): graphmode drives language models that return "
+                     "next-token logits")

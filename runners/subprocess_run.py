@@ -8,21 +8,22 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from graphmode.runners.child_process import die_with_parent as _die_with_parent
 from graphmode.runners.cli import ERROR_PREFIX
+from graphmode.runners.interpreter import worker_environment, worker_python
 
 class WorkerError(RuntimeError):
     """A worker failed or timed out; the message is one line, the worker's own if it gave one."""
 
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    # Nothing is added to PYTHONPATH: the worker imports the installed graphmode package, and the checkout's
-    # top-level folders (`agent`, `templates`) must not shadow a harness's own packages of the same name.
-    return {**os.environ, **(extra or {})}
+    # The checkout's top-level folders never go on PYTHONPATH: `agent` or `templates` must not shadow a harness's own
+    # packages of the same name. graphmode's interpreter imports the installed package; a target's own interpreter
+    # (runners.interpreter) gets a folder holding `graphmode/` alone.
+    return worker_environment({**os.environ, **(extra or {})})
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -41,9 +42,10 @@ def _error_line(stderr: str) -> str | None:
 def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
                log_dir: Path | None = None, error: type[WorkerError] = WorkerError,
                env: dict[str, str] | None = None) -> float:
-    """Runs `python -m module args...` (with `env` added to this process's environment); returns
-    the wall seconds from spawn to exit; raises `error` with a one-line message on failure."""
-    command = [sys.executable, "-m", module, *args]
+    """Runs `python -m module args...` (with `env` added to this process's environment) under the interpreter the
+    target's model runs under (runners.interpreter); returns the wall seconds from spawn to exit; raises `error`
+    with a one-line message on failure."""
+    command = [worker_python(), "-m", module, *args]
     started = time.perf_counter()
     # A new session so a timeout can kill the whole group (Inductor may fork compile workers). Being in its own
     # session, the child does not get the terminal's Ctrl-C: the parent kills the group on every way out. Its stdin

@@ -196,6 +196,8 @@ def _variables(original: WorkerResult, adapted: WorkerResult, backend: str, runs
         "torch": env.get("torch"),
         "torch_npu": env.get("torch_npu"),
         "transformers": env.get("transformers"),
+        # Where each side ran: the interpreter (a target's own venv, or graphmode's), its Python and transformers.
+        "interpreters": {"eager": _interpreter(original.env), "graph": _interpreter(env)},
         "cann": env.get("cann"),
         "python": env.get("python"),
         "threads": env.get("threads"),
@@ -209,6 +211,10 @@ def _variables(original: WorkerResult, adapted: WorkerResult, backend: str, runs
         "backend_options": adapted.compile_options,
         "runs": runs,
     }
+
+
+def _interpreter(env: dict[str, Any]) -> dict[str, Any]:
+    return {"executable": env.get("executable"), "python": env.get("python"), "transformers": env.get("transformers")}
 
 
 def _first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:

@@ -54,6 +54,8 @@ def _options(source: str, path: Path) -> Options:
         return options
     return replace(options, traced=True,
                    evidence_caches=tuple(("model.py", line + 1, dim) for _, line, dim in found.evidence_caches),
+                   evidence_cache_writes=tuple(("model.py", line + 1, *rest) for _, line, *rest in
+                                               found.evidence_cache_writes),
                    position_lines=tuple(("model.py", line + 1) for _, line in found.position_lines),
                    host_sync_lines=tuple(("model.py", line + 1) for _, line in found.host_sync_lines))
 

@@ -1,7 +1,10 @@
 """Each codemod against its fixture pairs: `case.in.py` -> `case.out.py`, plus `case.manual.txt`
 where the idiom is recognised only in part (then the expected output is the input, untouched), and
 `case.evidence.json` where the codemod acts on what a traced run saw: {"caches": [[line, dim], ...],
-"positions": [line, ...], "host_syncs": [line, ...]} (lines of the .in.py)."""
+"positions": [line, ...], "host_syncs": [line, ...], "cache_reads": [[line, op, "scores" | "reads"], ...],
+"recomputes_sequence": true, "cache_writes": [[line, [dim, ...], [[shape per layer, ...], ...]], ...]} (lines of the
+.in.py; "recomputes_sequence": the token input grows every step, no KV cache; "cache_writes": a cache object's
+`update` grew each tensor it was given along dim, with these shapes)."""
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +29,12 @@ def options_for(case: Path) -> Options:
     return replace(OPTIONS, traced=True,
                    evidence_caches=tuple((case.name, line, dim) for line, dim in seen.get("caches", [])),
                    position_lines=tuple((case.name, line) for line in seen.get("positions", [])),
-                   host_sync_lines=tuple((case.name, line) for line in seen.get("host_syncs", [])))
+                   host_sync_lines=tuple((case.name, line) for line in seen.get("host_syncs", [])),
+                   cache_reads=tuple((case.name, line, op, kind) for line, op, kind in seen.get("cache_reads", [])),
+                   recomputes_sequence=bool(seen.get("recomputes_sequence")),
+                   evidence_cache_writes=tuple((case.name, line, tuple(dims), tuple(tuple(map(tuple, per_layer))
+                                                                                for per_layer in shapes))
+                                               for line, dims, shapes in seen.get("cache_writes", [])))
 
 
 def _expected_manual(case: Path) -> list[str]:
@@ -50,7 +58,9 @@ def test_codemod_fixture(case):
 @pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name[:-6]}")
 def test_second_run_changes_nothing(case):
     once = adapt_source(case.read_text(), case.name, None, options_for(case)).adapted
-    twice = adapt_source(once, case.name, None, OPTIONS)
+    # A model that keeps no KV cache still recomputes the sequence through `forward`: a second trace says so too.
+    again = replace(OPTIONS, recomputes_sequence=options_for(case).recomputes_sequence)
+    twice = adapt_source(once, case.name, None, again)
     cst.parse_module(once)
     assert twice.adapted == once and not twice.edits
 
@@ -67,10 +77,10 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     result = adapt_source(source, "model.py", None, Options(entry_class="Transformer"))
     # Every codemod but the Meta-style slice rewrites (examples/meta_llama), the Cache-API and tuple-cache ones
-    # and the tensor-branch, host-scalar and scalar-argument ones (idioms the example does not have; its cache is
+    # and the tensor-branch, host-scalar, scalar-argument and MoE ones (idioms the example does not have; its cache is
     # static_kv_cache's).
     absent = ("sliced_tables", "sliced_kv_cache", "cache_object", "carried_cache", "tensor_branches", "host_scalars",
-              "scalar_arguments")
+              "scalar_arguments", "static_moe", "added_cache")
     expected = [c.NAME for c in CHAIN if c.NAME not in absent]
     assert result.applied == expected and not result.manual
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]

@@ -23,6 +23,7 @@ ROOT = Path(__file__).parents[1]
 HF_EXAMPLE = ROOT / "examples" / "hf_cache_api"
 LEGACY_EXAMPLE = ROOT / "examples" / "legacy_llm"
 TUPLE_TARGET = ROOT / "tests" / "fixtures" / "targets" / "tuple_cache"
+SEQUENCE_FIRST_TARGET = ROOT / "tests" / "fixtures" / "targets" / "sequence_first"
 
 
 def _load(folder: Path, name: str, file: str = "model.py"):
@@ -329,3 +330,65 @@ def test_a_tuple_cache_model_keeps_its_batch_and_its_cache_lengths(tuple_pair):
             results.append((out[0], [tuple(t.shape) for layer in out[1] for t in layer]))
     assert torch.equal(results[1][0], results[0][0])
     assert results[1][1] == results[0][1]
+
+
+@pytest.fixture(scope="module")
+def sequence_first_pair(tmp_path_factory):
+    # What the traced run sees there: keys and values grown along dim 0 (sequence first) at model.py:54-55, in the
+    # `else` of a flag of the module, and read by the SDPA at model.py:29, which gets no mask for one new token.
+    options = Options(entry_class="SequenceFirstLM", traced=True,
+                      evidence_caches=(("model.py", 54, 0), ("model.py", 55, 0)),
+                      cache_reads=(("model.py", 29, "scaled_dot_product_attention", "reads"),))
+    return _pair(tmp_path_factory.mktemp("sequence_first"), SEQUENCE_FIRST_TARGET, options, "sequence_first")
+
+
+def _sequence_first_models(pair):
+    original_module, adapted_module, _ = pair
+    models = []
+    for module in (original_module, adapted_module):
+        torch.manual_seed(0)
+        models.append(module.SequenceFirstLM(module.Config()).eval())
+    _same_weights(*models)
+    with torch.no_grad():  # a rotary-like table far from ones, so a wrong position shows in the logits
+        models[0].rotary_table.uniform_(0.5, 1.5)
+        models[1].rotary_table.copy_(models[0].rotary_table)
+    return models
+
+
+def _own_loop(model, prompt, steps):
+    """The model's own generate loop: the cache in and out of `forward`."""
+    tokens = []
+    with torch.no_grad():
+        logits, cache = model(input_ids=prompt, use_cache=True)
+        for _ in range(steps):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+            logits, cache = model(input_ids=token, past_key_values=cache, use_cache=True)
+    return torch.cat(tokens, dim=1), logits, [tuple(t.shape) for layer in cache for t in layer]
+
+
+def test_a_sequence_first_cache_read_with_no_mask_in_decode_verifies_and_stays_a_drop_in(sequence_first_pair):
+    adaptation = sequence_first_pair[2]
+    assert "carried_cache" in adaptation.applied and not adaptation.manual
+    assert "StaticKVBuffers(seq_dim=0)" in adaptation.adapted and "graphmode_slot_mask(self" in adaptation.adapted
+    assert "`self.quantized_cache` settled false" in adaptation.adapted
+    original, adapted = _sequence_first_models(sequence_first_pair)
+    prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(4))
+    # Every call outside the entries runs the original code: a batch of 2 through the model's own loop.
+    expected = _own_loop(original, prompt, 6)
+    got = _own_loop(adapted, prompt, 6)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]) and got[2] == expected[2]
+    # The entries: the static buffers, read whole by a compiled Decode, with no mask of the model's in Decode.
+    single = prompt[:1]
+    want_tokens, want_logits, _ = _own_loop(original, single, 6)
+    with torch.no_grad():
+        adapted.setup_caches(max_batch_size=1, max_seq_length=32)
+        logits, _ = adapted.prefill(single, torch.arange(single.shape[1]))  # Prefill gives what `forward` gives
+        decode = torch.compile(adapted.decode, backend="aot_eager", fullgraph=True)
+        tokens = []
+        for step in range(6):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+            logits = decode(token, torch.tensor([single.shape[1] + step]))  # Decode, the logits alone
+    assert torch.equal(torch.cat(tokens, dim=1), want_tokens)
+    torch.testing.assert_close(logits[:, -1], want_logits[:, -1])

@@ -176,6 +176,9 @@ def test_hf_cache_api_cache_object_and_library_code(traced):
     for g in caches:
         assert (g.kind, g.dims, g.carried, g.layout) == ("cache", [2], True, "[b, h, s, d]")
         assert g.shapes == [[1, config["num_key_value_heads"], prompt_len + s, head_dim] for s in DECODE_STEPS]
+        # One call per layer at this line: each layer's cache after the last step, as the static buffers take it.
+        assert g.call_shapes == [[1, config["num_key_value_heads"], prompt_len + STEPS, head_dim]] * \
+            config["num_hidden_layers"]
     # The rotary table is sliced to the length: a growing slice, and its length a moving parameter.
     cos = line_of(source, "self.cos_cached[:seq_len].to(dtype=x.dtype),")
     (g,) = growth(ev, cos, op="getitem")
@@ -290,6 +293,23 @@ def test_alibi_bias_built_from_the_length(traced):
     assert kept.trace == PREFILL_ONLY
     (confirmed,) = [f for f in merged if f.line == alibi and f.code == "GM201"]
     assert confirmed.trace == SEEN and "grows by 1 along dim 0" in confirmed.evidence
+
+
+def test_the_ops_reading_the_cache_along_its_growing_dim(traced):
+    """Where a static cache's unwritten slots must be hidden: the SDPA that takes the growing keys in and gives a
+    fixed output back, and the product whose scores grow with the keys (weights times values read them too)."""
+    from graphmode.agent.adaptation import cache_reads
+
+    folder, ev = traced("seq_first")
+    sdpa = line_of(folder / "model.py", "F.scaled_dot_product_attention(q, k, v")
+    assert ev.lines[f"model.py:{sdpa}"].reads_growing == ["scaled_dot_product_attention"]
+    assert ("model.py", sdpa, "scaled_dot_product_attention", "reads") in cache_reads(ev.to_dict())
+    folder, ev = traced("alibi")
+    scores, values = (line_of(folder / "model.py", text) for text in ("scores = q @ k.transpose", "softmax(scores"))
+    assert "matmul" in [g.op for g in growth(ev, scores, op="matmul") if g.kind == "derived"]
+    assert ev.lines[f"model.py:{values}"].reads_growing == ["matmul"]
+    assert {("model.py", scores, "matmul", "scores"), ("model.py", values, "matmul", "reads")} <= set(
+        cache_reads(Evidence.from_dict(ev.to_dict()).to_dict()))
 
 
 def test_graph_ready_model_shows_nothing_growing(traced):

@@ -16,13 +16,14 @@ import torch.nn.functional as F
 import graphmode.transforms
 from graphmode.transforms.codemods._helper_code import HELPER_CODE, helper_names, helper_source
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS
+from graphmode.transforms.codemods._slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS, MASK_ROWS
 from graphmode.transforms.codemods.split_decode import FITS, STATIC_PATH
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 
 INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
-            STATIC_PATH)
+            STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK)
 
 
 def _load() -> ModuleType:
@@ -90,6 +91,28 @@ def test_static_kv_cache_hands_fewer_sequences_the_rows_they_wrote():
     assert torch.equal(cache.k_cache[:1, :, :2], k) and not cache.k_cache[1:].any()
 
 
+def test_static_kv_cache_without_sizes_takes_each_tensors_shape_and_dtype_from_its_first_write():
+    """MLA's latent ([batch, length, rank], growing along 1) and rope key ([batch, 1, length, rope dim], along 2)
+    through one cache: each buffer has the shape and dtype written, with the slots along its own dim."""
+    max_batch, max_len, prompt = 2, 8, 3
+    cache = helpers.StaticKVCache(seq_dim=1, value_seq_dim=2)
+    cache.graphmode_resize(max_batch, max_len)
+    assert cache.k_cache is None and cache.v_cache is None  # allocated by the first write, not before
+    latent, rope = torch.randn(1, prompt, 5, dtype=torch.float64), torch.randn(1, 1, prompt, 2)
+    k_out, v_out = cache.update(torch.arange(prompt), latent, rope)
+    assert (k_out.shape, k_out.dtype, v_out.shape, v_out.dtype) == ((1, max_len, 5), torch.float64,
+                                                                    (1, 1, max_len, 2), torch.float32)
+    assert (cache.k_cache.shape[0], cache.v_cache.shape[0]) == (max_batch, max_batch)  # room for every sequence
+    assert torch.equal(k_out[:, :prompt], latent) and torch.equal(v_out[:, :, :prompt], rope)
+    assert not k_out[:, prompt:].any() and not v_out[:, :, prompt:].any()
+    step_latent, step_rope = torch.randn(1, 1, 5, dtype=torch.float64), torch.randn(1, 1, 1, 2)
+    k_out, v_out = cache.update(torch.tensor([prompt]), step_latent, step_rope)
+    assert torch.equal(k_out[:, prompt : prompt + 1], step_latent) and torch.equal(v_out[:, :, prompt:prompt + 1],
+                                                                                    step_rope)
+    cache.graphmode_resize(max_batch, max_len)  # a fresh conversation: shaped again by its first write
+    assert cache.k_cache is None
+
+
 # -- StaticKVBuffers: shaped by the first write, in any layout --------------------------------------------
 def test_static_kv_buffers_take_the_first_writes_layout_and_hand_eager_callers_the_written_slots():
     max_batch, max_len, prompt = 2, 10, 4
@@ -113,6 +136,20 @@ def test_static_kv_buffers_hold_max_batch_rows_when_the_first_write_has_fewer():
     k = torch.randn(1, 2, 4)
     k_out, _ = buffers.update(torch.arange(2), k, k)
     assert buffers.k_cache.shape == (3, 7, 4) and torch.equal(k_out, k)
+
+
+def test_static_kv_buffers_write_a_sequence_first_cache_along_dim_0_and_keep_its_batch_on_dim_1():
+    # GLM's layout: [seq, batch, heads, head_dim], grown along dim 0.
+    buffers = helpers.StaticKVBuffers(seq_dim=0)
+    buffers.graphmode_resize(3, 9)
+    k, v = torch.randn(4, 2, 2, 5), torch.randn(4, 2, 2, 5)
+    k_out, v_out = buffers.update(torch.arange(4), k, v)
+    assert buffers.k_cache.shape == (9, 3, 2, 5)  # 9 slots, room for 3 sequences
+    assert torch.equal(k_out, k) and torch.equal(v_out, v)  # the 2 sequences written, at the 4 slots written
+    k1 = torch.randn(1, 2, 2, 5)
+    k_out, _ = buffers.update(torch.tensor([4]), k1, k1)
+    assert torch.equal(k_out, torch.cat([k, k1], dim=0))
+    assert not buffers.k_cache[5:].any() and not buffers.k_cache[:, 2:].any()
 
 
 def test_static_kv_buffers_hand_a_compiled_graph_every_slot():
@@ -201,6 +238,61 @@ def test_attention_over_the_static_cache_and_its_mask_rows_matches_attention_ove
         grown_v = v if grown_v is None else torch.cat([grown_v, v], dim=2)
         grown = F.scaled_dot_product_attention(q, grown_k, grown_v, attn_mask=causal[positions][:, : start + tokens])
         torch.testing.assert_close(static, grown)
+
+
+class _Attention(torch.nn.Module):
+    """Stands for a module on the static path: `graphmode_static_state` holds the slots the entries write."""
+
+    def __init__(self, slots, padding=None):
+        super().__init__()
+        self.graphmode_static_state = {"slots": slots, "padding": padding}
+
+
+def test_visible_slots_hide_every_slot_after_each_tokens_own_and_the_padding():
+    module = _Attention(torch.tensor([2, 3]))
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(helpers.graphmode_visible_slots(module, 5, torch.device("cpu")), expected)
+    module.graphmode_static_state["padding"] = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])  # shorter than the slots
+    padded = helpers.graphmode_visible_slots(module, 5, torch.device("cpu"))
+    assert padded.shape == (2, 1, 2, 5)
+    assert torch.equal(padded[0, 0], expected)
+    assert torch.equal(padded[1, 0], expected & torch.tensor([False, True, True, True, True]))
+
+
+@pytest.mark.parametrize("model_mask", ["none", "bool", "additive"])
+def test_sdpa_over_every_slot_with_the_slot_mask_matches_sdpa_over_a_growing_cache(model_mask):
+    """What the model's own code does with a growing cache (`is_causal` for the prompt, its own mask or none for
+    each new token) against SDPA over all the slots of a static cache with `graphmode_slot_mask`."""
+    torch.manual_seed(0)
+    heads, head_dim, max_len, prompt = 2, 8, 12, 5
+    buffers = helpers.StaticKVBuffers(seq_dim=2)
+    buffers.graphmode_resize(1, max_len)
+    grown_k = grown_v = None
+    for step, tokens in enumerate([prompt, 1, 1, 1]):
+        start = prompt + step - 1 if step else 0
+        module = _Attention(torch.arange(start, start + tokens))
+        q, k, v = (torch.randn(1, heads, tokens, head_dim) for _ in range(3))
+        buffers.update(module.graphmode_static_state["slots"], k, v)
+        grown_k = k if grown_k is None else torch.cat([grown_k, k], dim=2)
+        grown_v = v if grown_v is None else torch.cat([grown_v, v], dim=2)
+        own = None
+        if step and model_mask == "bool":  # True where visible, as the model passes it to SDPA
+            own = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+        elif step and model_mask == "additive":  # zeros for one new token, as a mask built for no past gives
+            own = torch.zeros(1, 1, 1, 1)
+        grown = F.scaled_dot_product_attention(q, grown_k, grown_v, attn_mask=own, is_causal=not step)
+        k_all, v_all = buffers.k_cache, buffers.v_cache  # every slot, as a compiled Decode reads them
+        static = F.scaled_dot_product_attention(q, k_all, v_all, helpers.graphmode_slot_mask(module, own, k_all))
+        torch.testing.assert_close(static, grown)
+
+
+def test_scores_of_every_slot_hide_the_unwritten_ones_and_keep_the_written_ones():
+    module = _Attention(torch.tensor([1]))
+    scores = torch.randn(2, 3, 1, 4, dtype=torch.float16)
+    hidden = helpers.graphmode_hide_unwritten(module, scores)
+    assert torch.equal(hidden[..., :2], scores[..., :2])
+    assert (hidden[..., 2:] == torch.finfo(torch.float16).min).all()
+    torch.testing.assert_close(hidden.float().softmax(-1)[..., :2], scores[..., :2].float().softmax(-1))
 
 
 # -- sizing: setup_caches allocates every static buffer, from the config's own limit or the caller's sizes ---------

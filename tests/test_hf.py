@@ -3,7 +3,9 @@
 Real transformers, real tiny models built from transformers' own config classes. The remote-code fixture
 (tests/fixtures/hub_remote_code) is a Hub-style folder written for these tests: config.json with an auto_map, a
 configuration and a modeling file with relative imports, a tuple KV cache grown with torch.cat, and an unguarded
-import of a package this machine lacks (flash_attn).
+import of a package this machine lacks (flash_attn). tests/fixtures/hub_glm_style is ChatGLM-shaped: auto_map with only
+AutoModel and AutoModelForSeq2SeqLM, its own prepare_inputs_for_generation and _update_model_kwargs_for_generation,
+[gMASK]/sop ids in config.json, and a `forward` that asserts the attention mask.
 """
 from __future__ import annotations
 
@@ -281,3 +283,190 @@ def test_weights_that_do_not_match_the_config_are_refused_before_anything_runs(t
     (tmp_path / "mismatched" / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"weights do not match config.json: .*mlp.* is \[.*128.*\] in the weights"):
         resolve(str(tmp_path / "mismatched"), False, 64)
+
+
+# -- driving the model as its own generate() does ----------------------------------------------------------------
+
+GLM = Path(__file__).parent / "fixtures" / "hub_glm_style"
+
+
+def _forward_calls(model: torch.nn.Module) -> list[dict]:
+    """What each top-level `forward` call received, recorded by a real forward pre-hook."""
+    calls: list[dict] = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(dict(kwargs)), with_kwargs=True)
+    return calls
+
+
+def _harness_tokens(harness, model, steps: int) -> list[int]:
+    with torch.no_grad():
+        logits, state = harness.prefill(model, harness.make_prompt())
+        tokens = []
+        for _ in range(steps):
+            token = logits.argmax(-1, keepdim=True)
+            tokens.append(token.item())
+            logits, state = harness.decode(model, token, state)
+    return tokens
+
+
+def test_a_glm_style_folder_is_read_with_its_lm_class_and_its_gmask_prefix():
+    target = resolve(str(GLM), True, 64)
+    assert target.model_refs == ["modeling_glmstyle.GLMStyleForConditionalGeneration"]
+    assert set(target.auto_map) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
+    assert any("names no AutoModelForCausalLM" in note for note in target.notes)
+    # [gMASK] and sop are beyond the tiny vocabulary: moved to distinct ids, the config told the same ids
+    gmask, sop = target.config_overrides["gmask_token_id"], target.config_overrides["sop_token_id"]
+    assert target.prompt_prefix == [gmask, sop] and gmask != sop and max(gmask, sop) < 256
+    assert {gmask, sop, 0, 2} <= set(target.special_ids)  # pad and eos stay out of the random ids too
+    assert "gmask_token_id 64790 (config.json)" in target.prompt_evidence[0]
+
+
+def test_the_hf_harness_drives_a_glm_style_model_as_its_generate_does(tmp_path):
+    from graphmode.agent.hf_target import write_target
+    from graphmode.runners.harness import load_harness
+
+    target = resolve(str(GLM), True, 64)
+    harness = load_harness(write_target(target, GLM, tmp_path / "target", 64))
+    model = harness.build_model()
+    prompt = harness.make_prompt()
+    assert prompt[0, :2].tolist() == target.prompt_prefix
+    assert not set(prompt[0, 2:].tolist()) & set(target.special_ids)
+    calls = _forward_calls(model)
+    got = _harness_tokens(harness, model, 4)
+    # Prefill: the whole prompt; then the model's own prepare_inputs_for_generation keeps the new token and its
+    # (batch, tokens) position, and the mask grows by a column each step.
+    assert [tuple(c["input_ids"].shape) for c in calls] == [(1, 8)] + [(1, 1)] * 4
+    assert [c["position_ids"].tolist() for c in calls[1:]] == [[[8]], [[9]], [[10]], [[11]]]
+    assert [c["attention_mask"].shape[1] for c in calls] == [8, 9, 10, 11, 12]
+    assert all(c["return_last_logit"] is True for c in calls)  # what its own prepare_inputs_for_generation adds
+    # the same greedy tokens as the whole sequence recomputed, with no cache
+    sequence, want = prompt, []
+    with torch.no_grad():
+        for _ in range(4):
+            positions = torch.arange(sequence.shape[1])[None]
+            logits = model(input_ids=sequence, position_ids=positions, attention_mask=torch.ones_like(sequence)).logits
+            want.append(logits[0, -1].argmax().item())
+            sequence = torch.cat([sequence, torch.tensor([[want[-1]]])], dim=1)
+    assert got == want and len(set(got)) > 1
+
+
+def test_the_hf_harness_gives_transformers_own_generate_tokens_for_a_model_type(tmp_path):
+    from graphmode.agent.hf_target import write_target
+    from graphmode.runners.harness import load_harness
+
+    target = resolve("llama", True, 64)
+    assert target.prompt_prefix == [1] and target.prompt_evidence == ["bos 1 (bos_token_id)"]
+    harness = load_harness(write_target(target, None, tmp_path / "target", 64))
+    model = harness.build_model()
+    prompt = harness.make_prompt()
+    calls = _forward_calls(model)
+    got = _harness_tokens(harness, model, 6)
+    assert [c["attention_mask"].shape[1] for c in calls] == [8, 9, 10, 11, 12, 13, 14]
+    with torch.no_grad():
+        generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                                   do_sample=False)
+    assert got == generated[0, prompt.shape[1]:].tolist()
+
+
+def test_auto_map_classes_without_an_lm_head_are_named_when_the_harness_builds(tmp_path):
+    from graphmode.agent.hf_target import write_target
+    from graphmode.runners.harness import load_harness
+
+    folder = tmp_path / "headless"
+    shutil.copytree(GLM, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_glmstyle.GLMStyleConfig",
+                          "AutoModel": "modeling_glmstyle.GLMStyleTransformer"}
+    (folder / "config.json").write_text(json.dumps(config))
+    harness = load_harness(write_target(resolve(str(folder), True, 64), folder, tmp_path / "target", 64))
+    with pytest.raises(ValueError, match=r"none of the model classes .*\(modeling_glmstyle.GLMStyleTransformer\) "
+                                         r"has an LM head \(a linear onto the 256-token vocabulary\)"):
+        harness.build_model()
+    config["auto_map"] = {"AutoConfig": "configuration_glmstyle.GLMStyleConfig"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="auto_map has no AutoModel\\* entry; .*with an LM head"):
+        resolve(str(folder), True, 64)
+
+
+@pytest.mark.parametrize("config, tokenizer, prefix", [
+    ({"bos_token_id": 1, "eos_token_id": 2}, None, [1]),                       # Llama: <s> first
+    ({"bos_token_id": 50256, "eos_token_id": 50256}, None, []),                # GPT-2: bos is eos, not prepended
+    ({"bos_token_id": 1, "eos_token_id": 2}, {"add_bos_token": False}, []),    # the tokenizer says no
+    ({"eos_token_id": [151329, 151336]},                                       # GLM-4: only the tokenizer has them
+     {"added_tokens_decoder": {"151331": {"content": "[gMASK]", "special": True},
+                               "151333": {"content": "<sop>", "special": True}}}, [151331, 151333]),
+])
+def test_the_prompt_prefix_comes_from_the_folders_own_files(tmp_path, config, tokenizer, prefix):
+    from graphmode.agent.hf_prompt import prompt_tokens, tiny_special_ids
+
+    if tokenizer is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    tokens = prompt_tokens(config, tmp_path)
+    assert tokens.prefix == prefix and set(prefix) <= set(tokens.special)
+    moved = tiny_special_ids(config, 256, tokens)
+    assert all(i < 256 for i in tokens.prefix) and len(set(tokens.prefix)) == len(prefix)
+    for key, value in moved.items():  # every moved config id lands below the vocabulary, distinct from the others
+        assert all(i < 256 for i in (value if isinstance(value, list) else [value])), key
+
+
+# -- --tiny for MoE and MLA configs ----------------------------------------------------------------------------
+
+# DeepSeek-V2-Lite's shape (config.json's MoE and MLA fields), under transformers' own deepseek_v2 model type.
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "intermediate_size": 10944, "moe_intermediate_size": 1408, "vocab_size": 102400,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "n_group": 1, "topk_group": 1, "topk_method": "greedy", "kv_lora_rank": 512,
+    "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "max_position_embeddings": 163840, "bos_token_id": 100000, "eos_token_id": 100001,
+}
+
+
+def test_tiny_keeps_an_moe_layer_and_shrinks_expert_and_mla_sizes(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from graphmode.agent.hf_target import _tiny_overrides_from_dict
+
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V2_LITE))
+    target = resolve(str(tmp_path), True, 64)
+    tiny = target.config_overrides
+    assert (tiny["n_routed_experts"], tiny["n_shared_experts"], tiny["num_experts_per_tok"]) == (4, 1, 2)
+    assert (tiny["moe_intermediate_size"], tiny["kv_lora_rank"], tiny["qk_rope_head_dim"]) == (32, 32, 8)
+    assert tiny["first_k_dense_replace"] == 1 and tiny["num_hidden_layers"] == 2
+    assert "q_lora_rank" not in tiny  # V2-Lite has none: left None
+    assert target.prompt_prefix == [tiny["bos_token_id"]] and tiny["bos_token_id"] != tiny["eos_token_id"]
+    # the remote-code path (DeepSeek's own code reads config.json as a dict) shrinks the same fields
+    remote = _tiny_overrides_from_dict(DEEPSEEK_V2_LITE, 64)
+    assert {k: remote[k] for k in ("n_routed_experts", "num_experts_per_tok", "kv_lora_rank", "v_head_dim",
+                                   "first_k_dense_replace")} == {k: tiny[k] for k in ("n_routed_experts",
+                                   "num_experts_per_tok", "kv_lora_rank", "v_head_dim", "first_k_dense_replace")}
+    # runtime evidence: the tiny model builds, layer 0 dense and layer 1 MoE, and it is small
+    config = AutoConfig.from_pretrained(tmp_path, **tiny)
+    model = AutoModelForCausalLM.from_config(config)
+    experts = [name for name, module in model.named_modules() if name.endswith("mlp.experts")]
+    assert experts == ["model.layers.1.mlp.experts"]
+    assert sum(p.numel() for p in model.parameters()) < 500_000
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 256)
+
+
+@pytest.mark.slow
+def test_adapt_hf_glm_style_folder_verifies_driven_as_its_generate_does(tmp_path):
+    """auto_map with only AutoModel/AutoModelForSeq2SeqLM, (batch, tokens) positions and the new-token slice from
+    its own prepare_inputs_for_generation, [gMASK] sop first in every prompt. The adapted entries pass no mask yet,
+    so the copy lets `forward` do without one (require_attention_mask false); the harness still passes it."""
+    folder = tmp_path / "GLM-Hub"
+    shutil.copytree(GLM, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["require_attention_mask"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--yes", "--backend", "eager", "--runs", "1",
+                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "auto_map names no AutoModelForCausalLM" in done.stdout
+    run = tmp_path / "out" / "hf-GLM_Hub-tiny"
+    report = json.loads((run / "report.json").read_text())
+    assert report["passed"] and report["tokens_equal"] and report["recompiles"] == 0
+    assert report["hf"]["prompt_prefix"].startswith("gmask_token_id 64790 (config.json)")
+    design = (run / "design.md").read_text()  # what the harness passed: positions from the model's own method
+    assert "| `position_ids` | passed | passed | positions | int tensor [1, 1] holding 8, 9, 10" in design
+    assert "| `attention_mask` | passed | passed | state | int tensor whose last dim grows 8 -> 9, 10" in design

@@ -116,6 +116,30 @@ def test_init_writes_a_harness_that_matches_full_recomputation(style, tmp_path):
     assert result["prompt"] == [1, 8] and result["max_seq_len"] == 64 and result["sources"] == ["model.py"]
 
 
+# Hub folders (config.json with an auto_map, files that import each other relatively), and the same greedy steps by
+# recomputing the whole sequence.
+HUB_FOLDERS = {
+    "hub_remote_code": ("model(input_ids=seq).logits", "modeling_tinylm.py"),
+    "hub_glm_style": ("model(input_ids=seq, position_ids=torch.arange(seq.shape[1])[None], "
+                      "attention_mask=torch.ones_like(seq)).logits", "modeling_glmstyle.py"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_FOLDERS))
+def test_init_on_a_hub_folder_imports_it_as_a_package_and_the_harness_runs(name, tmp_path):
+    recompute, modeling = HUB_FOLDERS[name]
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES.parent / name, folder, ignore=shutil.ignore_patterns("__pycache__", "harness.py*"))
+    done = init(folder)
+    assert done.returncode == 0, done.stderr
+    assert "the folder imported as a package" in done.stdout
+    text = (folder / "harness.py").read_text()
+    assert "folder_package(HERE)" in text and f"from {Path(modeling).stem}" not in text
+    result = run_harness(folder, recompute)
+    assert result["same_weights"] and result["got"] == result["want"] and result["diff"] < 1e-4, result
+    assert result["sources"] == [modeling] and result["prompt"] == [1, 8]
+
+
 def test_each_convention_is_driven_its_own_way(tmp_path):
     """The calls the template writes: a carried cache with positions, an int position advanced by the token
     count, setup_caches then position tensors, and the whole sequence again."""

@@ -1,6 +1,7 @@
 """The codemods, in the order they run. Each one is a module; register it in CHAIN."""
 from __future__ import annotations
 
+from graphmode.transforms.codemods.added_cache import AddedCache
 from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from graphmode.transforms.codemods.cache_object import CacheObject
 from graphmode.transforms.codemods.carried_cache import CarriedCache
@@ -12,16 +13,17 @@ from graphmode.transforms.codemods.sliced_tables import SlicedTables
 from graphmode.transforms.codemods.split_decode import SplitDecode
 from graphmode.transforms.codemods.static_kv_cache import StaticKVCacheCodemod
 from graphmode.transforms.codemods.static_mask import StaticMask
+from graphmode.transforms.codemods.static_moe import StaticMoE
 from graphmode.transforms.codemods.static_positions import StaticPositions
 from graphmode.transforms.codemods.static_rotary import StaticRotary
 from graphmode.transforms.codemods.tensor_branches import TensorBranches
 
 # Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
-# been rewritten.
+# been rewritten. An MoE dispatch is given its static form first, so no other rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod, CacheObject,
-    CarriedCache, SlicedKVCache, StaticPositions, HostScalars, SplitDecode,
+    StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
+    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

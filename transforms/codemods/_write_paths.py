@@ -22,25 +22,35 @@ are the writing branch's without the write (and without the reads of the old cac
 write at the same place. A chain whose branches all end up the same is replaced by that one body. Branches that
 compute something else (cross-attention reading encoder states) stay as they were, and so does every `if`
 further out. The comparison is of the code itself (Python's ast: comments and layout do not count).
+
+An `if` on a flag of the module (`if self.config.use_quantized_cache:`, `if self.use_cache_quantization:`) that the
+traced run saw take the branch with the pair at every Decode step is settled: the static copy keeps that branch's
+statements alone, as the flag cannot change under it (the caller says which tests are such flags, `settled`).
 """
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
+
 import libcst as cst
 
 from graphmode.transforms.cstutil import code_of, names_in
 
 
+Settled = Callable[[cst.If], bool]
+
+
 def place_write(body: list[cst.BaseStatement], pair: tuple[cst.BaseStatement, cst.BaseStatement],
-                write: cst.BaseStatement, unpacks: set[cst.BaseStatement]
+                write: cst.BaseStatement, unpacks: set[cst.BaseStatement], settled: Settled | None = None
                 ) -> dict[cst.BaseStatement, list[cst.BaseStatement]] | None:
     """Statements of the method body -> what replaces each, so that `write` replaces the pair and runs on the
     paths described above; None when no other branch computes the same keys (the cache would go unwritten
-    when it is absent). `unpacks`: statements that only read the old cache into names."""
+    when it is absent). `unpacks`: statements that only read the old cache into names. `settled(if_)`: whether the
+    `if` tests a flag, whose branch holding the pair is then kept alone."""
     if _index(body, pair[0]) is not None and _index(body, pair[1]) is not None:
         return {pair[0]: [write], pair[1]: []}
     for stmt in body:
-        found = _in_statement(stmt, pair, write, unpacks)
+        found = _in_statement(stmt, pair, write, unpacks, settled)
         if found is not None:
             replacement, _ = found
             return None if replacement is None else {stmt: replacement}
@@ -56,7 +66,7 @@ def _index(block: list[cst.BaseStatement], node: cst.CSTNode) -> int | None:
     return next((i for i, s in enumerate(block) if s is node), None)
 
 
-def _in_statement(stmt, pair, write, unpacks) -> tuple[list[cst.BaseStatement] | None, bool] | None:
+def _in_statement(stmt, pair, write, unpacks, settled=None) -> tuple[list[cst.BaseStatement] | None, bool] | None:
     """None: the pair is not under `stmt`. Else (replacement statements or None when it cannot be placed,
     whether the write is at the level of `stmt` on every path)."""
     if stmt is pair[0]:
@@ -67,12 +77,14 @@ def _in_statement(stmt, pair, write, unpacks) -> tuple[list[cst.BaseStatement] |
         return None
     branches = _branches(stmt)
     for index, block in enumerate(branches):
-        result = _in_block(block, pair, write, unpacks)
+        result = _in_block(block, pair, write, unpacks, settled)
         if result is None:
             continue
         new_block, placed = result
         if new_block is None:
             return None, False
+        if settled is not None and _two_way(stmt) and settled(stmt):
+            return _settled(stmt, index, new_block), placed
         bodies = [list(b) for b in branches]
         bodies[index] = new_block
         if not placed:
@@ -93,11 +105,11 @@ def _in_statement(stmt, pair, write, unpacks) -> tuple[list[cst.BaseStatement] |
     return None
 
 
-def _in_block(block: list[cst.BaseStatement], pair, write, unpacks):
+def _in_block(block: list[cst.BaseStatement], pair, write, unpacks, settled=None):
     """(the block rewritten or None when the write cannot be placed, whether it is at the block's level), or
     None when the pair is not in the block."""
     for position, stmt in enumerate(block):
-        found = _in_statement(stmt, pair, write, unpacks)
+        found = _in_statement(stmt, pair, write, unpacks, settled)
         if found is None:
             continue
         replacement, everywhere = found
@@ -110,6 +122,8 @@ def _in_block(block: list[cst.BaseStatement], pair, write, unpacks):
             new = [s for s in new if s is not other]
             if _index(new, write) is None:
                 new.insert(position, write)
+            new = _without_dead_unpacks(new, unpacks)
+        elif any(_is_write(s, write) for s in replacement):  # a settled flag brought the write up to this block
             new = _without_dead_unpacks(new, unpacks)
         return new, everywhere
     return None
@@ -135,6 +149,20 @@ def _bound_names(stmt: cst.BaseStatement) -> set[str]:
                 for target in small.targets:
                     names |= names_in(target.target)
     return names
+
+
+def _two_way(stmt: cst.If) -> bool:
+    """An `if` with an `else` or none, no `elif`: one test decides which branch runs."""
+    return not isinstance(stmt.orelse, cst.If)
+
+
+def _settled(stmt: cst.If, index: int, block: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The branch's statements in place of the whole `if`, under a comment that names the test."""
+    first, *rest = block
+    test = code_of(stmt.test).strip()
+    note = cst.EmptyLine(indent=True, comment=cst.Comment(
+        f"# graphmode: `{test}` settled {'true' if index == 0 else 'false'} (a module flag; the trace took this branch)."))
+    return [first.with_changes(leading_lines=[*stmt.leading_lines, note, *getattr(first, "leading_lines", ())]), *rest]
 
 
 def _branches(stmt: cst.If) -> list[list[cst.BaseStatement]]:

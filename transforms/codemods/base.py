@@ -42,6 +42,10 @@ class Options:
     # `torch.cat` in the sources, as (file, first line of the statement, growing dim counted from 0).
     traced: bool = False
     evidence_caches: tuple[tuple[str, int, int], ...] = ()
+    # The caches the trace saw a statement of the sources grow through a library call (a cache object's
+    # `update`): (file, first line of the statement, the growing dim of each tensor written, in the order written,
+    # and each tensor's shape per layer). Keys and values, or MLA's latent and rope key, each have their own.
+    evidence_cache_writes: tuple[tuple[str, int, tuple[int, ...], tuple[tuple[tuple[int, ...], ...], ...]], ...] = ()
     # Int parameters the trace saw change every Decode step: (file, function qualname, parameter).
     changing_int_params: tuple[tuple[str, str, str], ...] = ()
     # Statements the trace saw read the device on the host in Decode: (file, first line of the statement).
@@ -49,6 +53,10 @@ class Options:
     # Statements the trace saw make the positions of the tokens computed out of something else (a mask's cumsum,
     # a length): (file, first line of the statement).
     position_lines: tuple[tuple[str, int], ...] = ()
+    # Statements the trace saw read a growing KV cache along its growing dim: (file, first line of the statement,
+    # op, "scores" where the op's output grows with the keys (`q @ k^T`, `baddbmm`) or "reads" where it takes the
+    # growing tensor in and gives back a fixed one (`scaled_dot_product_attention`, weights times values)).
+    cache_reads: tuple[tuple[str, int, str, str], ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

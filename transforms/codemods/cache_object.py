@@ -33,7 +33,11 @@ let attention read slots not written yet:
   `key_states, value_states = self.kv_cache.update(cache_position, key_states, value_states)`, at the slots
   of the entries' call (`graphmode_slots(self)` where the model names only `position_ids`, which are each row's
   own positions: left-padded rows share the slots and have positions of their own),
-  a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it);
+  a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it). Its
+  buffers take the shapes of the tensors written, keys and values apart, along the dims the traced run saw them
+  grow (without a trace, the dims the write says: the `torch.cat` pair's, or the Cache API's -2): MLA's keys and
+  values differ in head size, and its latent and rope key in rank, which no head count in `__init__` describes.
+  Only where the trace did not see the write and `__init__` names the KV head count and head size do those size it;
 - the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
 - the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by the
   slots, with the slots the entries' 2-D padding mask holds 0 hidden too (`graphmode_padded_rows`; the entries
@@ -260,7 +264,9 @@ class CacheObject(GraphCodemod):
     DESCRIPTION = (
         "Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
         "API) or grows a tuple cache with `torch.cat` while positions come as `position_ids`, it writes a "
-        f"`{CACHE_CLASS}` of `(batch, kv heads, length, head_dim)` buffers instead, "
+        f"`{CACHE_CLASS}` instead, whose buffers take the shapes of the keys and values written (each apart, along "
+        "the dims the traced run saw them grow; `(batch, kv heads, length, head_dim)` from the names in `__init__` "
+        "where the write was not traced), "
         "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
         "`past_key_value[0].shape[-2]`) becomes the static cache's length, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
@@ -343,7 +349,6 @@ class CacheObject(GraphCodemod):
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
-        owner = self._cache_owner(classes, cls)
         body = list(method.body.body)
         writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
         lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
@@ -351,13 +356,13 @@ class CacheObject(GraphCodemod):
         problem = None
         if slots is None:
             problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
-        elif owner is None:
-            problem = (f"no `__init__` in `{cls.name.value}` or its bases in this file names the KV head count and "
-                       "head size (self.num_key_value_heads or config.num_key_value_heads, self.head_dim)")
         elif len(writes) != 1 or _stray_uses(method, cache, recognised):
             problem = (f"`{cache}` is written or read in a form not recognised (expected one "
                        f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
                        f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
+        sizing = None if problem else self._sizing(classes, cls, body[next(iter(writes))], cache)
+        if not problem and sizing is None:
+            problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
         if problem:
             self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
             plan.incomplete = True
@@ -377,7 +382,9 @@ class CacheObject(GraphCodemod):
         else:
             plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
                 leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
-        self.record_edit(write, f"attention reads `self.kv_cache`, written at `{slots}`, instead of `{cache}`")
+        owner, cache_class, sized_by = sizing
+        self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
+                                f"`{cache}`")
         plan.writes.append(write)
         for index, name in lengths.items():
             stmt = body[index]
@@ -391,23 +398,75 @@ class CacheObject(GraphCodemod):
             plan.replace[stmt] = cst.parse_statement(f"{name} = self.kv_cache.max_seq_len\n").with_changes(
                 leading_lines=[*leading, _comment("attention reads every slot of the static cache.")])
             self.record_edit(stmt, f"`{name}` is the static cache's length instead of a length read from `{cache}`")
-        init_owner = owner.name.value
-        if init_owner not in plan.init_lines:
-            init = find_method(owner, "__init__")
-            heads = size_in_init(init, KV_HEAD_ATTRIBUTES)
-            head_dim = size_in_init(init, HEAD_DIM_ATTRIBUTES)
-            plan.init_lines[init_owner] = [cst.parse_statement(
-                f"self.kv_cache = {CACHE_CLASS}({heads}, {head_dim}, seq_dim=2)\n")]
+        # One cache per attention module: a subclass's write (SDPA) uses its base's. Where one write of a class was
+        # seen by the trace and another was not, the buffers shaped by the writes serve both.
+        lines = plan.init_lines.setdefault(owner.name.value, [])
+        created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
+        line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
+        if created is None:
+            lines.append(line)
+        elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
+            lines[created] = line
+
+    def _sizing(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, write: cst.BaseStatement,
+                cache: str) -> tuple[cst.ClassDef, str, str] | None:
+        """(the class whose `__init__` creates the static cache, its constructor call, how it is sized), or None
+        where no class has an `__init__` to create it in.
+
+        The buffers take the shape, dtype and growing dim of the tensors written, keys and values apart, so no name
+        has to describe them (MLA's keys and values differ in head size, a latent and a rope key in rank). The
+        growing dims are the ones the trace saw, else the ones the write itself says. The head count and head size
+        `__init__` names size them only where the trace did not see the write: buffers then exist before the first
+        write, and shapes the names say are checked by the first `index_copy_`."""
+        seen = self._seen_dims(write)
+        named = None if seen else self._cache_owner(classes, cls, named=True)
+        if named is not None:
+            init = find_method(named, "__init__")
+            heads, head_dim = size_in_init(init, KV_HEAD_ATTRIBUTES), size_in_init(init, HEAD_DIM_ATTRIBUTES)
+            return named, f"{CACHE_CLASS}({heads}, {head_dim}, seq_dim=2)", f"sized by `{heads}` and `{head_dim}`"
+        owner = self._cache_owner(classes, cls, named=False)
+        if owner is None:
+            return None
+        key_dim, value_dim = seen or self._written_dims(write, cache)
+        value = f", value_seq_dim={value_dim}" if value_dim != key_dim else ""
+        where = "the dims the trace saw them grow along" if seen else "the dims the write itself grows them along"
+        return (owner, f"{CACHE_CLASS}(seq_dim={key_dim}{value})",
+                f"shaped by the first keys and values written, each apart, with slots on {where}")
+
+    def _seen_dims(self, write: cst.BaseStatement) -> tuple[int, int] | None:
+        """The growing dims of the two tensors the trace saw the write statement grow: a cache object's `update`
+        (evidence_cache_writes), or the `torch.cat` pair (evidence_caches); None where it saw no such pair."""
+        if not self.options.traced:
+            return None
+        path, (first, last) = self.context.filename, self._lines(write)
+        for file, line, dims, _ in self.options.evidence_cache_writes:
+            if file == path and first <= line <= last and len(dims) == 2:
+                return dims[0], dims[1]
+        cats = sorted((line, dim) for file, line, dim in self.options.evidence_caches
+                      if file == path and first <= line <= last)
+        return (cats[0][1], cats[1][1]) if len(cats) == 2 else None
 
     @staticmethod
-    def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef) -> cst.ClassDef | None:
-        """The class (this one or a same-file base) whose __init__ names the KV head count and head size."""
+    def _written_dims(write: cst.BaseStatement, cache: str) -> tuple[int, int]:
+        """The dims a write grows keys and values along by its own words: the `torch.cat` pair's, or the Cache API's
+        -2 (every transformers cache object concatenates there)."""
+        guarded = _guarded_block(write, cache)
+        if guarded and _tuple_write(guarded, cache):  # the block is the two cats, keys (past[0]) and values
+            keys, values = sorted((cat_of_past(s) for s in guarded), key=lambda cat: cat[2])
+            return keys[3], values[3]
+        return -2, -2
+
+    @staticmethod
+    def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef, named: bool) -> cst.ClassDef | None:
+        """The class (this one or a same-file base) whose __init__ creates the static cache: the first that names
+        the KV head count and head size (`named`), else the first that has an `__init__`."""
         seen: set[str] = set()
         current: cst.ClassDef | None = cls
         while current is not None and current.name.value not in seen:
             seen.add(current.name.value)
             init = find_method(current, "__init__")
-            if size_in_init(init, KV_HEAD_ATTRIBUTES) and size_in_init(init, HEAD_DIM_ATTRIBUTES):
+            if init is not None and (not named or (size_in_init(init, KV_HEAD_ATTRIBUTES)
+                                                   and size_in_init(init, HEAD_DIM_ATTRIBUTES))):
                 return current
             bases = [b.value.value for b in current.bases if isinstance(b.value, cst.Name)]
             current = next((classes[b] for b in bases if b in classes), None)

@@ -31,7 +31,15 @@ Where the model's forward builds the 4-D mask with a library helper instead
 (`attention_mask = _prepare_4d_causal_attention_mask[_for_sdpa](mask, (batch, length), embeds, past)`, transformers
 4.36 to 4.46), the call becomes rows of one causal mask (sized by `setup_caches`) picked by the positions,
 with as many columns as the cache hands back (every slot in a compiled graph, the written ones in eager calls).
-All or nothing per file: a cache without such a mask, or a moving slice not understood, changes nothing.
+Where the model has no such mask (no mask at all in Decode, `is_causal` for the prompt only, a mask it builds per
+call for the length it counts), the static cache owns its validity: the op the trace saw read the cache along its
+growing dim (SDPA, or the product forming the scores) hides the unwritten slots with a mask made from the
+positions (`_slot_masks`). A sequence-first cache ([seq, batch, heads, dim], GLM) is written along dim 0 as the
+trace saw. A branch on a flag of the module around the pair (`if self.use_cache_quantization:`), taken at every
+Decode step the trace saw, keeps only that side in the static copy (`_write_paths`). Where no caller in the file can
+be followed down to a method that needs positions (modules built through a factory, layers picked by a getter),
+the method reads the slots the entries write off the module (`graphmode_slots(self)`).
+All or nothing per file: a cache with no mask and no traced read, or a moving slice not understood, changes nothing.
 """
 from __future__ import annotations
 
@@ -43,19 +51,22 @@ from graphmode.transforms.codemods._call_graph import THREADED, CallGraph, Threa
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
+from graphmode.transforms.codemods._slot_masks import plan_slot_masks
 from graphmode.transforms.codemods._write_paths import place_write
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports, \
     remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, MASK_HELPERS, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
-    nodes_of_type, none_test, single_assignment, torch_call_name
+    nodes_of_type, none_test, self_attribute_name, single_assignment, torch_call_name
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 BUFFERS_CLASS = "StaticKVBuffers"
 MASK_ROWS = "graphmode_mask_rows"
 # Where a method finds the slots of the tokens it computes, by the position parameter it has.
 _SLOTS = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}
+# Where it finds them when no caller can pass positions down to it: off the module, as the entries set them.
+SLOTS_OFF_MODULE = "graphmode_slots"
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -67,8 +78,10 @@ def _unpacks(stmt: cst.CSTNode) -> set[str]:
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
         return set()
     assign = stmt.body[0]
+    # `pk = cache[0]`, `pk, pv = cache`, or `pk, pv = cache[0], cache[1]`
+    parts = [e.value for e in assign.value.elements] if isinstance(assign.value, cst.Tuple) else [assign.value]
     if len(assign.targets) != 1 or len(names_in(assign.value)) != 1 \
-            or not isinstance(assign.value, (cst.Name, cst.Subscript)):
+            or not all(isinstance(p, (cst.Name, cst.Subscript)) for p in parts):
         return set()
     target = assign.targets[0].target
     if isinstance(target, cst.Name):
@@ -103,6 +116,37 @@ def _causal_rows(subscript: cst.Subscript) -> tuple[int, str] | None:
 
 
 _MASK_FACTORIES = frozenset({"full", "ones", "zeros", "empty"})
+
+
+def _changing_attributes(cls: cst.ClassDef) -> set[str]:
+    """Attributes of the module that a method other than `__init__` assigns: no flag a run can count on."""
+    found = set()
+    for method in cls.body.body:
+        if isinstance(method, cst.FunctionDef) and method.name.value != "__init__":
+            for target in [*nodes_of_type(method, cst.AssignTarget), *nodes_of_type(method, cst.AugAssign)]:
+                name = self_attribute_name(target.target)
+                if name:
+                    found.add(name)
+    return found
+
+
+def _flag_test(test: cst.BaseExpression, changing: set[str]) -> bool:
+    """A test on flags of the module alone (`self.use_cache_quantization`, `not self.config.use_quantized_cache`,
+    `self.config.mode == "int8"`), none of them assigned after construction."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _flag_test(test.expression, changing)
+    if isinstance(test, cst.BooleanOperation):
+        return _flag_test(test.left, changing) and _flag_test(test.right, changing)
+    if isinstance(test, cst.Comparison):
+        return _flag_test(test.left, changing) and all(
+            isinstance(c.comparator, (cst.Integer, cst.SimpleString, cst.Float))
+            or (isinstance(c.comparator, cst.Name) and c.comparator.value in ("None", "True", "False"))
+            for c in test.comparisons)
+    chain, root = [], test
+    while isinstance(root, cst.Attribute):
+        chain.append(root.attr.value)
+        root = root.value
+    return isinstance(root, cst.Name) and root.value == "self" and bool(chain) and chain[-1] not in changing
 
 
 @dataclass(frozen=True)
@@ -153,6 +197,7 @@ class _Plan:
     helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
     derive: dict[cst.CSTNode, cst.BaseStatement] = field(default_factory=dict)  # positions counted after the key
     key_slots: bool = False  # a tensor made for `past + new` keys is made for the key slots (KEY_SLOTS)
+    slot_helpers: set[str] = field(default_factory=set)  # the helpers that hide unwritten slots where keys are read
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -168,7 +213,9 @@ class CarriedCache(GraphCodemod):
         "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it; where the model "
         "has none, the method that reads the past length off the cache takes them (counting them from that length "
         "when its caller passes none), positions it made otherwise (a padding mask's cumsum) come from them, and "
-        "tensors it made for `past + new` keys are made for the slots attention reads. The compiled "
+        "tensors it made for `past + new` keys are made for the slots attention reads. Where the model has no such mask "
+        "(none in Decode, `is_causal`, one built per call), the op the trace saw read the cache (SDPA, the scores "
+        "product) hides the unwritten slots with a mask made from the positions. The compiled "
         "Decode neither reads nor returns cache tuples; eager callers that carry them get the written slots back, so "
         "positions counted from their length stay true. Where a library helper built the mask, a 2-D padding mask "
         "passed with it is no longer applied, and positions the model made from that mask no longer skip its "
@@ -186,13 +233,34 @@ class CarriedCache(GraphCodemod):
         if f"{BUFFERS_CLASS}(" in code or "StaticKVCache(" in code:
             return tree  # already static (a second run, or another codemod took this file)
         self._classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        self._off_module = False
+        plan, threading = self._plan(tree)
+        if plan is None:
+            return tree
+        if not plan.problems and threading.missing:
+            # No caller in the file can be followed down to them (modules built through a factory, layers picked
+            # by a getter): the methods read the slots the entries write off the module instead.
+            self.edits.clear()
+            self._off_module = True
+            plan, threading = self._plan(tree)
+        if threading is not None and threading.missing:
+            plan.problems += threading.missing
+        if plan.problems:
+            self.edits.clear()
+            for node, reason in plan.problems:
+                self.record_manual(node, f"the tuple cache was not replaced: {reason}")
+            return tree
+        return self._apply(tree, plan, threading)
+
+    def _plan(self, tree: cst.Module) -> tuple[_Plan | None, Threading | None]:
+        """What changes, and how positions reach the methods that need them; (None, None) when nothing grows."""
         plan = _Plan()
         for cls in self._classes.values():
             for method in cls.body.body:
                 if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
                     self._plan_cache(cls, method, plan)
         if not plan.init and not plan.problems:
-            return tree
+            return None, None
         for cls_name in plan.init:
             for method in self._classes[cls_name].body.body:
                 if isinstance(method, cst.FunctionDef):
@@ -204,18 +272,19 @@ class CarriedCache(GraphCodemod):
                 if isinstance(method, cst.FunctionDef) and not self.source.function_words(
                         f"{cls.name.value}.{method.name.value}").isdisjoint(MASK_HELPERS):
                     self._plan_helper_masks(cls, method, plan)
+        for cls in self._classes.values():
+            for method in cls.body.body:
+                if isinstance(method, cst.FunctionDef):
+                    self._plan_square_masks(cls, method, plan)
+        if not plan.problems and not plan.masks:
+            self._plan_slot_masks(plan)
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
                                   "no causal mask (a buffer sliced by the key length, a helper's mask or a triangle cut at it) was "
-                                  "found to hide unwritten slots"))
-        threading = self._threading(tree, plan) if not plan.problems else None
-        if threading is not None and threading.missing:
-            plan.problems += threading.missing
-        if plan.problems:
-            self.edits.clear()
-            for node, reason in plan.problems:
-                self.record_manual(node, f"the tuple cache was not replaced: {reason}")
-            return tree
+                                  "found to hide unwritten slots, and no traced run saw which op reads the cache"))
+        return plan, self._threading(tree, plan) if not plan.problems else None
+
+    def _apply(self, tree: cst.Module, plan: _Plan, threading: Threading) -> cst.Module:
         # Only the statements holding a planned node, or a class or method that changes, are walked and rebuilt.
         touched = {self.source.top_level_statement(n)
                    for n in [*plan.replace, *plan.drop, *plan.derive, *threading.calls]}
@@ -227,6 +296,9 @@ class CarriedCache(GraphCodemod):
             generated += [MASK_BUILDER, MASK_CLASS, MASK_ROWS]
         if plan.key_slots:
             generated.append(KEY_SLOTS)
+        if self._off_module:
+            generated.append(SLOTS_OFF_MODULE)
+        generated += sorted(plan.slot_helpers)
         for name in reversed(generated):  # each goes first after the imports
             if not defined_at_top(module, name):
                 module = insert_after_imports(module, helper_statements(name))
@@ -263,7 +335,7 @@ class CarriedCache(GraphCodemod):
         sizes = key_length_sizes(method_node, found)
         plan.replace.update(sizes)
         plan.drop |= dead_lengths(method_node, found, sizes)
-        plan.key_slots = bool(sizes)
+        plan.key_slots = plan.key_slots or bool(sizes)
         for size in sizes:
             self.record_edit(size, f"`{code_of(size)}` (the `past + new` keys) sized by the key slots attention reads")
         for need, stmt in self._position_statements():
@@ -357,8 +429,15 @@ class CarriedCache(GraphCodemod):
         cats: list[AppendingCat] = []
         if seen is not None:
             # The trace saw these cats grow a cache at every Decode step, at whatever depth of branches they sit.
-            cats = [found for stmt in nodes_of_type(method.body, cst.SimpleStatementLine)
-                    if (found := appending_cat(stmt)) is not None and self._lines(stmt)[0] in seen]
+            grown = [stmt for stmt in nodes_of_type(method.body, cst.SimpleStatementLine) if self._lines(stmt)[0] in seen]
+            cats = [found for stmt in grown if (found := appending_cat(stmt)) is not None]
+            if len(cats) < len(grown):
+                # Said, not passed over: a cache the trace saw grow that stays a `torch.cat` keeps Decode recompiling.
+                odd = next(stmt for stmt in grown if appending_cat(stmt) is None)
+                plan.problems.append((odd, f"`{cls.name.value}.{method.name.value}` grows a cache here, as the traced run "
+                                           "saw, but not as `x = torch.cat([cache, x], dim=N)` (the tensor assigned appended "
+                                           "whole to the cache), the one form the static write replaces"))
+                return
         else:
             # Without evidence, only the guarded form: `if cache is not None:` reading the cache, then the cats.
             for stmt in method.body.body:
@@ -389,12 +468,26 @@ class CarriedCache(GraphCodemod):
         update = update.with_changes(leading_lines=[*(e for e in keys.stmt.leading_lines if e.comment is None), _comment(
             "written in place into the preallocated cache; attention reads every slot.")])
         unpacks = {s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _unpacks(s)}
-        placed = place_write(list(method.body.body), (keys.stmt, values.stmt), update, unpacks)
+        # The trace saw the pair run at every Decode step: a branch on a flag of the module holding it was taken
+        # every time, and the static copy keeps that branch alone.
+        changing, flags = _changing_attributes(cls), []
+
+        def settled(if_: cst.If) -> bool:
+            if _flag_test(if_.test, changing):
+                flags.append(if_)
+                return True
+            return False
+
+        placed = place_write(list(method.body.body), (keys.stmt, values.stmt), update, unpacks,
+                             settled if seen is not None else None)
         if placed is None:
             plan.problems.append((keys.stmt, f"`{where}`: the write cannot be put on every path that computes the keys: no "
                                              "branch without the cache computes the same keys and values (Prefill would "
                                              "not write the cache), or the pair sits in a block other than an `if`"))
             return
+        for flag in flags:
+            self.record_edit(flag, f"`{code_of(flag.test).strip()}`, a flag of the module the traced run saw take the "
+                                   "branch growing the cache, settled to that branch")
         for original, replacement in placed.items():
             if not replacement:
                 plan.drop.add(original)
@@ -409,11 +502,28 @@ class CarriedCache(GraphCodemod):
     def _slots(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> str:
         params = {p.name.value for p in method.params.params}
         slots = next((_SLOTS[p] for p in _SLOTS if p in params), None)
-        if slots is None:
+        if slots is None and self._off_module:
+            slots = f"{SLOTS_OFF_MODULE}(self)"
+        elif slots is None:
             plan.needs.add((cls.name.value, method.name.value))
             slots = _SLOTS[THREADED]
         plan.slots[(cls.name.value, method.name.value)] = slots
         return slots
+
+    # -- no mask of the model's can hide the unwritten slots: the ops that read the cache do -------------------
+    def _plan_slot_masks(self, plan: _Plan) -> None:
+        path = self.context.filename
+        reads: dict[int, set[tuple[str, str]]] = {}
+        for file, line, op, kind in self.options.cache_reads:
+            if file == path:
+                reads.setdefault(line, set()).add((op, kind))
+        owned = plan_slot_masks(self._classes, reads, lambda node: self._lines(node)[0])
+        plan.replace.update(owned.replace)
+        plan.problems += owned.problems
+        plan.masks += len(owned.edits)
+        plan.slot_helpers |= owned.helpers
+        for node, summary in owned.edits:
+            self.record_edit(node, summary)
 
     # -- the causal buffer slices, in the same classes ----------------------------------------------------
     def _plan_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
@@ -435,6 +545,29 @@ class CarriedCache(GraphCodemod):
             plan.masks += 1
             codemod.record_edit(subscript, f"mask rows of `{code_of(subscript.value).strip()}` picked by the positions "
                                            f"(`{slots}`) instead of sliced by the key length `{length}`")
+
+    # -- biases built once at full length and cut square at the key length (ALiBi) ---------------------------
+    def _plan_square_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        """`self.B[:heads, :L, :L]`: a buffer of every position (Baichuan's ALiBi `future_mask`, -inf above the
+        diagonal plus the slopes) cut square at the key length L. In a compiled Decode the model counts L from no
+        cache, so the rows of the positions are picked instead, with a column for every key slot attention reads."""
+        for subscript in nodes_of_type(method, cst.Subscript):
+            elements = list(subscript.slice)
+            if len(elements) < 2 or self_attribute_name(subscript.value) is None:
+                continue
+            rows, cols = elements[-2].slice, elements[-1].slice
+            if not all(isinstance(e, cst.Slice) and e.lower is None and e.step is None and isinstance(e.upper, cst.Name)
+                       for e in (rows, cols)) or rows.upper.value != cols.upper.value:
+                continue
+            slots = plan.slots.get((cls.name.value, method.name.value)) or self._slots(cls, method, plan)
+            elements[-2] = elements[-2].with_changes(slice=cst.Index(cst.parse_expression(slots)))
+            elements[-1] = elements[-1].with_changes(slice=cols.with_changes(
+                upper=cst.parse_expression(f"{KEY_SLOTS}(self, {slots})")))
+            plan.replace[subscript] = subscript.with_changes(slice=elements)
+            plan.masks += 1
+            plan.key_slots = True
+            self.record_edit(subscript, f"rows of `{code_of(subscript.value).strip()}` picked by the positions (`{slots}`), "
+                                        f"a column for every key slot, instead of the square cut at `{rows.upper.value}`")
 
     # -- triangular masks built inline for the new rows and the key length ---------------------------------
     def _plan_inline_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
@@ -475,9 +608,11 @@ class CarriedCache(GraphCodemod):
         self._slots(cls, method, plan)  # positions are passed down to it when it has none
         buffer = plan.mask_buffers.setdefault(
             cls.name.value, "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask")
+        positions = THREADED if THREADED in {p.name.value for p in method.params.params} or not self._off_module \
+            else f"{SLOTS_OFF_MODULE}(self)[None]"
         for stmt, target, call in calls:
             plan.replace[stmt] = cst.parse_statement(
-                f"{target} = {MASK_ROWS}(self.{buffer}.mask, {THREADED})\n").with_changes(
+                f"{target} = {MASK_ROWS}(self.{buffer}.mask, {positions})\n").with_changes(
                 leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once by setup_caches, "
                                                              "picked by position.")])
             plan.masks += 1

@@ -148,7 +148,7 @@ class SplitDecode(GraphCodemod):
     # of the cache, the positions, the mask and the tables it sliced, the entries would run a model that still
     # expects them carried or as Python ints.
     ASSUMES = ("static_positions", "static_mask", "static_kv_cache", "sliced_kv_cache", "sliced_tables",
-               "cache_object", "carried_cache")
+               "cache_object", "carried_cache", "added_cache")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # Once the KV cache lives in module buffers, returning it from `decode` only costs: a compiled graph
@@ -192,7 +192,7 @@ class SplitDecode(GraphCodemod):
             self.record_manual(forward, "`forward` takes *args, required keyword-only arguments or no inputs, or the "
                                         "harness passes it arguments through **kwargs; write the entry points by hand")
             return updated_node
-        if self.options.recomputes_sequence:
+        if self.options.recomputes_sequence and not self._cache_in_buffers:  # added_cache gave it none
             self.record_manual(forward, _NO_CACHE_REASON)
             return updated_node
         unfit = self._unfit_inputs(params) or self._dropped_cache(params)

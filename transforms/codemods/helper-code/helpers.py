@@ -16,23 +16,29 @@ walk can reach, and ships as package data.
 import torch
 
 
-# Inserted by static_kv_cache and cache_object: the cache of a model whose head count and head size
-# `__init__` names.
+# Inserted by static_kv_cache and cache_object: the cache of a model whose head count and head size `__init__`
+# names, or (cache_object) whose buffers take the shapes the model writes.
 class StaticKVCache(torch.nn.Module):
     """Keys and values for every position the static path serves, written in place (added by graphmode).
 
-    `graphmode_resize` allocates the buffers (the model's `setup_caches` calls it); until then they hold nothing, so
-    a model only ever called through `forward` carries no cache memory. Every Decode step sees the same shapes and
-    the same memory, which capture/replay backends need. Slots not written yet hold zeros; the causal mask keeps
+    `graphmode_resize` (the model's `setup_caches` calls it) sets the sizes; until then the buffers hold nothing, so
+    a model only ever called through `forward` carries no cache memory. Given a head count and head size, it
+    allocates `(batch, heads, length, head_dim)` buffers there. Without them, each buffer takes the shape and dtype
+    of the first tensor written to it after that (Prefill, which runs eagerly), keys and values apart: MLA's keys
+    and values differ in head size, a latent and a rope key in rank. Either way they hold `max_seq_len` slots along
+    `seq_dim` (`value_seq_dim` for the values, where it differs). Every Decode step sees the same shapes and the
+    same memory, which capture/replay backends need. Slots not written yet hold zeros; the causal mask keeps
     attention away from them.
     """
 
-    def __init__(self, n_heads, head_dim, seq_dim=2):
+    def __init__(self, n_heads=None, head_dim=None, seq_dim=2, value_seq_dim=None):
         super().__init__()
-        self.n_heads, self.head_dim, self.seq_dim = n_heads, head_dim, seq_dim
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.seq_dim, self.value_seq_dim = seq_dim, seq_dim if value_seq_dim is None else value_seq_dim
         self.max_batch_size = self.max_seq_len = 0
-        self.register_buffer("k_cache", torch.zeros(self._shape()), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(self._shape()), persistent=False)
+        # Named sizes: empty buffers already, so the model's `.to()` gives them its dtype and device.
+        self.register_buffer("k_cache", None if n_heads is None else torch.zeros(self._shape()), persistent=False)
+        self.register_buffer("v_cache", None if n_heads is None else torch.zeros(self._shape()), persistent=False)
 
     def _shape(self):
         shape = [self.max_batch_size, self.n_heads, self.head_dim]
@@ -40,19 +46,30 @@ class StaticKVCache(torch.nn.Module):
         return shape
 
     def graphmode_resize(self, max_batch_size, max_seq_len):
-        """Fresh zeros for `max_batch_size` sequences of `max_seq_len` positions, in the buffers' dtype and device."""
+        """Room for `max_batch_size` sequences of `max_seq_len` positions: fresh zeros in the buffers' dtype and device
+        where the sizes are named, else allocated at the next write."""
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.k_cache, self.v_cache = self.k_cache.new_zeros(self._shape()), self.v_cache.new_zeros(self._shape())
+        if self.n_heads is None:
+            self.k_cache = self.v_cache = None
+        else:
+            self.k_cache, self.v_cache = self.k_cache.new_zeros(self._shape()), self.v_cache.new_zeros(self._shape())
 
     def update(self, input_pos, k, v):
+        if self.k_cache is None:  # shaped by this first write
+            self.k_cache, self.v_cache = self._zeros_like(k, self.seq_dim), self._zeros_like(v, self.value_seq_dim)
         # The buffers themselves, not views of them: a compiled graph hands an output that is an
         # input straight back, but rebuilds a view of a mutated input on every call.
         k_out, v_out = self.k_cache, self.v_cache
         if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
             k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
         k_out.index_copy_(self.seq_dim, input_pos, k)
-        v_out.index_copy_(self.seq_dim, input_pos, v)
+        v_out.index_copy_(self.value_seq_dim, input_pos, v)
         return k_out, v_out
+
+    def _zeros_like(self, new, seq_dim):
+        shape = list(new.shape)
+        shape[0], shape[seq_dim] = self.max_batch_size, self.max_seq_len
+        return new.new_zeros(shape)
 
 # Inserted by carried_cache: the cache of a tuple-cache model in any layout, shaped by its first write.
 class StaticKVBuffers(torch.nn.Module):
@@ -69,6 +86,8 @@ class StaticKVBuffers(torch.nn.Module):
         super().__init__()
         self.max_batch_size = self.max_seq_len = 0
         self.seq_dim, self.value_seq_dim = seq_dim, seq_dim if value_seq_dim is None else value_seq_dim
+        # The sequences sit along dim 0, or dim 1 in a sequence-first layout ([seq, batch, heads, dim], GLM).
+        self.batch_dim = 1 if self.seq_dim == 0 else 0
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
@@ -80,9 +99,9 @@ class StaticKVBuffers(torch.nn.Module):
     def update(self, input_pos, k, v):
         if self.k_cache is None:
             self.k_cache, self.v_cache = self._zeros_like(k, self.seq_dim), self._zeros_like(v, self.value_seq_dim)
-        k_out, v_out = self.k_cache, self.v_cache
-        if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
-            k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
+        k_out, v_out, rows = self.k_cache, self.v_cache, self.batch_dim
+        if k.shape[rows] != k_out.shape[rows]:  # fewer sequences than the buffers hold (a static check)
+            k_out, v_out = k_out.narrow(rows, 0, k.shape[rows]), v_out.narrow(rows, 0, v.shape[rows])
         k_out.index_copy_(self.seq_dim, input_pos, k)
         v_out.index_copy_(self.value_seq_dim, input_pos, v)
         if not torch.compiler.is_compiling():
@@ -93,10 +112,10 @@ class StaticKVBuffers(torch.nn.Module):
         return k_out, v_out
 
     def _zeros_like(self, new, seq_dim):
-        # Dim 0 holds `max_batch_size` sequences, or as many rows as the first write where it has more
+        # The batch dim holds `max_batch_size` sequences, or as many rows as the first write where it has more
         # (a batch-times-heads layout).
-        shape = list(new.shape)
-        shape[0], shape[seq_dim] = max(self.max_batch_size, shape[0]), self.max_seq_len
+        shape, rows = list(new.shape), self.batch_dim
+        shape[rows], shape[seq_dim] = max(self.max_batch_size, shape[rows]), self.max_seq_len
         return new.new_zeros(shape)
 
 # Inserted by cache_object and carried_cache, to build the mask buffer that a library mask helper's call
@@ -156,6 +175,46 @@ def graphmode_mask_rows(causal_mask, position_ids):
     if not torch.compiler.is_compiling():
         rows = rows[..., : int(position_ids.reshape(-1)[-1]) + 1]
     return rows
+
+# Inserted by carried_cache where attention reads every slot of the static buffers and no mask of the model's hides
+# the ones not written yet (no mask in Decode, `is_causal`, a mask built per call for another length).
+def graphmode_visible_slots(module, key_slots, device):
+    """Which of the first `key_slots` cache slots each computed token may read, True where it may (added by graphmode).
+
+    Slot s is visible to the token written at slot p when s <= p: what is not written yet stays hidden, whatever
+    mask the model builds. (tokens, key_slots); with the entries' 2-D padding mask, (rows, 1, tokens, key_slots),
+    the slots it holds 0 for hidden too.
+    """
+    slots = module.graphmode_static_state["slots"].to(device)
+    visible = torch.arange(key_slots, device=device) <= slots[:, None]
+    padding = module.graphmode_static_state["padding"]
+    if padding is None:
+        return visible
+    kept = padding[:, None, None, :key_slots].to(device) != 0
+    kept = torch.nn.functional.pad(kept, (0, key_slots - kept.shape[-1]), value=True)
+    return visible & kept
+
+
+# Inserted by carried_cache on the scores of the keys (`q @ k^T`, `baddbmm`) where the model's own mask does not
+# hide the slots not written yet.
+def graphmode_hide_unwritten(module, scores):
+    """The scores of every cache slot with the slots not written yet (and padding) at the dtype's minimum, as
+    transformers' masks fill them (added by graphmode); written slots keep their scores, bit for bit."""
+    visible = graphmode_visible_slots(module, scores.shape[-1], scores.device)
+    return scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+
+
+# Inserted by carried_cache as the mask of `scaled_dot_product_attention` over the static buffers.
+def graphmode_slot_mask(module, mask, keys):
+    """The model's own `attn_mask` (None, boolean with True where visible, or additive) with the cache slots not
+    written yet hidden too, for keys laid out (..., slots, head_dim) (added by graphmode). It also stands for
+    `is_causal`: a slot after a token's own is one not written when that token is computed."""
+    visible = graphmode_visible_slots(module, keys.shape[-2], keys.device)
+    if mask is None:
+        return visible
+    if mask.dtype == torch.bool:
+        return mask & visible
+    return torch.where(visible, mask, torch.finfo(mask.dtype).min)
 
 # Inserted by carried_cache where a method makes a tensor for the `past + new` keys (`_new_positions`).
 def graphmode_key_slots(module, position_ids):
@@ -314,3 +373,47 @@ def graphmode_fits(model, tokens, input_pos):
                 f"`setup_caches(max_batch_size={batch}, max_seq_length={last})` (or larger) first, or call "
                 "`forward`, which has no such limit"
             )
+
+
+# Inserted by static_moe in place of an expert loop that picks each expert's tokens by the routing (a count read on
+# the host, a `torch.where` of a mask): the same mixture, with no shape that depends on the routing.
+def graphmode_moe_dense(experts, tokens, expert_ids, expert_weights):
+    """The mixture of `experts` over `tokens` ([tokens, hidden]) for a top-k routing: `expert_ids` and
+    `expert_weights` ([tokens, k]) as the router chose and normalised them (added by graphmode).
+
+    Every expert runs over every token, and a token keeps the outputs of the experts it was routed to, each times
+    its routing weight: the sum the expert loop made, with no value read on the host and no shape that depends on
+    the routing, so a Decode graph holds it whole. An output a token was not routed to is dropped by a selection,
+    not multiplied by zero, so a non-finite value there cannot leak in. Products and sum are taken in the routing
+    weights' dtype and the result is returned in the tokens' dtype, as the loops this replaces do. It costs
+    experts / k times the expert work of the loop: little for Decode's few tokens.
+    """
+    if expert_ids.dim() != 2 or expert_ids.shape != expert_weights.shape or expert_ids.shape[0] != tokens.shape[0]:
+        raise ValueError(
+            f"graphmode_moe_dense: expected one row of expert ids and weights per token, got tokens "
+            f"{tuple(tokens.shape)}, ids {tuple(expert_ids.shape)} and weights {tuple(expert_weights.shape)}"
+        )
+    if any(expert is None for expert in experts):
+        raise ValueError("graphmode_moe_dense: some experts live on other ranks (expert parallelism); the static "
+                         "dispatch runs every expert on this one, so it needs them all here")
+    count = len(experts)
+    routed = torch.zeros(tokens.shape[0], count, dtype=torch.bool, device=tokens.device)
+    routed = routed.scatter(1, expert_ids, True)
+    weights = torch.zeros(tokens.shape[0], count, dtype=expert_weights.dtype, device=tokens.device)
+    weights = weights.scatter_add(1, expert_ids, expert_weights)
+    mixed = None
+    for index, expert in enumerate(experts):
+        out = expert(tokens).to(expert_weights.dtype) * weights[:, index, None]
+        out = torch.where(routed[:, index, None], out, 0)
+        mixed = out if mixed is None else mixed + out
+    return mixed.to(tokens.dtype)
+
+
+# Inserted by added_cache where attention over the added cache was causal by `is_causal=True`: the mask rows.
+def graphmode_position_rows(module, keys):
+    """Which cache slots (dim -2 of `keys`) each token this call computes may read, (tokens, slots), True where it
+    may (added by graphmode): the slots up to its own position, the entries' `input_pos`. It stands for
+    `is_causal=True`, which means the same only while the keys are exactly the tokens computed; it also hides the
+    slots the cache has not written yet."""
+    positions = module.graphmode_static_state["slots"].reshape(-1)
+    return torch.arange(keys.shape[-2], device=keys.device) <= positions[:, None]

@@ -1,0 +1,144 @@
+"""Which transformers releases have what remote code imports, and what a failure for the lack of one means.
+
+Hub repositories ship modeling code written against one transformers release; a later release drops what it used,
+and the code fails to import or to run. `diagnose` reads such a failure (in the worker, where the exception and the
+interpreter's own release are at hand) and says what is missing and which releases have it, so the person can run
+the target under an interpreter with such a release (graphmode.toml's `python`, a manifest's, `--python`).
+
+Every fact of RELEASE_FACTS was read from the released wheels (pip download transformers==X --no-deps; the class,
+method or module looked up in the wheel's sources): 4.35.2, 4.36.0, 4.38.0, 4.41.2, 4.42.4, 4.43.4, 4.44.2, 4.45.0,
+4.46.0, 4.47.0, 4.47.1, 4.48.0, 4.49.0, 4.50.0, 4.52.0, 4.53.0, 4.53.3, 4.54.0, 4.55.0, 4.55.4, 4.56.0, 4.57.0,
+4.57.6, 5.0.0, 5.1.0, 5.2.0, 5.13.1, 5.18.0, 5.21.1, 5.22.2, 5.23.0 and 5.24.0. `last` names a minor release
+(for 4.47, 4.53 and 4.57 its first and last patch releases were both read); `first` is the earliest release in
+graphmode's range (SUPPORTED_FROM onward) that has it. Left out, because no one range says it:
+`Cache.get_max_length` (4.36 to 4.48, back in 5.x), and `_flash_supports_window_size` (moved between modules in 4.43,
+gone in 4.54); and `pytorch_utils.ALL_LAYERNORM_LAYERS`, which every release read has.
+
+Standard library only: the agent reads it without torch, and the workers of any interpreter import it.
+"""
+from __future__ import annotations
+
+import linecache
+import re
+import traceback
+from dataclasses import dataclass
+
+from graphmode.runners.interpreter import release
+
+# The oldest release graphmode supports (pyproject.toml's `hf` extra): the Cache API (DynamicCache) arrived in 4.36.
+SUPPORTED_FROM = "4.36"
+# `--hf MODEL_TYPE` drives transformers' own StaticCache path (runners.hf_driver.StaticCacheDecoder): StaticCache
+# and the models' `cache_position` argument arrived in 4.38.
+STATIC_CACHE_FROM = "4.38"
+HF_EXTRA = ">=4.36,<6"
+
+
+@dataclass(frozen=True)
+class ReleaseFact:
+    """A name remote code uses, and the releases that have it (last None: every release since `first`)."""
+    symbol: str  # as a person writes it: "Cache.get_usable_length", "transformers.modeling_attn_mask_utils"
+    first: str
+    last: str | None
+    # How its absence shows in an exception's message; group "name" must equal `name` for the fact to apply.
+    name: str
+    shows_as: tuple[str, ...]
+
+    @property
+    def releases(self) -> str:
+        return f"transformers {self.first} to {self.last}" if self.last else f"transformers {self.first} onward"
+
+    def has(self, version: str | None) -> bool:
+        found = release(version)
+        return bool(found) and release(self.first) <= found and (
+            self.last is None or found[:len(release(self.last))] <= release(self.last))
+
+
+_MODULE = (r"No module named '(?P<name>[\w.]+)'",)
+_IMPORTED = (r"cannot import name '(?P<name>\w+)' from '[\w.]+'",)
+_ATTRIBUTE = (r"has no attribute '(?P<name>\w+)'",)
+
+RELEASE_FACTS: tuple[ReleaseFact, ...] = (
+    ReleaseFact("transformers.modeling_attn_mask_utils", "4.36", "5.23", "transformers.modeling_attn_mask_utils",
+                _MODULE),
+    ReleaseFact("transformers.utils.is_torch_fx_available", "4.36", "4.57", "is_torch_fx_available",
+                _IMPORTED + _ATTRIBUTE),
+    ReleaseFact("Cache.get_usable_length", "4.36", "4.53", "get_usable_length", _ATTRIBUTE),
+    ReleaseFact("DynamicCache.from_legacy_cache", "4.36", "4.57", "from_legacy_cache", _ATTRIBUTE),
+    ReleaseFact("DynamicCache.to_legacy_cache", "4.36", "4.57", "to_legacy_cache", _ATTRIBUTE),
+    ReleaseFact("transformers.models.llama.modeling_llama.LlamaFlashAttention2", "4.36", "4.47",
+                "LlamaFlashAttention2", _IMPORTED + _ATTRIBUTE),
+)
+# 5.0 turned a config's `rope_scaling: null` into a dict ({"rope_type": "default", ...}): code written for 4.x reads
+# `rope_scaling["type"]` once it is not None, and gets a KeyError (or the dict where it tested for None).
+ROPE_SCALING_DICT_FROM = "5.0"
+
+
+def _matching_fact(exc: BaseException) -> ReleaseFact | None:
+    if not isinstance(exc, (ImportError, AttributeError)):
+        return None
+    message = str(exc)
+    for fact in RELEASE_FACTS:
+        for pattern in fact.shows_as:
+            found = re.search(pattern, message)
+            if found and found.group("name") == fact.name:
+                return fact
+    return None
+
+
+def _raising_line(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return last.line or linecache.getline(last.filename, last.lineno or 0)
+
+
+def _rope_scaling_failure(exc: BaseException, version: str | None) -> bool:
+    return (isinstance(exc, (KeyError, TypeError)) and release(version) >= release(ROPE_SCALING_DICT_FROM)
+            and "rope_scaling" in _raising_line(exc))
+
+
+def diagnose(chain: list[BaseException], version: str | None) -> str | None:
+    """What a failure says about the release, for the exceptions of one failure (outermost first) under transformers
+    `version` (None: not installed): the missing name and the releases that have it, and how to run under one; None
+    when the failure is not for the lack of something a release has."""
+    fix = ("run the target under an interpreter with such a release (`python = ...` in graphmode.toml's [target] or "
+           "a batch manifest's target, or `graphmode adapt --python PATH`)")
+    here = f"this interpreter has transformers {version}" if version else "this interpreter has no transformers"
+    for exc in reversed(chain):
+        fact = _matching_fact(exc)
+        if fact is not None and not fact.has(version):
+            return f"the model's code needs `{fact.symbol}` ({fact.releases}); {here}: {fix}"
+        if _rope_scaling_failure(exc, version):
+            return (f"the model's code reads `rope_scaling` as transformers 4.x gave it (None when config.json says "
+                    f"null); from {ROPE_SCALING_DICT_FROM} it is a dict ({{'rope_type': 'default', ...}}), so a 4.x "
+                    f"release (transformers {SUPPORTED_FROM} to 4.57) runs it; {here}: {fix}")
+    return None
+
+
+def hf_release_problem(spec: str, interpreter: str, version: str | None) -> str | None:
+    """Why `--hf SPEC` cannot run under transformers `version` of `interpreter`, or None."""
+    install = f"`{interpreter} -m pip install 'transformers{HF_EXTRA}'`"
+    if version is None:
+        return f"{interpreter} has no transformers: {install}"
+    if release(version) < release(SUPPORTED_FROM):
+        return (f"{interpreter} has transformers {version}; graphmode supports {SUPPORTED_FROM} onward (the Cache API "
+                f"the models' code is written for): {install}")
+    if release(version) < release(STATIC_CACHE_FROM) and not _is_remote_code(spec):
+        return (f"{interpreter} has transformers {version}; a model transformers implements is driven on its own "
+                f"StaticCache path, which arrived in {STATIC_CACHE_FROM} (with the models' cache_position): "
+                f"`{interpreter} -m pip install 'transformers>={STATIC_CACHE_FROM},<6'`")
+    return None
+
+
+def _is_remote_code(spec: str) -> bool:
+    """The folder (or config.json) names its own modeling code (config.json's auto_map)."""
+    import json
+    from pathlib import Path
+
+    path = Path(spec).expanduser()
+    config = path / "config.json" if path.is_dir() else path
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("auto_map"))
+    except (OSError, ValueError, AttributeError):
+        return False

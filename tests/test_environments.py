@@ -1,0 +1,210 @@
+"""A target's own interpreter (graphmode.toml's python, a manifest's, --python), and what a release lacks.
+
+The second interpreter is a real venv made in a temporary folder with no pip and no system site packages: a `.pth`
+file gives it this interpreter's site-packages folder (torch and transformers, shared, nothing installed), while
+graphmode's own editable-install hook there is not run (a `.pth` file is read only in a site folder), so graphmode is
+importable in it only through the folder graphmode puts on its workers' PYTHONPATH.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import runpy
+import shutil
+import subprocess
+import sys
+import sysconfig
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from graphmode.runners.crash import exception_chain
+from graphmode.runners.interpreter import release
+from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
+
+ROOT = Path(__file__).parents[1]
+LEGACY = ROOT / "examples" / "legacy_llm"
+HUB = Path(__file__).parent / "fixtures" / "hub_remote_code"
+INSTALLED = version("transformers")
+
+
+def graphmode(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=900)
+
+
+def make_venv(folder: Path, *, share_packages: bool) -> Path:
+    """A venv without pip; with share_packages, this interpreter's site-packages through a .pth file."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    python = folder / "bin" / "python"
+    if share_packages:
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "shared-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory) -> Path:
+    python = make_venv(tmp_path_factory.mktemp("venv") / "shared", share_packages=True)
+    seen = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('graphmode') is None)"],
+                          capture_output=True, text=True, check=True)
+    assert seen.stdout.strip() == "True", "the venv must not see graphmode's own installation"
+    return python
+
+
+# -- refused before anything runs ---------------------------------------------------------------------------------
+
+def test_an_interpreter_that_does_not_exist_is_bad_input_naming_it(tmp_path):
+    missing = tmp_path / "nowhere" / "bin" / "python"
+    done = graphmode("adapt", str(LEGACY), "--python", str(missing), "--out", str(tmp_path / "out"),
+                     home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--python {missing}: no such file" in done.stderr and "python -m venv DIR" in done.stderr
+    assert not (tmp_path / "out" / "legacy_llm" / "logs").exists()  # no worker started
+
+
+def test_an_interpreter_without_torch_is_refused_with_the_install_command(tmp_path):
+    bare = make_venv(tmp_path / "bare", share_packages=False)
+    folder = tmp_path / "model"
+    shutil.copytree(LEGACY, folder)
+    (folder / "graphmode.toml").write_text("[target]\npython = '../bare/bin/python'\n")
+    done = graphmode("adapt", str(folder), "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    torch_release = ".".join(map(str, release(version("torch"))))
+    assert f"[target] python {bare}: {bare} has no torch" in said, said
+    assert f"`{bare} -m pip install torch=={torch_release}`" in said, said
+
+
+def test_a_manifest_names_a_python_per_target_and_checks_each_before_anything_runs(tmp_path, venv_python):
+    from graphmode.agent.batch_manifest import load_manifest
+    from graphmode.agent.errors import UserError
+
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(f"[[target]]\npath = '{LEGACY}'\npython = '{venv_python}'\n\n"
+                        f"[[target]]\nname = 'system'\npath = '{LEGACY}'\n")
+    own, system = load_manifest(manifest, out=tmp_path / "out").targets
+    assert own.target["python"] == str(venv_python) and "python" not in system.target
+    assert f'python = "{venv_python}"' in own.target_file_text()  # what the target's adapt reads
+    manifest.write_text(f"[[target]]\npath = '{LEGACY}'\npython = 'venvs/missing/bin/python'\n")
+    with pytest.raises(UserError, match=r"\[\[target\]\] legacy_llm python .*venvs/missing/bin/python: no such file"):
+        load_manifest(manifest, out=tmp_path / "out")
+
+
+def test_hf_needs_a_release_of_its_path_in_the_targets_interpreter(tmp_path):
+    python = "/venvs/old/bin/python"
+    assert "has no transformers: `/venvs/old/bin/python -m pip install 'transformers>=4.36,<6'`" in \
+        hf_release_problem("llama", python, None)
+    assert "graphmode supports 4.36 onward" in hf_release_problem("llama", python, "4.35.2")
+    # transformers' own models are driven on StaticCache (4.38); remote code brings its own cache.
+    assert "StaticCache path, which arrived in 4.38" in hf_release_problem("llama", python, "4.37.2")
+    remote = tmp_path / "remote"
+    shutil.copytree(HUB, remote)
+    assert hf_release_problem(str(remote), python, "4.37.2") is None
+    assert hf_release_problem("llama", python, INSTALLED) is None
+
+
+# -- what a release lacks --------------------------------------------------------------------------------------------
+
+def _failure(code: str, folder: Path) -> list[BaseException]:
+    """The exceptions of running `code` as a model file of `folder` (a real file: the diagnosis reads its lines)."""
+    path = folder / "modeling_release.py"
+    path.write_text(code + "\n")
+    try:
+        runpy.run_path(str(path))
+    except Exception as error:  # noqa: BLE001 - the failure is what is examined
+        return exception_chain(error)
+    return []
+
+
+@pytest.mark.parametrize("symbol, code", [
+    ("Cache.get_usable_length", "from transformers import DynamicCache\nDynamicCache().get_usable_length(1)"),
+    ("DynamicCache.from_legacy_cache", "from transformers import DynamicCache\nDynamicCache.from_legacy_cache(None)"),
+    ("transformers.utils.is_torch_fx_available", "from transformers.utils import is_torch_fx_available"),
+    ("transformers.modeling_attn_mask_utils",
+     "from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask"),
+])
+def test_a_name_the_installed_release_lacks_is_said_with_the_releases_that_have_it(tmp_path, symbol, code):
+    fact = next(f for f in RELEASE_FACTS if f.symbol == symbol)
+    if fact.has(INSTALLED):
+        pytest.skip(f"transformers {INSTALLED} has {symbol}")
+    said = diagnose(_failure(code, tmp_path), INSTALLED)
+    assert said is not None and said.startswith(f"the model's code needs `{symbol}` ({fact.releases}); this "
+                                                f"interpreter has transformers {INSTALLED}: run the target under"), said
+
+
+def test_rope_scaling_read_the_4x_way_is_diagnosed_from_5_on(tmp_path):
+    if release(INSTALLED) < release(ROPE_SCALING_DICT_FROM):
+        pytest.skip(f"transformers {INSTALLED} keeps rope_scaling None")
+    chain = _failure("from transformers import LlamaConfig\nconfig = LlamaConfig(rope_scaling=None)\n"
+                     "scaling = config.rope_scaling['type'] if config.rope_scaling is not None else None", tmp_path)
+    said = diagnose(chain, INSTALLED)
+    assert said is not None and "reads `rope_scaling` as transformers 4.x gave it" in said, said
+    assert diagnose(_failure("{}['type']", tmp_path), INSTALLED) is None  # a KeyError elsewhere is not the release's
+
+
+def test_a_failure_that_is_not_the_releases_is_not_diagnosed(tmp_path):
+    assert diagnose(_failure("from transformers import NoSuchThing", tmp_path), INSTALLED) is None
+    assert diagnose(_failure("import transformers\ntransformers.DynamicCache().no_such_method()", tmp_path),
+                    INSTALLED) is None
+
+
+def test_remote_code_importing_what_the_release_lacks_stops_with_the_diagnosis(tmp_path):
+    fact = next((f for f in RELEASE_FACTS if f.symbol == "transformers.modeling_attn_mask_utils"), None)
+    if fact.has(INSTALLED):
+        pytest.skip(f"transformers {INSTALLED} has {fact.symbol}")
+    folder = tmp_path / "hub"
+    shutil.copytree(HUB, folder)
+    modeling = folder / "modeling_tinylm.py"
+    modeling.write_text(modeling.read_text().replace(
+        "from .configuration_tinylm import TinyLMConfig",
+        "from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask\n"
+        "from .configuration_tinylm import TinyLMConfig"))
+    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--yes", "--backend", "eager", "--runs", "1",
+                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "No module named 'transformers.modeling_attn_mask_utils'" in said, said
+    assert (f"needs `transformers.modeling_attn_mask_utils` ({fact.releases}); this interpreter has transformers "
+            f"{INSTALLED}: run the target under an interpreter with such a release") in said, said
+
+
+# -- the model runs under the target's interpreter ------------------------------------------------------------------
+
+def _sides(run: Path) -> dict:
+    return json.loads((run / "report.json").read_text())["env"]["sides"]
+
+
+@pytest.mark.slow
+def test_adapt_with_python_runs_every_worker_under_it_and_the_documents_name_it(tmp_path, venv_python):
+    done = graphmode("adapt", str(LEGACY), "--python", str(venv_python), "--yes", "--backend", "eager", "--runs", "1",
+                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "out" / "legacy_llm"
+    # The venv is made from this interpreter: the same Python, and transformers shared.
+    expected = {"executable": str(venv_python), "python": platform.python_version(), "transformers": INSTALLED}
+    assert _sides(run) == {"original": expected, "adapted": expected}
+    assert f"| Interpreter | `{venv_python}`, Python {expected['python']} (both sides): the target's own |" in \
+        (run / "report.md").read_text()
+    assert f"| Interpreter | `{venv_python}`, Python {expected['python']} (the target's own" in \
+        (run / "design.md").read_text()
+    # graphmode was imported there through the folder of links under GRAPHMODE_HOME, never installed.
+    assert list((tmp_path / "home" / "import-path").glob("*/graphmode/runners"))
+
+
+@pytest.mark.slow
+def test_a_batch_target_runs_under_the_python_its_manifest_names(tmp_path):
+    """One target, to keep the test short: a manifest mixing interpreters is checked above without running; here the
+    batch's adapt reads the target's python from the target file the batch writes, and its workers run there."""
+    manifest = tmp_path / "manifest.toml"
+    python = make_venv(tmp_path / "venvs" / "own", share_packages=True)
+    manifest.write_text(f"[defaults]\nbackend = 'eager'\nruns = 1\n\n"
+                        f"[[target]]\nname = 'own'\npath = '{LEGACY}'\npython = 'venvs/own/bin/python'\n")
+    done = graphmode("batch", str(manifest), "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sides = _sides(next((tmp_path / "out" / "own").rglob("report.json")).parent)
+    assert {side["executable"] for side in sides.values()} == {str(python)}
