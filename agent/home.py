@@ -5,12 +5,13 @@ A module of its own, with nothing but the standard library, so that commands tha
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from graphmode.runners.interpreter import graphmode_home
 
 
 def sessions_db() -> Path:
     """One database for every session of this user; GRAPHMODE_HOME moves it (tests, CI)."""
-    home = Path(os.environ.get("GRAPHMODE_HOME", Path.home() / ".graphmode"))
+    home = graphmode_home()
     home.mkdir(parents=True, exist_ok=True)
     return home / "sessions.sqlite"
