@@ -24,7 +24,8 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
                       evidence_cache_writes=evidence_cache_writes(state.evidence),
                       changing_int_params=changing_int_params(state.evidence),
                       host_sync_lines=host_sync_lines(state.evidence),
-                      position_lines=position_lines(state.evidence), cache_reads=cache_reads(state.evidence))
+                      position_lines=position_lines(state.evidence), cache_reads=cache_reads(state.evidence),
+                      position_tests=position_tests(state.evidence))
     target = Path(state.options.target)
     return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
 
@@ -80,6 +81,14 @@ def position_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
     """(file, statement line) of every statement the traced run saw make the positions of the tokens computed."""
     return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
                          for key, entry in evidence.get("lines", {}).items() if entry.get("positions")}))
+
+
+def position_tests(evidence: dict) -> tuple[tuple[str, int, str], ...]:
+    """(file, statement line, "gt" | "ge") of every branch test the traced run saw compare how far the positions
+    reach with a Python int."""
+    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]), test["op"])
+                         for key, entry in evidence.get("lines", {}).items()
+                         for test in entry.get("position_tests", [])}))
 
 
 def cache_reads(evidence: dict) -> tuple[tuple[str, int, str, str], ...]:

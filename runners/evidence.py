@@ -73,6 +73,8 @@ _SYNC_WORDS = {"item": "`.item()`", "tolist": "`.tolist()`", "int": "`int()` of 
                "branch": "a Python branch on a tensor value (`Tensor.__bool__`)"}
 # Ops that read part of an existing tensor: a growing result means a moving Python bound.
 SLICE_OPS = frozenset({"getitem", "narrow", "slice", "select", "index_select", "split", "chunk", "unbind"})
+# Comparisons with the tensor on the left that a branch taken once the positions pass a bound tests.
+_BOUND_TESTS = frozenset({"gt", "ge"})
 CAT_OPS = frozenset({"cat", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack", "stack"})
 _MAX_INTS = 64  # ints kept per call: a torch.tensor(list) of a thousand ints is data, not positions
 _INTEGER_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
@@ -158,6 +160,15 @@ class HostSync:
 
 
 @dataclass
+class PositionTest:
+    """A comparison that tested how far the positions reach against a Python int at every Decode step: `tensor OP
+    bound`, the tensor holding the step's last position plus `offset` (1: the count of positions so far)."""
+    op: str  # "gt" | "ge": the tensor on the left
+    offset: int  # 0 or 1
+    bound: int
+
+
+@dataclass
 class LineEvidence:
     function: str
     text: str
@@ -172,6 +183,9 @@ class LineEvidence:
     # Ops at this line that read a tensor growing every Decode step and give back one that does not: attention
     # reading the cache along its growing dim in one op (`scaled_dot_product_attention`), or weights times values.
     reads_growing: list[str] = field(default_factory=list)
+    # Comparisons of the positions with a Python int that a branch here tested (dynamic NTK rotary's
+    # `if max(position_ids) + 1 > self.max_position_embeddings`): the size of a static cache settles them.
+    position_tests: list[PositionTest] = field(default_factory=list)
 
 
 @dataclass
@@ -317,7 +331,8 @@ def _line_from_dict(data: dict[str, Any]) -> LineEvidence:
         growing=[_build(Growth, g) for g in data.get("growing", [])],
         scalars=[_build(ScalarChange, s) for s in data.get("scalars", [])],
         syncs=[_build(HostSync, s) for s in data.get("syncs", [])], positions=bool(data.get("positions")),
-        reads_growing=list(data.get("reads_growing", [])))
+        reads_growing=list(data.get("reads_growing", [])),
+        position_tests=[_build(PositionTest, t) for t in data.get("position_tests", [])])
 
 
 # -- the trace -----------------------------------------------------------------------------------------
@@ -915,10 +930,11 @@ class _Analysis:
                 kind = "branch"
             entry = self._entry(lines, file, line, record["function"])
             entry.syncs.append(HostSync(kind, op, record[PREFILL], record[DECODE], via))
+        self._position_tests(lines, prompt_shape, new_tokens)
         for key, entry in lines.items():
             file, _, line = key.rpartition(":")
             ran = {phase for phase, covered in t.coverage.get(file, {}).items() if int(line) in covered}
-            if entry.growing or entry.scalars or entry.positions or entry.reads_growing:
+            if entry.growing or entry.scalars or entry.positions or entry.reads_growing or entry.position_tests:
                 ran.add(DECODE)
             for sync in entry.syncs:
                 ran |= {phase for phase in (PREFILL, DECODE) if getattr(sync, phase)}
@@ -929,6 +945,45 @@ class _Analysis:
             functions=self._functions(), coverage=self._coverage(),
             recomputes_sequence=first_input[1] if first_input else None,
             unattributed_ops=t.unattributed, trace_errors=list(t.errors))
+
+    def _position_tests(self, lines: dict[str, LineEvidence], prompt_shape: list[int], new_tokens: int) -> None:
+        """Records the comparisons of the positions with a Python int in the tests of the branches that read the
+        device in Decode (`PositionTest`)."""
+        branches = {(file, self._statement(file, line)[0])
+                    for (file, line, kind, _, _), record in self.t.syncs.items()
+                    if kind == "bool" and record[DECODE] and self._statement(file, line)[1]}
+        prompt = prompt_shape[-1] if prompt_shape else 0
+        for site in self.t._site_list:
+            if site.via is None and site.op in _BOUND_TESTS \
+                    and (site.file, self._statement(site.file, site.line)[0]) in branches:
+                found = self._position_test(site, prompt, new_tokens)
+                if found is not None:
+                    self._entry(lines, site.file, site.line, site.function).position_tests.append(found)
+
+    def _position_test(self, site: _Site, prompt: int, new_tokens: int) -> PositionTest | None:
+        """The site's comparison when, in every call of every Decode step, its one tensor held the step's last
+        position plus the same offset (0 or 1) and the other side was the same Python int."""
+        if len(self.decode_steps) < 2:
+            return None  # one step cannot tell a position from any other number
+        seen = set()
+        for step in self.decode_steps:
+            calls = self.by_step[site.id].get(step, [])
+            if not calls:
+                return None
+            last = prompt + step * new_tokens - 1
+            for call in calls:
+                bound = dict(call.ints).get("arg1")
+                producer = call.inputs[0][0] if len(call.inputs) == 1 else None
+                if bound is None or producer is None:
+                    return None
+                values = self.t._site_list[producer[0]].calls[producer[2]].values
+                if values is None or len(values) != 1:
+                    return None
+                seen.add((values[0] - last, bound))
+        if len(seen) != 1:
+            return None
+        offset, bound = seen.pop()
+        return PositionTest(site.op, offset, bound) if offset in (0, 1) else None
 
     def _positions(self, site: _Site, prompt_shape: list[int], new_tokens: int) -> bool:
         """Whether the site makes the positions of the tokens computed at every Decode step (rows of

@@ -31,10 +31,15 @@ def _load(folder: Path, name: str, file: str = "model.py"):
     spec = importlib.util.spec_from_file_location(name, folder / file)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(folder))
+    before = set(sys.modules)
     try:
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(folder))
+        # The siblings it imported (`cache`, `masks`) leave with it: another folder's files share those names.
+        for sibling in set(sys.modules) - before:
+            if Path(getattr(sys.modules[sibling], "__file__", None) or "/").parent == folder:
+                sys.modules.pop(sibling)
     return module
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from graphmode.agent.cli import EXIT_STOPPED
 from graphmode.runners.crash import exception_chain
 from graphmode.runners.interpreter import release
 from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
@@ -180,18 +181,16 @@ def _sides(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_adapt_with_python_runs_every_worker_under_it_and_the_documents_name_it(tmp_path, venv_python):
-    done = graphmode("adapt", str(LEGACY), "--python", str(venv_python), "--yes", "--backend", "eager", "--runs", "1",
+def test_adapt_with_python_analyses_under_it_and_the_design_names_it(tmp_path, venv_python):
+    """Analysis only (no --yes: it stops at the confirmation): the traced run and the probe ran under the venv's
+    Python. The verify side is the batch test's below, whose target file names the interpreter instead."""
+    done = graphmode("adapt", str(LEGACY), "--python", str(venv_python), "--backend", "eager",
                      "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == EXIT_STOPPED and "graphmode resume" in done.stdout, done.stdout + done.stderr
     run = tmp_path / "out" / "legacy_llm"
-    # The venv is made from this interpreter: the same Python, and transformers shared.
-    expected = {"executable": str(venv_python), "python": platform.python_version(), "transformers": INSTALLED}
-    assert _sides(run) == {"original": expected, "adapted": expected}
-    assert f"| Interpreter | `{venv_python}`, Python {expected['python']} (both sides): the target's own |" in \
-        (run / "report.md").read_text()
-    assert f"| Interpreter | `{venv_python}`, Python {expected['python']} (the target's own" in \
+    assert f"| Interpreter | `{venv_python}`, Python {platform.python_version()} (the target's own" in \
         (run / "design.md").read_text()
+    assert not (run / "report.json").exists()
     # graphmode was imported there through the folder of links under GRAPHMODE_HOME, never installed.
     assert list((tmp_path / "home" / "import-path").glob("*/graphmode/runners"))
 
@@ -199,12 +198,16 @@ def test_adapt_with_python_runs_every_worker_under_it_and_the_documents_name_it(
 @pytest.mark.slow
 def test_a_batch_target_runs_under_the_python_its_manifest_names(tmp_path):
     """One target, to keep the test short: a manifest mixing interpreters is checked above without running; here the
-    batch's adapt reads the target's python from the target file the batch writes, and its workers run there."""
+    batch's adapt reads the target's python from the target file the batch writes, and every worker runs there."""
     manifest = tmp_path / "manifest.toml"
     python = make_venv(tmp_path / "venvs" / "own", share_packages=True)
     manifest.write_text(f"[defaults]\nbackend = 'eager'\nruns = 1\n\n"
                         f"[[target]]\nname = 'own'\npath = '{LEGACY}'\npython = 'venvs/own/bin/python'\n")
     done = graphmode("batch", str(manifest), "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    sides = _sides(next((tmp_path / "out" / "own").rglob("report.json")).parent)
-    assert {side["executable"] for side in sides.values()} == {str(python)}
+    run = next((tmp_path / "out" / "own").rglob("report.json")).parent
+    # The venv is made from this interpreter: the same Python, and transformers shared.
+    expected = {"executable": str(python), "python": platform.python_version(), "transformers": INSTALLED}
+    assert _sides(run) == {"original": expected, "adapted": expected}
+    assert f"| Interpreter | `{python}`, Python {expected['python']} (both sides): the target's own |" in \
+        (run / "report.md").read_text()

@@ -29,6 +29,7 @@ GREEDY_STEPS = 10
 def _load(folder: Path, name: str):
     """A folder's harness, with its model module imported from that folder under a name of its own."""
     sys.path.insert(0, str(folder))
+    before = set(sys.modules)
     try:
         spec = importlib.util.spec_from_file_location(f"{name}_model", folder / "model.py")
         model = importlib.util.module_from_spec(spec)
@@ -39,7 +40,10 @@ def _load(folder: Path, name: str):
         spec.loader.exec_module(harness)
     finally:
         sys.path.remove(str(folder))
-        sys.modules.pop("model", None)
+        # The model and its siblings (`cache`, `masks`) leave with it: another folder's files share those names.
+        for sibling in set(sys.modules) - before:
+            if Path(getattr(sys.modules[sibling], "__file__", None) or "/").parent == folder:
+                sys.modules.pop(sibling)
     return harness
 
 

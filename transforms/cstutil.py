@@ -227,6 +227,9 @@ class AppendingCat:
     target: str
     past: cst.BaseExpression  # OLD
     dim: int
+    # Only X's last row along D is appended (`X[-1, ...].unsqueeze(0)`, `X[-1:]`): the same as X wherever one token
+    # is new, as in every Decode step.
+    last_row: bool = False
 
 
 def integer_value(node: cst.BaseExpression) -> int | None:
@@ -239,8 +242,31 @@ def integer_value(node: cst.BaseExpression) -> int | None:
     return None
 
 
-def appending_cat(stmt: cst.CSTNode) -> AppendingCat | None:
-    """The statement as an AppendingCat (list or tuple of two pieces, dim by keyword or position), or None."""
+def _last_row_of(piece: cst.BaseExpression, dim: int) -> str | None:
+    """The name X when `piece` is X's last row along non-negative `dim`, its rank kept: `X[-1, ...].unsqueeze(0)`,
+    `X[:, -1].unsqueeze(1)`, `X[-1:]`, `X[:, -1:, ...]`; None for anything else."""
+    unsqueezed = isinstance(piece, cst.Call) and isinstance(piece.func, cst.Attribute) \
+        and piece.func.attr.value == "unsqueeze" and len(piece.args) == 1 and integer_value(piece.args[0].value) == dim
+    subscript = piece.func.value if unsqueezed else piece
+    if not (isinstance(subscript, cst.Subscript) and isinstance(subscript.value, cst.Name)) \
+            or len(subscript.slice) <= dim:
+        return None
+    elements = list(subscript.slice)
+    row = elements[dim].slice
+    if unsqueezed:
+        last = isinstance(row, cst.Index) and integer_value(row.value) == -1
+    else:
+        last = isinstance(row, cst.Slice) and row.lower is not None and integer_value(row.lower) == -1 \
+            and row.upper is None and row.step is None
+    rest = elements[:dim] + elements[dim + 1:]
+    whole = all(is_full_slice(e) or (isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Ellipsis))
+                for e in rest)
+    return subscript.value.value if last and whole else None
+
+
+def appending_cat(stmt: cst.CSTNode, last_row: bool = False) -> AppendingCat | None:
+    """The statement as an AppendingCat (list or tuple of two pieces, dim by keyword or position), or None. With
+    `last_row`, also where only the last row of the tensor assigned is appended (`AppendingCat.last_row`)."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
         return None
     assign = stmt.body[0]
@@ -252,8 +278,12 @@ def appending_cat(stmt: cst.CSTNode) -> AppendingCat | None:
     if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
         return None
     old, new = (e.value for e in pieces.elements)
-    if not (isinstance(new, cst.Name) and new.value == target) or target in names_in(old):
-        return None
     dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
     dim = integer_value(dims[0]) if len(dims) == 1 else None
-    return AppendingCat(stmt, target, old, dim) if dim is not None else None
+    if dim is None or target in names_in(old):
+        return None
+    if isinstance(new, cst.Name) and new.value == target:
+        return AppendingCat(stmt, target, old, dim)
+    if last_row and dim >= 0 and _last_row_of(new, dim) == target:
+        return AppendingCat(stmt, target, old, dim, last_row=True)
+    return None

@@ -134,7 +134,7 @@ def _in_current_lines(options: Options, path: str, to_original: list[int | None]
     """The options with the evidence's lines (lines of the original) moved to where the earlier codemods of the
     chain left them; a line they rewrote has no evidence any more."""
     if not (options.evidence_caches or options.evidence_cache_writes or options.host_sync_lines
-            or options.position_lines or options.cache_reads):
+            or options.position_lines or options.cache_reads or options.position_tests):
         return options
     current = {line: index + 1 for index, line in enumerate(to_original) if line is not None}
 
@@ -145,7 +145,7 @@ def _in_current_lines(options: Options, path: str, to_original: list[int | None]
     return replace(options, evidence_caches=moved(options.evidence_caches),
                    evidence_cache_writes=moved(options.evidence_cache_writes),
                    host_sync_lines=moved(options.host_sync_lines), position_lines=moved(options.position_lines),
-                   cache_reads=moved(options.cache_reads))
+                   cache_reads=moved(options.cache_reads), position_tests=moved(options.position_tests))
 
 
 def original_to_adapted(original: str, adapted: str) -> dict[int, int]:

@@ -160,8 +160,10 @@ def _settled(stmt: cst.If, index: int, block: list[cst.BaseStatement]) -> list[c
     """The branch's statements in place of the whole `if`, under a comment that names the test."""
     first, *rest = block
     test = code_of(stmt.test).strip()
+    why = "a flag parameter; the static path always writes its cache" if isinstance(stmt.test, cst.Name) \
+        else "a module flag; the trace took this branch"
     note = cst.EmptyLine(indent=True, comment=cst.Comment(
-        f"# graphmode: `{test}` settled {'true' if index == 0 else 'false'} (a module flag; the trace took this branch)."))
+        f"# graphmode: `{test}` settled {'true' if index == 0 else 'false'} ({why})."))
     return [first.with_changes(leading_lines=[*stmt.leading_lines, note, *getattr(first, "leading_lines", ())]), *rest]
 
 

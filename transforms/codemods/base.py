@@ -57,6 +57,9 @@ class Options:
     # op, "scores" where the op's output grows with the keys (`q @ k^T`, `baddbmm`) or "reads" where it takes the
     # growing tensor in and gives back a fixed one (`scaled_dot_product_attention`, weights times values)).
     cache_reads: tuple[tuple[str, int, str, str], ...] = ()
+    # Branch tests the trace saw compare how far the positions reach with a Python int (`seq_len > limit`, the
+    # tensor holding the last position or the count of positions): (file, first line of the statement, "gt" | "ge").
+    position_tests: tuple[tuple[str, int, str], ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

@@ -430,13 +430,15 @@ class CarriedCache(GraphCodemod):
         if seen is not None:
             # The trace saw these cats grow a cache at every Decode step, at whatever depth of branches they sit.
             grown = [stmt for stmt in nodes_of_type(method.body, cst.SimpleStatementLine) if self._lines(stmt)[0] in seen]
-            cats = [found for stmt in grown if (found := appending_cat(stmt)) is not None]
+            # The trace saw each grow by one Decode step's rows, so a cat of the last row of the tensor assigned
+            # (Bloom lineage: `k[-1, ...].unsqueeze(0)`) appends all of it there.
+            cats = [found for stmt in grown if (found := appending_cat(stmt, last_row=True)) is not None]
             if len(cats) < len(grown):
                 # Said, not passed over: a cache the trace saw grow that stays a `torch.cat` keeps Decode recompiling.
-                odd = next(stmt for stmt in grown if appending_cat(stmt) is None)
+                odd = next(stmt for stmt in grown if appending_cat(stmt, last_row=True) is None)
                 plan.problems.append((odd, f"`{cls.name.value}.{method.name.value}` grows a cache here, as the traced run "
-                                           "saw, but not as `x = torch.cat([cache, x], dim=N)` (the tensor assigned appended "
-                                           "whole to the cache), the one form the static write replaces"))
+                                           "saw, but not as `x = torch.cat([cache, x], dim=N)` (the tensor assigned, or "
+                                           "its last row, appended to the cache), the forms the static write replaces"))
                 return
         else:
             # Without evidence, only the guarded form: `if cache is not None:` reading the cache, then the cats.
@@ -465,15 +467,22 @@ class CarriedCache(GraphCodemod):
         update = cst.parse_statement(f"{keys.target}, {values.target} = self.kv_cache.update({slots}, "
                                      f"{keys.target}, {values.target})\n")
         # The comments above the cat describe the concatenation, which is gone; blank lines stay.
-        update = update.with_changes(leading_lines=[*(e for e in keys.stmt.leading_lines if e.comment is None), _comment(
-            "written in place into the preallocated cache; attention reads every slot.")])
+        written = "written in place into the preallocated cache; attention reads every slot."
+        if keys.last_row or values.last_row:  # said where it is done: a multi-token step would differ
+            written = ("new rows written in place (Decode has one: the row the original appends); attention reads "
+                       "all slots.")
+        update = update.with_changes(leading_lines=[*(e for e in keys.stmt.leading_lines if e.comment is None),
+                                                    _comment(written)])
         unpacks = {s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _unpacks(s)}
         # The trace saw the pair run at every Decode step: a branch on a flag of the module holding it was taken
-        # every time, and the static copy keeps that branch alone.
+        # every time, and the static copy keeps that branch alone. So is one on a flag parameter with no `else`
+        # (`if use_cache:`): the static path writes its cache whatever the caller asks to get back.
         changing, flags = _changing_attributes(cls), []
+        params = {p.name.value for p in method.params.params[1:]}
 
         def settled(if_: cst.If) -> bool:
-            if _flag_test(if_.test, changing):
+            parameter = isinstance(if_.test, cst.Name) and if_.test.value in params and if_.orelse is None
+            if _flag_test(if_.test, changing) or parameter:
                 flags.append(if_)
                 return True
             return False
@@ -486,8 +495,9 @@ class CarriedCache(GraphCodemod):
                                              "not write the cache), or the pair sits in a block other than an `if`"))
             return
         for flag in flags:
-            self.record_edit(flag, f"`{code_of(flag.test).strip()}`, a flag of the module the traced run saw take the "
-                                   "branch growing the cache, settled to that branch")
+            kind = "parameter" if isinstance(flag.test, cst.Name) else "flag of the module"
+            self.record_edit(flag, f"`{code_of(flag.test).strip()}`, a {kind} the traced run saw take the branch "
+                                   "growing the cache, settled to that branch")
         for original, replacement in placed.items():
             if not replacement:
                 plan.drop.add(original)

@@ -183,14 +183,18 @@ class SplitDecode(GraphCodemod):
         # Keyword-only parameters (after a bare `*`) are passed by keyword like any parameter with a default.
         params = [*forward.params.params, *forward.params.kwonly_params]
         # `**kwargs` (`**loss_kwargs`, ...) stays empty: the entries pass named parameters only. It is refused only
-        # where the harness was seen passing something through it.
+        # where the harness was seen passing something through it that `forward` reads (generate() passes
+        # `return_dict=True` into the `**kwargs` of a forward that never looks at them: dropping it changes nothing).
         swallowed = [name for name, _ in self.options.entry_roles if name not in {p.name.value for p in params}]
+        star = forward.params.star_kwarg
+        read_kwargs = isinstance(star, cst.Param) and star.name.value in names_in(forward.body)
         if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
-                or (forward.params.star_kwarg is not None and swallowed) \
+                or (read_kwargs and swallowed) \
                 or not isinstance(forward.body, cst.IndentedBlock) \
                 or any(p.default is None for p in forward.params.kwonly_params):
             self.record_manual(forward, "`forward` takes *args, required keyword-only arguments or no inputs, or the "
-                                        "harness passes it arguments through **kwargs; write the entry points by hand")
+                                        "harness passes it arguments through **kwargs that it reads; write the entry "
+                                        "points by hand")
             return updated_node
         if self.options.recomputes_sequence and not self._cache_in_buffers:  # added_cache gave it none
             self.record_manual(forward, _NO_CACHE_REASON)

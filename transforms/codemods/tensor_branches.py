@@ -15,13 +15,30 @@ of a tensor by an elementwise op of itself (`clamp`, `nan_to_num`, arithmetic wi
 which keeps its shape and dtype; helper assignments before it must be pure (numbers, `finfo`).
 A static part of the test (`x.dtype == torch.float16 and ...`) stays a Python `if`, which Dynamo settles
 while tracing. Any other branch on a tensor value is reported with the reason and left as it is.
+
+A test the trace saw compare how far the positions reach with a Python int (dynamic NTK rotary embeddings)
+
+    seq_len = torch.max(position_ids) + 1
+    if seq_len > self.max_position_embeddings:           # recompute the rotary frequencies
+
+gets the static path's own limit in front of it, in the same comparison:
+
+    if graphmode_position_limit(self) > self.max_position_embeddings and seq_len > self.max_position_embeddings:
+
+No position the entries pass reaches the number of slots `setup_caches` allocated, so the count of positions is
+at most that limit and the test means what it meant. Where the limit is at most the bound (`setup_caches` never
+allocates past the config's `max_position_embeddings`), the first part is a Python `False` that Dynamo settles,
+and the compiled Decode never reads the device for the second.
 """
 from __future__ import annotations
 
 import ast
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider
 
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, only_raises, single_assignment
 
@@ -35,6 +52,11 @@ _ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "na
                                   "tanh", "sigmoid"})
 _PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
 _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
+LIMIT = "graphmode_position_limit"  # the static path's number of slots (helper-code/helpers.py)
+_LIMIT_COMMENT = "# graphmode: positions on the static path stay below `{limit}(self)`, which settles this test."
+# The trace's comparison (tensor on the left) -> the operators that spell it with the tensor on either side.
+_TENSOR_LEFT = {"gt": cst.GreaterThan, "ge": cst.GreaterThanEqual}
+_TENSOR_RIGHT = {"gt": cst.LessThan, "ge": cst.LessThanEqual}
 
 
 def _one_line(test: cst.BaseExpression) -> str:
@@ -121,7 +143,10 @@ class TensorBranches(StepCodemod):
         "elementwise op of itself (`clamp`, `nan_to_num`, arithmetic with numbers) becomes "
         "`x = torch.where(test, updated, x)`: both sides are computed on the device and one is selected, so "
         "Decode no longer waits for the device to choose a path and the graph does not break. Results are "
-        "identical; the update now runs every step. A static part of the test stays a Python `if`."
+        "identical; the update now runs every step. A static part of the test stays a Python `if`. A test the "
+        "trace saw compare how far the positions reach with a number (dynamic NTK rotary scaling) gets the static "
+        "path's number of slots tested first: no position reaches it, so the meaning is kept, and with the cache "
+        "sized within the bound the test is settled while tracing, without reading the device."
     )
     SKILL = "refactoring-principles"
     FIXES = frozenset({"GM402"})
@@ -129,10 +154,23 @@ class TensorBranches(StepCodemod):
 
     @classmethod
     def idiom_in(cls, words, options) -> bool:
-        return not words.isdisjoint(_VALUE_METHODS)  # `torch.any(x)` names `any` too
+        return not words.isdisjoint(_VALUE_METHODS) or bool(options.position_tests)  # `torch.any(x)` names `any`
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._position_tests = {line: op for file, line, op in self.options.position_tests
+                                if file == self.context.filename}
+        module = super().transform_module_impl(tree)
+        if any(LIMIT in edit.summary for edit in self.edits) and not defined_at_top(module, LIMIT):
+            module = insert_after_imports(module, helper_statements(LIMIT))
+        return module
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
-        if not _value_calls(original_node.test) or not self.in_step_code(original_node):
+        if not self.in_step_code(original_node):
+            return updated_node
+        settled = self._settled_by_limit(original_node, updated_node)
+        if settled is not None:
+            return settled
+        if not _value_calls(original_node.test):
             return updated_node
         if only_raises(original_node):
             return updated_node  # a check that raises runs in eager code only (hoist_item)
@@ -144,6 +182,43 @@ class TensorBranches(StepCodemod):
             return updated_node
         self.record_edit(original_node, f"`if {code_of(original_node.test)}:` became a `torch.where` selection")
         return rewritten
+
+    def _settled_by_limit(self, original: cst.If, updated: cst.If) -> cst.If | None:
+        """The branch with the static path's limit tested first, where the trace saw its test compare how far the
+        positions reach with a Python int in a method (the limit is read from the module)."""
+        op = self._position_tests.get(self._lines(original)[0])
+        test = original.test
+        if op is None or not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return None
+        target = test.comparisons[0]
+        if isinstance(target.operator, _TENSOR_LEFT[op]):
+            bound = target.comparator
+        elif isinstance(target.operator, _TENSOR_RIGHT[op]):
+            bound = test.left
+        else:
+            return None
+        module = self._module_parameter(original)
+        if module is None:
+            return None
+        limit = cst.Comparison(cst.parse_expression(f"{LIMIT}({module})"),
+                               [cst.ComparisonTarget(_TENSOR_LEFT[op](), bound.deep_clone())])
+        self.record_edit(original, f"`if {_one_line(test)}:` tests `{LIMIT}({module})` first, which settles it "
+                                   "without reading the device")
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_LIMIT_COMMENT.format(limit=LIMIT)))
+        return updated.with_changes(test=cst.BooleanOperation(limit, cst.And(), updated.test),
+                                    leading_lines=[*updated.leading_lines, comment])
+
+    def _module_parameter(self, node: cst.CSTNode) -> str | None:
+        """The name of the enclosing method's module (`self`), or None outside a method."""
+        current = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        if current is None or not current.params.params:
+            return None
+        static = any(dotted_name(d.decorator) in ("staticmethod", "classmethod") for d in current.decorators)
+        owner = self.get_metadata(ParentNodeProvider, current, None)
+        owner = self.get_metadata(ParentNodeProvider, owner, None) if isinstance(owner, cst.IndentedBlock) else owner
+        return None if static or not isinstance(owner, cst.ClassDef) else current.params.params[0].name.value
 
     def _rewrite(self, node: cst.If) -> cst.BaseStatement | cst.FlattenSentinel | str:
         """The selection, or why the branch cannot become one."""

@@ -417,3 +417,13 @@ def graphmode_position_rows(module, keys):
     slots the cache has not written yet."""
     positions = module.graphmode_static_state["slots"].reshape(-1)
     return torch.arange(keys.shape[-2], device=keys.device) <= positions[:, None]
+
+
+# Inserted by tensor_branches before a branch test the trace saw compare how far the positions reach with a bound
+# (dynamic NTK rotary embeddings: `if torch.max(position_ids) + 1 > self.max_position_embeddings`).
+def graphmode_position_limit(module):
+    """How many positions the static path holds, as `setup_caches` sized it (added by graphmode). No position the
+    entries pass reaches it, so `graphmode_position_limit(self) > bound and count > bound` tests what
+    `count > bound` tested; where the limit is within the bound, the first part is a Python `False` and the compiled
+    Decode never reads the device for the second."""
+    return module.graphmode_static_state["max_seq_len"]
