@@ -3,9 +3,10 @@ where the idiom is recognised only in part (then the expected output is the inpu
 `case.evidence.json` where the codemod acts on what a traced run saw: {"caches": [[line, dim], ...],
 "positions": [line, ...], "host_syncs": [line, ...], "cache_reads": [[line, op, "scores" | "reads"], ...],
 "recomputes_sequence": true, "cache_writes": [[line, [dim, ...], [[shape per layer, ...], ...]], ...],
-"position_tests": [[line, "gt" | "ge"], ...]} (lines of the
+"position_tests": [[line, "gt" | "ge"], ...], "int_params": [[function, parameter], ...]} (lines of the
 .in.py; "recomputes_sequence": the token input grows every step, no KV cache; "cache_writes": a cache object's
-`update` grew each tensor it was given along dim, with these shapes)."""
+`update` grew each tensor it was given along dim, with these shapes; "int_params": int parameters that changed every
+Decode step)."""
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,8 @@ def options_for(case: Path) -> Options:
                    cache_reads=tuple((case.name, line, op, kind) for line, op, kind in seen.get("cache_reads", [])),
                    recomputes_sequence=bool(seen.get("recomputes_sequence")),
                    position_tests=tuple((case.name, line, op) for line, op in seen.get("position_tests", [])),
+                   changing_int_params=tuple((case.name, function, param)
+                                             for function, param in seen.get("int_params", [])),
                    evidence_cache_writes=tuple((case.name, line, tuple(dims), tuple(tuple(map(tuple, per_layer))
                                                                                 for per_layer in shapes))
                                                for line, dims, shapes in seen.get("cache_writes", [])))

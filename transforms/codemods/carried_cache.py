@@ -51,6 +51,7 @@ from graphmode.transforms.codemods._call_graph import THREADED, CallGraph, Threa
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
+from graphmode.transforms.codemods._offset_windows import rows_at_slots
 from graphmode.transforms.codemods._slot_masks import plan_slot_masks
 from graphmode.transforms.codemods._write_paths import place_write
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports, \
@@ -233,6 +234,7 @@ class CarriedCache(GraphCodemod):
         if f"{BUFFERS_CLASS}(" in code or "StaticKVCache(" in code:
             return tree  # already static (a second run, or another codemod took this file)
         self._classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        self._tree = tree
         self._off_module = False
         plan, threading = self._plan(tree)
         if plan is None:
@@ -464,6 +466,7 @@ class CarriedCache(GraphCodemod):
                                              "traced run says the tensors' rank"))
             return
         slots = self._slots(cls, method, plan)
+        self._plan_offset_windows(method, slots, plan)
         update = cst.parse_statement(f"{keys.target}, {values.target} = self.kv_cache.update({slots}, "
                                      f"{keys.target}, {values.target})\n")
         # The comments above the cat describe the concatenation, which is gone; blank lines stay.
@@ -508,6 +511,16 @@ class CarriedCache(GraphCodemod):
         along = f"dim {dims[0]}" if dims[0] == dims[1] else f"dims {dims[0]} and {dims[1]}"
         self.record_edit(first, f"`torch.cat` growth of `{keys.target}`/`{values.target}` along {along} replaced "
                                 f"by `self.kv_cache.update` at `{slots}`")
+
+    def _plan_offset_windows(self, method: cst.FunctionDef, slots: str, plan: _Plan) -> None:
+        """Tables the method hands to a function that cuts them at the past length (`_offset_windows`): no cache is
+        handed in on the static path to read that length off, so the call gets the tables' rows at the slots."""
+        changing = {(function, param) for file, function, param in self.options.changing_int_params
+                    if file == self.context.filename}
+        for call, (new, name) in rows_at_slots(self._tree, method, changing, slots).items():
+            plan.replace[call] = new
+            self.record_edit(call, f"the tables `{name}` cuts at a past length become their rows at `{slots}`, "
+                                   "cut at 0")
 
     def _slots(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> str:
         params = {p.name.value for p in method.params.params}
