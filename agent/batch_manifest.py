@@ -31,6 +31,7 @@ from typing import Any
 
 from graphmode.agent import target_file
 from graphmode.agent.errors import UserError
+from graphmode.runners.run_settings import SETTINGS
 
 # Batch-only [run] keys. target_timeout bounds a whole target (adapt's own `timeout` bounds each of its worker
 # processes); it is not part of a target's key, since it limits the run rather than changing its result.
@@ -187,18 +188,12 @@ def _check_options(path: Path, label: str, run: dict[str, Any]) -> None:
     """The values `graphmode adapt` would refuse, refused now, before any target runs."""
     from graphmode.runners.backends import BACKEND_NAMES  # the registry only: no torch
 
-    problems = {
-        "backend": lambda v: v not in BACKEND_NAMES and f"must be one of {', '.join(BACKEND_NAMES)}",
-        "steps": lambda v: v < 32 and "must be at least 32 (Decode steps that cross length thresholds)",
-        "runs": lambda v: v < 1 and "must be at least 1",
-        "similarity": lambda v: not 0 <= v <= 1 and "must be a ratio between 0 and 1",
-        "timeout": lambda v: v <= 0 and "must be a number of seconds above 0",
-        "batch_buckets": lambda v: (not v or min(v) < 1) and "must be a list of positive batch sizes",
-    }
-    for key, problem in problems.items():
-        said = key in run and problem(run[key])
+    for key, value in run.items():
+        said = SETTINGS[key].problem(value) if key in SETTINGS else None
+        if key == "backend" and not said and value not in BACKEND_NAMES:
+            said = f"must be one of {', '.join(BACKEND_NAMES)}"
         if said:
-            raise UserError(f"{path}: {label}: {key} = {run[key]!r} {said}")
+            raise UserError(f"{path}: {label}: {key} = {value!r} {said}")
 
 
 def _its_own_file(path: Path, folder: Path, label: str, where: Any) -> tuple[dict[str, Any], dict[str, Any]]:

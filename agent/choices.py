@@ -20,6 +20,12 @@ def unmet_needs(plan: list[Change], chosen: list[str]) -> list[str]:
     return [c.id for c in plan if c.id in wanted - set(chosen)]
 
 
+def needs_of(plan: list[Change], change_id: str) -> list[str]:
+    """Everything applying `change_id` alone needs (directly, through other changes, and the entry points): what the
+    design and the confirmation table list for it, and what a choice of it alone is asked to add."""
+    return unmet_needs(plan, [change_id])
+
+
 def choice_problem(plan: list[Change], chosen: list[str]) -> str | None:
     """Why a choice of changes cannot be applied as it stands (unknown ids, or needs left out); None if it can."""
     unknown = [c for c in chosen if c not in {change.id for change in plan}]
@@ -27,9 +33,8 @@ def choice_problem(plan: list[Change], chosen: list[str]) -> str | None:
         return f"no change {', '.join(unknown)} in this design (it has {', '.join(c.id for c in plan) or 'none'})"
     missing = unmet_needs(plan, chosen)
     if missing:
-        by_id = {c.id: c for c in plan}
-        reasons = [f"{c} needs {', '.join(n for n in by_id[c].requires if n not in chosen)}"
-                   for c in chosen if any(n not in chosen for n in by_id[c].requires)]
+        reasons = [f"{c} needs {', '.join(n for n in needs_of(plan, c) if n not in chosen)}"
+                   for c in chosen if any(n not in chosen for n in needs_of(plan, c))]
         entries = next((c.id for c in plan if c.codemod == "split_decode"), None)
         if entries in missing:
             reasons.append(f"without {entries} (the prefill/decode entry points) the adapted model cannot run in "

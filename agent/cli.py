@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from graphmode.agent.errors import UserError
-from graphmode.runners.backends import help_text as backend_help
+from graphmode.runners.backends import BACKEND_NAMES, help_text as backend_help
+from graphmode.runners.run_settings import SETTINGS, help_with_default
 
 if TYPE_CHECKING:
     from graphmode.agent.state import RunState
@@ -80,28 +81,15 @@ def _parser() -> argparse.ArgumentParser:
                             "release its code needs (python -m venv DIR && DIR/bin/pip install torch==... "
                             "transformers==X); every worker runs there, graphmode itself stays here. It needs torch, "
                             "not graphmode (default: graphmode.toml's [target] python, else graphmode's own)")
-    adapt.add_argument("--yes", action="store_true", help="approve every planned change without asking")
+    adapt.add_argument("--yes", action="store_true", default=None, help=help_with_default("yes"))
     adapt.add_argument("--backend", default=None, help=backend_help())
-    adapt.add_argument("--out", type=Path, default=None,
-                       help="output folder; the run writes to OUT/<target name>/ (default: ./graphmode-out)")
-    adapt.add_argument("--steps", type=int, default=None, help="Decode steps to compare and time (at least 32)")
-    adapt.add_argument("--runs", type=int, default=None,
-                       help="fresh processes per side (eager original, graph adapted); figures are their median "
-                            "[min, max] (default 3)")
-    adapt.add_argument("--similarity", type=float, default=None,
-                       help="lowest acceptable difflib ratio of the graph side's tokens against eager's (default 0.95)")
-    adapt.add_argument("--compile-cache", default=None, metavar="DIR|off",
-                       help="inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or "
-                            "'off' (every run compiles cold); default: a fresh one in the run folder, so run 1 "
-                            "compiles cold and the report shows the warm-up later runs save")
-    adapt.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="the most one worker process may take (the traced run, the probe, each verify run); "
-                            "one that takes longer is stopped and reported with the step and its last output line "
-                            "(default: 600)")
-    adapt.add_argument("--batch-buckets", metavar="1,2,4,8",
-                       help="batch sizes a server pads its batches to: the static buffers are sized for the "
-                            "largest, and verify pads the prompt to each, checks the real rows are unchanged and "
-                            "reports each bucket's captures, warm-up and memory")
+    adapt.add_argument("--out", type=Path, default=None, help=help_with_default("out"))
+    adapt.add_argument("--steps", type=int, default=None, help=help_with_default("steps"))
+    adapt.add_argument("--runs", type=int, default=None, help=help_with_default("runs"))
+    adapt.add_argument("--similarity", type=float, default=None, help=help_with_default("similarity"))
+    adapt.add_argument("--compile-cache", default=None, metavar="DIR|off", help=help_with_default("compile_cache"))
+    adapt.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help=help_with_default("timeout"))
+    adapt.add_argument("--batch-buckets", metavar="1,2,4,8", help=help_with_default("batch_buckets"))
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -212,9 +200,6 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-# The adapt options a target file's [run] may set, and their values when neither it nor the command line does.
-_RUN_DEFAULTS = {"backend": "auto", "out": Path("graphmode-out"), "steps": 32, "runs": 3, "similarity": 0.95,
-                 "compile_cache": "", "timeout": 600.0, "batch_buckets": None}
 
 
 def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
@@ -224,17 +209,17 @@ def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
     found = target_file.find(args.path.resolve()) if args.path is not None else None
     file = target_file.load(found) if found is not None else None
     run = file.run if file else {}
-    for key, default in _RUN_DEFAULTS.items():
+    # What the command line left unsaid: the file's [run], else the setting's default.
+    for key, setting in SETTINGS.items():
         if getattr(args, key) is None:
-            value = run.get(key, default)
-            if key == "out" and key in run:
+            value = run.get(key, setting.default)
+            if key == "out":
                 value = Path(value)
-            elif key == "batch_buckets" and key in run:
+            elif key == "batch_buckets" and value is not None:
                 value = ",".join(map(str, value))
             setattr(args, key, value)
     if file is None:
         return None
-    args.yes = args.yes or run.get("yes", False)
     console.print(f"target file: {file.path}", soft_wrap=True)
     target = file.target
     if "hf" in target:
@@ -256,11 +241,10 @@ def _adapt(args: argparse.Namespace) -> int:
     from graphmode.runners.backends import BackendUnavailable, resolve
 
     file = _merge_target_file(args)
+    _refuse_bad_usage(args)
     interpreter = _target_interpreter(args, file)
     hf_target = None
     if args.hf is not None:
-        if args.path is not None:
-            raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
         from graphmode.agent.hf_target import resolve as resolve_hf
 
         _check_hf_release(args.hf, interpreter)
@@ -268,15 +252,7 @@ def _adapt(args: argparse.Namespace) -> int:
         hf_target.transformers_version = interpreter.transformers or hf_target.transformers_version
         target = (args.out / hf_target.name / "target").resolve()
     else:
-        if args.path is None:
-            raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
-        if args.tiny:
-            raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
-        target = args.path.resolve()
-        if target.name == "harness.py":
-            target = target.parent
-        if not target.exists():
-            raise UserError(f"{args.path}: no such file or folder")
+        target = _target_folder(args.path)
         convention = file.target.get("convention") if file else None
         if not (target / "harness.py").is_file() and convention is None:
             raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
@@ -284,14 +260,6 @@ def _adapt(args: argparse.Namespace) -> int:
                             "calling convention in graphmode.toml)")
     from graphmode.agent.state import RunOptions, RunState
 
-    if args.steps < 32:
-        raise UserError(f"--steps {args.steps}: at least 32 Decode steps are needed to cross length thresholds")
-    if args.runs < 1:
-        raise UserError(f"--runs {args.runs}: each side needs at least 1 run")
-    if not 0.0 <= args.similarity <= 1.0:
-        raise UserError(f"--similarity {args.similarity:g}: a ratio between 0 and 1")
-    if args.timeout <= 0:
-        raise UserError(f"--timeout {args.timeout:g}: a number of seconds above 0")
     declared = _declared_max_seq_len(target / "harness.py") if hf_target is None else None
     if declared is not None and args.steps >= declared:
         raise UserError(f"--steps {args.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the prompt "
@@ -302,8 +270,6 @@ def _adapt(args: argparse.Namespace) -> int:
     except BackendUnavailable as error:
         raise UserError(str(error)) from None
     run_dir = (args.out / (hf_target.name if hf_target else target.name)).resolve()
-    if hf_target is None and run_dir == target or target in run_dir.parents:
-        raise UserError(f"--out {args.out}: the output must be outside the target folder")
     written_harness = None
     if hf_target is None and not (target / "harness.py").is_file():  # a convention named by the target file
         from graphmode.agent.convention_target import convention_harness
@@ -339,6 +305,42 @@ def _adapt(args: argparse.Namespace) -> int:
             state.options.target = str(target)
         graph = build_graph(checkpointer)
         return _drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _refuse_bad_usage(args: argparse.Namespace) -> None:
+    """The checks that need nothing but the arguments and the file system, made before anything heavy is imported
+    or started (an interpreter probe, torch, the workflow): a usage error is refused in a blink."""
+    if args.hf is not None and args.path is not None:
+        raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
+    if args.hf is not None:
+        from graphmode.agent.hf_target import refuse_missing_path
+
+        refuse_missing_path(args.hf)
+    else:
+        if args.path is None:
+            raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
+        if args.tiny:
+            raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
+        target = _target_folder(args.path)
+        if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
+            raise UserError(f"--out {args.out}: the output must be outside the target folder")
+    for key in ("steps", "runs", "similarity", "timeout"):
+        problem = SETTINGS[key].problem(getattr(args, key))
+        if problem:
+            raise UserError(f"{SETTINGS[key].flag} {getattr(args, key):g}: {problem}")
+    if args.backend not in BACKEND_NAMES:
+        raise UserError(f"--backend {args.backend}: unknown; valid names: {', '.join(BACKEND_NAMES)}")
+    _check_out_folder(args.out)
+
+
+def _target_folder(path: Path) -> Path:
+    """The target folder PATH names (the folder itself, or its harness.py), which must exist."""
+    target = path.resolve()
+    if target.name == "harness.py":
+        target = target.parent
+    if not target.exists():
+        raise UserError(f"{path}: no such file or folder")
+    return target
 
 
 def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
@@ -424,15 +426,20 @@ def _declared_max_seq_len(harness: Path) -> int | None:
     return None
 
 
-def _check_writable(out: Path, run_dir: Path) -> None:
-    """The output folder can be made and written, checked before any analysis runs."""
-    import tempfile
-
+def _check_out_folder(out: Path) -> None:
+    """--out names a folder, or a path where one can be made: no file on the way."""
     for folder in (out, *out.parents):
         if folder.exists():
             if not folder.is_dir():
                 raise UserError(f"--out {out}: {folder} is a file, not a folder")
             break
+
+
+def _check_writable(out: Path, run_dir: Path) -> None:
+    """The output folder can be made and written, checked before any analysis runs."""
+    import tempfile
+
+    _check_out_folder(out)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
@@ -454,6 +461,10 @@ def _batch_buckets(text: str | None) -> list[int]:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from graphmode.agent.home import session_saved, sessions_db as saved_in
+
+    if session_saved(args.session) is False:
+        raise UserError(f"no session {args.session} (sessions are kept in {saved_in()})")
     from langgraph.types import Command
 
     from graphmode.agent.output import run_folder_lock
@@ -591,14 +602,14 @@ def _progress_listener(status):
 
 def _ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
-    from graphmode.agent.choices import unmet_needs
+    from graphmode.agent.choices import needs_of, unmet_needs
 
     table = Table(title=f"Planned changes (details: {state.design_path})")
     for column in ("id", "change", "files", "fixes", "needs"):
         table.add_column(column)
     for change in state.plan:
         table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
-                      ", ".join(change.requires))
+                      ", ".join(needs_of(state.plan, change.id)))
     # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
     total = sum(change.diff.count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:

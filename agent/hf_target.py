@@ -78,15 +78,34 @@ def _transformers():
     return transformers
 
 
+def refuse_missing_path(spec: str) -> None:
+    """The checks of an --hf SPEC that need only the file system (no transformers): a path that is not there, a file
+    that is no config.json, a folder with no config.json."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if "/" in spec or spec.endswith(".json"):
+            raise UserError(f"--hf {spec}: no such file or folder")
+        return  # a model type, checked against the installed transformers later
+    folder = path.parent if path.is_file() else path
+    config_file = path if path.is_file() else path / "config.json"
+    if path.is_file() and path.suffix != ".json":
+        raise UserError(f"--hf {spec}: give a config.json, a model folder or a model type, not {path.name}")
+    if not config_file.is_file():
+        has_harness = (folder / "harness.py").is_file()
+        hint = (f"it has a harness.py: run `graphmode adapt {folder}`" if has_harness else
+                f"a folder needs a config.json (a Hugging Face model) or a harness.py (`graphmode init {folder}` "
+                "writes one)")
+        raise UserError(f"--hf {spec}: no config.json in {folder}; {hint}")
+
+
 def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
     """Reads SPEC (a model type, a config.json or a folder) and checks everything that can be checked without
     running the model."""
     transformers = _transformers()
     from transformers import CONFIG_MAPPING
 
+    refuse_missing_path(spec)
     path = Path(spec).expanduser()
-    if not path.exists() and ("/" in spec or spec.endswith(".json")):
-        raise UserError(f"--hf {spec}: no such file or folder")
     if not path.exists():
         if spec not in CONFIG_MAPPING:
             raise UserError(f"--hf {spec}: not a model type transformers {transformers.__version__} knows, nor a "
@@ -104,14 +123,6 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
 
     folder = path.parent if path.is_file() else path
     config_file = path if path.is_file() else path / "config.json"
-    if path.is_file() and path.suffix != ".json":
-        raise UserError(f"--hf {spec}: give a config.json, a model folder or a model type, not {path.name}")
-    if not config_file.is_file():
-        has_harness = (folder / "harness.py").is_file()
-        hint = (f"it has a harness.py: run `graphmode adapt {folder}`" if has_harness else
-                f"a folder needs a config.json (a Hugging Face model) or a harness.py (`graphmode init {folder}` "
-                "writes one)")
-        raise UserError(f"--hf {spec}: no config.json in {folder}; {hint}")
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:

@@ -8,7 +8,7 @@ from langgraph.types import interrupt
 
 from graphmode.agent import progress
 from graphmode.agent.adaptation import adapt_sources, plan_changes
-from graphmode.agent.choices import choice_problem
+from graphmode.agent.choices import choice_problem, needs_of
 from graphmode.agent.diffs import change_diffs
 from graphmode.agent.errors import UserError
 from graphmode.agent.knowledge import skill
@@ -99,6 +99,7 @@ def design(state: RunState) -> dict:
     write_atomic(path, render(
         "design.md.j2", state=state, plan=plan, findings=state.findings, manual=manual, skill=skill,
         fixed={i: change.id for change in plan for i in change.fixes}, interpreter=interpreter,
+        needs={change.id: needs_of(plan, change.id) for change in plan},
         transformers=interpreter["transformers"],
     ))
     return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned)}

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from graphmode.runners.run_settings import SETTINGS, default
 from graphmode.transforms.findings import Finding
 
 # 2: options nested under `options`; typed baseline, verification and manual items (1: every field flat, dicts).
@@ -26,18 +27,19 @@ class RunOptions(BaseModel):
 
     target: str  # absolute path of the target folder (holds harness.py and the sources)
     run_dir: str  # where this run writes design.md, adapted/, changes.diff, report.*
-    backend: str = "auto"
-    steps: int = 32
-    runs: int = 3  # fresh processes per side in verify; figures are their median [min, max]
-    similarity: float = 0.95  # lowest acceptable difflib ratio of graph tokens against eager
+    # Defaults and bounds: runners.run_settings, shared with the command line, graphmode.toml and batch manifests.
+    backend: str = default("backend")
+    steps: int = default("steps")
+    runs: int = default("runs")  # fresh processes per side in verify; figures are their median [min, max]
+    similarity: float = default("similarity")  # lowest acceptable difflib ratio of graph tokens against eager
     # Inductor's on-disk compile cache for the graph runs: "" = a fresh one in the run folder (run 1
     # compiles cold, later runs read it), "off" = every run compiles cold, else a folder kept across sessions.
-    compile_cache: str = ""
+    compile_cache: str = default("compile_cache")
     # Batch sizes to pad the prompt to in verify (one capture each); [] = none. The static buffers are
     # then sized for the largest.
     batch_buckets: list[int] = Field(default_factory=list)
     auto_approve: bool = False
-    timeout_s: float = 600  # the most one worker process (evidence, probe, each verify run) may take
+    timeout_s: float = default("timeout")  # the most one worker process (evidence, probe, each verify run) may take
     # `--hf`: what the user named and how graphmode built it (agent.hf_target.HFTarget.summary()); None otherwise.
     hf: dict[str, Any] | None = None
     # graphmode.toml's [target] sources: the files that may be rewritten, instead of the harness's SOURCES.
@@ -46,6 +48,15 @@ class RunOptions(BaseModel):
     # its facts (runners.interpreter.Interpreter.to_dict()) for the documents. None: graphmode's own.
     python: str | None = None
     interpreter: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> "RunOptions":
+        for key, value in (("steps", self.steps), ("runs", self.runs), ("similarity", self.similarity),
+                           ("timeout", self.timeout_s)):
+            problem = SETTINGS[key].problem(value)
+            if problem:
+                raise ValueError(f"{key} = {value!r} {problem}")
+        return self
 
     @property
     def name(self) -> str:

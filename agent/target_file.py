@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from graphmode.agent.errors import UserError
+from graphmode.runners.run_settings import SETTINGS
 
 FILE_NAME = "graphmode.toml"
 # key -> (type, what it must be), per table
@@ -41,11 +42,7 @@ TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "python": (str, "a Python interpreter's path"),
 }
 RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "backend": (str, "a backend name"), "steps": (int, "a whole number"), "runs": (int, "a whole number"),
-    "similarity": ((int, float), "a number"), "timeout": ((int, float), "a number of seconds"),
-    "compile_cache": (str, "a folder or 'off'"), "batch_buckets": (list, "a list of batch sizes"),
-    "out": (str, "a folder"), "yes": (bool, "true or false"),
-}
+    name: (setting.types, setting.described) for name, setting in SETTINGS.items()}
 
 
 @dataclass
@@ -131,7 +128,8 @@ def check_table(path: Path, label: str, values: Any, keys: dict[str, tuple[type 
         if key not in keys:
             raise UserError(f"{path}: {label} has no key {key!r} (known: {', '.join(keys)})")
         kind, what = keys[key]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise UserError(f"{path}: {label} {key} must be {what}, got {value!r}")
     buckets = values.get("batch_buckets")
     if buckets is not None and not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):

@@ -28,19 +28,19 @@ import torch
 from graphmode.runners.backends import resolve
 from graphmode.runners.batch_buckets import BucketSweep
 from graphmode.runners.results import WorkerResult
+from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 
-MIN_STEPS = 32
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
 DEFAULT_LOGITS_ATOL = 1e-2
-DEFAULT_RUNS = 3
+DEFAULT_RUNS = default("runs")
 # A timing figure whose slowest run exceeds its fastest by this factor is flagged: on a quiet machine
 # repeated runs agree far better; a wider spread means contention (or a figure too small to time).
 SPREAD = 1.5
 STEADY_FIGURES = ("prefill_ms", "tpot_ms", "generation_s")
 # Greedy sequences must match exactly to pass; below this difflib ratio they are also called dissimilar.
-DEFAULT_SIMILARITY = 0.95
+DEFAULT_SIMILARITY = default("similarity")
 # What the graph side's worker logs to logs/<name>.compile.log (and to its stderr log).
 COMPILE_TORCH_LOGS = "graph_breaks,recompiles"
 
@@ -364,7 +364,7 @@ def _check_own_harness(adapted_dir: Path, backend: str, steps: int, work: Path, 
 
 
 def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int = MIN_STEPS,
-           timeout_s: float = 600, log_dir: Path | None = None,
+           timeout_s: float = default("timeout"), log_dir: Path | None = None,
            logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
            similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None,
            batch_buckets: list[int] | None = None,

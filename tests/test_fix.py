@@ -85,3 +85,23 @@ def test_refusals_exit_2_and_write_nothing(tmp_path):
     refused = fix(folder, "--out", foreign)
     assert refused.returncode == 2 and "not written by `graphmode fix`" in refused.stderr
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def test_files_of_one_name_in_different_folders_each_keep_their_own_copy_and_diff(tmp_path):
+    # `fix a/model.py b/model.py c/model.py --out X`: three copies at X/a, X/b, X/c, each named by its own diff.
+    sources = {}
+    for name in ("a", "b", "c"):
+        folder = tmp_path / "zoo" / name
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(f"# the copy in {name}/\n" + (EXAMPLE / "model.py").read_text())
+        sources[name] = folder / "model.py"
+    out = tmp_path / "out"
+    done = fix(*sources.values(), sources["a"], "--out", out, "--entry-class", "Transformer", cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    record = json.loads((out / "fix.json").read_text())
+    assert record["files"] == 3 and record["counts"]["rewritten"] == 3  # the file given twice is fixed once
+    diff = (out / "changes.diff").read_text()
+    for name, source in sources.items():
+        copy = (out / name / "model.py").read_text()
+        assert "def decode(" in copy and copy.startswith(f"# the copy in {name}/\n")
+        assert f"+++ b/{name}/model.py" in diff

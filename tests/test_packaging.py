@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -39,6 +40,12 @@ def test_installs_beside_other_packages_named_agent_and_templates(tmp_path):
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
+    # The new environment sees what the interpreter running this test sees: with system_site_packages it gets the
+    # base interpreter's packages only, which are not these when the suite itself runs in a virtual environment
+    # (the README's way). A .pth line that adds this environment's site folders (their own .pth files included).
+    outer = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+    (site / "graphmode_test_outer.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({folder!r})" for folder in outer) + "\n")
     for name in ("agent", "templates"):
         (site / name).mkdir()
         (site / name / "__init__.py").write_text(f"OWNER = 'another project ({name})'\n")

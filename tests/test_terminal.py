@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -64,6 +65,10 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     child.sendline("C4")  # the cache alone needs the positions, the mask and the entry points
     child.expect(r"need[s]? (C\d(, C\d)*) too\. Add")
     assert set(child.match.group(1).split(", ")) == {"C3", "C5", "C6"}
+    # The design (and the table above the question, from the same function) listed the same needs for C4.
+    section = (out / "legacy_llm" / "design.md").read_text().split("### C4.")[1].split("### C5.")[0]
+    listed = re.search(r"\*\*Needs:\*\* (C\d(?:, C\d)*)", section).group(1)
+    assert set(listed.split(", ")) == {"C3", "C5", "C6"}
     child.sendline("no")  # nothing is added or dropped behind the person's back: the question comes again
     child.expect("Apply which changes")
     child.sendline("all")

@@ -154,7 +154,11 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     wanted = ",".join(sorted({"C2", *hint.split(",")}))
     assert "cannot run in graph mode" in partial.stderr and f"approve {wanted}" in partial.stderr.replace("\n", "")
     needs = graphmode("resume", session, "--approve", "C1,C3", home=home, cwd=tmp_path)
-    assert needs.returncode == 2 and "C3 needs C5" in needs.stderr
+    # Each chosen change is said with all it needs, as the design and the confirmation table list them.
+    assert needs.returncode == 2 and re.search(r"C3 needs [^;]*C5", needs.stderr), needs.stderr
+    design = (out / EXAMPLE.name / "design.md").read_text()
+    c3_needs = re.search(r"\*\*Needs:\*\* (C\d(?:, C\d)*)", design.split("### C3.")[1].split("### C4.")[0]).group(1)
+    assert f"C3 needs {c3_needs};" in needs.stderr
     # Declining everything is a choice: the adapted model then has no entries, and the report says why (exit 1).
     resumed = graphmode("resume", session, "--reject-all", home=home, cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr

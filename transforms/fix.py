@@ -85,14 +85,18 @@ def fix_file(path: Path, relative: str, entry_class: str | None = None) -> FileF
 
 
 def files_to_fix(paths: list[Path]) -> list[tuple[Path, str]]:
-    """(file, path relative to the output folder): a folder's files keep their place under the folder's name.
-    Raises FileNotFoundError for a missing path."""
-    found: list[tuple[Path, str]] = []
+    """(file, path relative to the output folder), each file once. The places are relative to the folder that holds
+    every path given, so no two files share one: a folder's files keep theirs under the folder's name, one file is its
+    own name, and `a/model.py b/model.py` stay `a/model.py` and `b/model.py`. Raises FileNotFoundError for a missing
+    path."""
+    files: dict[Path, Path] = {}  # resolved -> as given
     for given in paths:
         for path in python_files([given]):
-            relative = path.name if path == given else str(Path(given.name) / path.relative_to(given))
-            found.append((path, relative))
-    return found
+            files.setdefault(path.resolve(), path)
+    if not files:
+        return []
+    anchor = Path(os.path.commonpath([str(given.resolve().parent) for given in paths]))
+    return [(path, resolved.relative_to(anchor).as_posix()) for resolved, path in files.items()]
 
 
 def fix_files(files: list[tuple[Path, str]], entry_class: str | None = None, jobs: int | None = None,

@@ -93,6 +93,7 @@ TESTBED = " ".join([
     "transformers==4.48.3:llama",
     "transformers==4.51.3:llama",
     "transformers==4.55.4:llama",
+    "transformers==4.56.2:llama",
     "litgpt==0.4.10:llama,pythia",
     "x-transformers==1.42.0:decoder",
     "torchtune==0.4.0:llama3",

@@ -1,0 +1,81 @@
+"""The run settings of `graphmode adapt`, in one place: name, default, the values allowed and what each one means.
+
+The command line (agent/cli.py), graphmode.toml's [run] table (agent/target_file.py), a batch manifest's run keys
+(agent/batch_manifest.py), the workflow's `RunOptions` (agent/state.py) and verify's own defaults all read them from
+here, so a default or a bound is written once. Standard library only: a usage error is refused before torch or
+pydantic is imported.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MIN_STEPS = 32  # enough Decode steps to cross the length thresholds a model branches on (64, 2**n)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the [run] key; the command-line flag is --name with '-' for '_'
+    default: Any
+    types: tuple[type, ...]  # what a TOML value may be
+    described: str  # what a TOML value must be, for messages ("a whole number")
+    help: str  # the --help text, without the default
+    refuse: Callable[[Any], str | None] = lambda value: None  # why a value of the right type is refused, or None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is refused for this setting (type or bounds), or None."""
+        if not isinstance(value, self.types) or (bool in self.types) != isinstance(value, bool):
+            return f"must be {self.described}"
+        return self.refuse(value)
+
+
+def _positive_sizes(value: list) -> str | None:
+    if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        return "must be a list of positive batch sizes"
+    return None
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("backend", "auto", (str,), "a backend name", "the compile backend (see --help's list)"),
+    Setting("out", "graphmode-out", (str,), "a folder",
+            "output folder; the run writes to OUT/<target name>/"),
+    Setting("steps", MIN_STEPS, (int,), "a whole number", "Decode steps to compare and time",
+            lambda v: None if v >= MIN_STEPS else
+            f"must be at least {MIN_STEPS} (Decode steps that cross length thresholds)"),
+    Setting("runs", 3, (int,), "a whole number",
+            "fresh processes per side (eager original, graph adapted); figures are their median [min, max]",
+            lambda v: None if v >= 1 else "must be at least 1 (each side needs a run)"),
+    Setting("similarity", 0.95, (int, float), "a number",
+            "lowest acceptable difflib ratio of the graph side's tokens against eager's",
+            lambda v: None if 0 <= v <= 1 else "must be a ratio between 0 and 1"),
+    Setting("compile_cache", "", (str,), "a folder or 'off'",
+            "inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or 'off' (every run "
+            "compiles cold); default: a fresh one in the run folder, so run 1 compiles cold and the report shows the "
+            "warm-up later runs save"),
+    Setting("timeout", 600.0, (int, float), "a number of seconds",
+            "the most one worker process may take (the traced run, the probe, each verify run); one that takes "
+            "longer is stopped and reported with the step and its last output line",
+            lambda v: None if v > 0 else "must be a number of seconds above 0"),
+    Setting("batch_buckets", None, (list,), "a list of batch sizes",
+            "batch sizes a server pads its batches to: the static buffers are sized for the largest, and verify pads "
+            "the prompt to each, checks the real rows are unchanged and reports each bucket's captures, warm-up and "
+            "memory", _positive_sizes),
+    Setting("yes", False, (bool,), "true or false", "approve every planned change without asking"),
+)}
+
+
+def default(name: str) -> Any:
+    return SETTINGS[name].default
+
+
+def help_with_default(name: str) -> str:
+    """The --help text, with the default where there is one worth saying."""
+    setting = SETTINGS[name]
+    if setting.default in (None, "", False):
+        return setting.help
+    return f"{setting.help} (default: {setting.default})"
