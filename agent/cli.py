@@ -288,8 +288,9 @@ def _adapt(args: argparse.Namespace) -> int:
     state = RunState(session_id=uuid.uuid4().hex[:8], options=options)
     console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
     if options.python:
-        console.print(f"the model runs under {interpreter.path} (Python {interpreter.python}, torch {interpreter.torch}, "
-                      f"transformers {interpreter.transformers or 'not installed'})", soft_wrap=True)
+        console.print(f"the model runs under {interpreter.path} (Python {interpreter.python}, "
+                      f"torch {interpreter.torch}, transformers {interpreter.transformers or 'not installed'})",
+                      soft_wrap=True)
     console.print(f"backend {backend.name}: {why}")
     from graphmode.agent.output import run_folder_lock
     from graphmode.agent.workflow import build_graph, open_checkpointer
@@ -619,8 +620,8 @@ def _ask(state: RunState):
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     while True:
         try:
-            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d \\[ids] for diffs, or later: "
-                              ).strip().lower()
+            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d \\[ids] for diffs, "
+                                  "or later: ").strip().lower()
         except EOFError:  # Ctrl-D: the same as "later"
             console.print()
             return None

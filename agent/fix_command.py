@@ -64,7 +64,8 @@ def _exit_status(result: FileFix) -> int:
 def _run(files: list[tuple[Path, str]], jobs: int | None, entry_class: str | None, errors: Console) -> list[FileFix]:
     if not errors.is_terminal or len(files) < 2:
         return list(fix_files(files, entry_class, jobs))
-    columns = (TextColumn("fix"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    columns = (TextColumn("fix"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
     with Progress(*columns, console=errors, transient=True) as progress:
         task = progress.add_task("", total=len(files))
         return list(fix_files(files, entry_class, jobs,
@@ -118,6 +119,6 @@ def _counts(results: list[FileFix]) -> dict[str, int]:
 def _summary(results: list[FileFix], seconds: float, out: Path | None) -> str:
     counts = _counts(results)
     where = f"; copies and changes.diff in {out}" if out is not None and counts["rewritten"] else ""
-    return (f"{len(results)} files in {seconds:.1f} s: {counts['rewritten']} rewritten, {counts['unchanged']} unchanged, "
-            f"{counts['unreadable']} unreadable, {counts['crashed']} crashed; {counts['manual_items']} items for a "
-            f"person{where}")
+    return (f"{len(results)} files in {seconds:.1f} s: {counts['rewritten']} rewritten, "
+            f"{counts['unchanged']} unchanged, {counts['unreadable']} unreadable, {counts['crashed']} crashed; "
+            f"{counts['manual_items']} items for a person{where}")

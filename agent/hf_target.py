@@ -60,7 +60,8 @@ class HFTarget:
 def summary(target: HFTarget) -> dict:
     """What the documents say about an --hf target (RunOptions.hf)."""
     if target.package:
-        how = f"its own code (config.json's auto_map), loaded from the folder's copy; {', '.join(target.sources)} rewritten"
+        how = ("its own code (config.json's auto_map), loaded from the folder's copy; "
+               f"{', '.join(target.sources)} rewritten")
     else:
         how = ("transformers' own code, not rewritten: Decode runs on its static-cache path (StaticCache, positions "
                "as a tensor), the original on the default dynamic cache")

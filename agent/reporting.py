@@ -100,7 +100,8 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         # None: not traced).
         "manual_items_run_by_decode": sum(bool(m["decode_runs"]) for m in manual) if traced else None,
         # The adapted side's environment, and the interpreter each side ran under (a target may name its own).
-        "env": {**v.adapted["env"], "sides": {"original": _side(v.original["env"]), "adapted": _side(v.adapted["env"])}},
+        "env": {**v.adapted["env"],
+                "sides": {"original": _side(v.original["env"]), "adapted": _side(v.adapted["env"])}},
         "timings": {"eager": eager.model_dump(), "graph": graph.model_dump()},
         "logits_max_abs_diff_per_step": v.logits_max_abs_diff_per_step,
         "tokens": {"eager": v.original["tokens"], "graph": v.adapted["tokens"]},

@@ -79,7 +79,8 @@ def table(rows: list[dict]) -> str:
         why = re.sub(r"/\S*?site-packages/", "", problems[0] if problems else "").replace("|", "\\|")
         why = why if len(why) <= 160 else why[:157] + "..."
         lines.append(f"| {row['model_type']} | {_cell(row.get('graph_breaks'))} | {_cell(row.get('recompiles'))} | "
-                     f"{_cell(row.get('tokens_equal'))} ({row.get('distinct_tokens', 'n/a')}) | {decode} | {speedup} | {_cell(row.get('passed'))} | {why} |")
+                     f"{_cell(row.get('tokens_equal'))} ({row.get('distinct_tokens', 'n/a')}) | {decode} | {speedup} | "
+                     f"{_cell(row.get('passed'))} | {why} |")
     return "\n".join(lines) + "\n"
 
 

@@ -251,7 +251,8 @@ class Battery:
         name = "two conversations interleaved on the static path (hold/restore)"
         switch = getattr(inspect.getmodule(type(self.adapted)), "GraphmodeStaticPath", None)
         if not (callable(getattr(switch, "hold", None)) and callable(getattr(switch, "restore", None))):
-            return Row(name, "static", NOT_APPLICABLE, "the adapted entry module has no GraphmodeStaticPath.hold/restore")
+            return Row(name, "static", NOT_APPLICABLE,
+                       "the adapted entry module has no GraphmodeStaticPath.hold/restore")
         prompts = [self.prompt, _batch_prompt(self.prompt)[1:2]]
         try:
             expected = [self._own_loop(self.original_harness, self.original, p, OWN_STEPS) for p in prompts]

@@ -206,7 +206,8 @@ def _classify(use: ParameterUse, prefill: Any, steps: list[Any], prompt_len: int
         lengths = [v.shape[-1] for v in steps]
         if _counts_positions(prefill, steps, prompt_len):
             use.role, use.layout = "positions", "1d" if steps[0].dim() == 1 else f"{steps[0].dim()}d"
-            use.summary = f"int tensor {list(steps[0].shape)} holding {', '.join(str(int(v.flatten()[-1])) for v in steps)}"
+            use.summary = (f"int tensor {list(steps[0].shape)} holding "
+                           f"{', '.join(str(int(v.flatten()[-1])) for v in steps)}")
         elif all(n == lengths[0] for n in lengths) and (prefill is None or _is_int_tensor(prefill)
                                                         and prefill.shape[-1] == prompt_len):
             use.role, use.summary = "tokens", f"int tensor {list(steps[0].shape)} (new tokens)"

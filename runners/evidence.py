@@ -826,7 +826,8 @@ class _Analysis:
         calls = [self.by_step[site.id][s][k] for s in self.decode_steps]
         prefill = self.by_step[site.id].get(0, [])
         growth = Growth(op=site.op, kind="created", dims=dims, by=by, shapes=[list(c.out) for c in calls],
-                        dtype=calls[0].dtype, prefill_shape=list(prefill[0].out) if prefill and prefill[0].out else None,
+                        dtype=calls[0].dtype,
+                        prefill_shape=list(prefill[0].out) if prefill and prefill[0].out else None,
                         calls=n, via=site.via)
         carried = self._carried(site, k)
         if carried is not None:

@@ -193,7 +193,7 @@ def check(named: str, said_by: str) -> Interpreter:
                               env=environment, timeout=_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InterpreterError(f"{where}: {path} did not run as a Python interpreter ({error})") from None
-    line = next((l for l in done.stdout.splitlines() if l.startswith(_FACTS_PREFIX)), None)
+    line = next((printed for printed in done.stdout.splitlines() if printed.startswith(_FACTS_PREFIX)), None)
     if done.returncode != 0 or line is None:
         said = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["it printed nothing"])[-1]
         raise InterpreterError(f"{where}: {path} did not run as a Python interpreter ({said[:200]})")

@@ -421,8 +421,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     across = {}
     for side, key in (("original", "eager"), ("adapted", "graph")):
         first_logits = sides[side][0][1]
-        across[key] = max((float((l - first_logits).abs().max().nan_to_num(nan=float("inf")))
-                           for _, l, _ in sides[side][1:] if l.shape == first_logits.shape),
+        across[key] = max((float((step_logits - first_logits).abs().max().nan_to_num(nan=float("inf")))
+                           for _, step_logits, _ in sides[side][1:] if step_logits.shape == first_logits.shape),
                           default=0.0)
     tpots = {key: [statistics.median(_steady(r)) for r in results]
              for key, results in (("eager", original_runs), ("graph", adapted_runs))}

@@ -45,7 +45,8 @@ def _built(folder: Path):
 def batteries(tmp_path_factory):
     """{"adapted": the battery on graphmode's output, "in_place": on the rewrite put in place of the original}."""
     tmp = tmp_path_factory.mktemp("battery")
-    adaptation = adapt_source((HF_EXAMPLE / "model.py").read_text(), "model.py", None, Options(entry_class="ForCausalLM"))
+    adaptation = adapt_source((HF_EXAMPLE / "model.py").read_text(), "model.py", None,
+                              Options(entry_class="ForCausalLM"))
     backend, _ = resolve("aot_eager")
     original = _built(HF_EXAMPLE)
     made = {}
@@ -160,7 +161,8 @@ def test_a_left_padded_batch_on_the_static_path(batteries, tmp_path):
     entries = "def prefill(self, input_ids, input_pos, attention_mask=None):"
     assert source.count(entries) == 1
     plain = Battery(battery.original_harness, battery.original,
-                    *_built(_folder(tmp_path, "plain", source.replace(entries, "def prefill(self, input_ids, input_pos):"))),
+                    *_built(_folder(tmp_path, "plain",
+                                    source.replace(entries, "def prefill(self, input_ids, input_pos):"))),
                     battery.backend)
     offered = _row(plain, "padded_static_batch")
     assert offered.status == NOT_APPLICABLE and "not offered" in offered.detail

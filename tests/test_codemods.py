@@ -100,7 +100,8 @@ def test_declining_a_prerequisite_never_leaves_a_half_rewrite():
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     # The cache rewrite writes `input_pos`, which only the positions rewrite defines; without the mask
     # rewrite the positions rewrite cannot apply (the mask uses `start_pos`), so the cache rewrite is dropped.
-    result = adapt_source(source, "model.py", {"static_kv_cache", "static_positions"}, Options(entry_class="Transformer"))
+    result = adapt_source(source, "model.py", {"static_kv_cache", "static_positions"},
+                          Options(entry_class="Transformer"))
     assert result.applied == []
     assert {m.codemod for m in result.manual} == {"static_kv_cache", "static_positions"}
     assert result.adapted == source

@@ -242,7 +242,8 @@ def test_sequence_first_cache_on_dim_0_is_found_where_static_rules_miss_it(trace
 
 def test_k_and_v_stacked_in_one_tensor(traced):
     folder, ev = traced("stacked_kv")
-    prompt_len, heads, head_dim = constant(folder, "PROMPT_LEN"), constant(folder, "HEADS"), constant(folder, "HEAD_DIM")
+    prompt_len, heads, head_dim = (constant(folder, "PROMPT_LEN"), constant(folder, "HEADS"),
+                                   constant(folder, "HEAD_DIM"))
     # torch.stack([k, v]) -> [2, b, h, s, d], grown on dim 3: the stacked piece says where k/v sit.
     (stacked,) = growth(ev, marked(folder, "stacked"))
     assert (stacked.kind, stacked.dims, stacked.kv_dim, stacked.layout) == ("cache", [3], 0, "[2, b, h, s, d]")
@@ -369,7 +370,8 @@ def test_reconcile_keeps_what_decode_never_ran_and_confirms_the_rest(traced):
     static = scan_source((folder / "model.py").read_text(), "model.py")
     result = reconcile_details(static, ev)
     assert result.dropped == []  # every traced hazard of this model is real
-    traced_codes = [f for f in result.findings if f.source == "static" and f.code in ("GM101", "GM201", "GM301", "GM501")]
+    traced_codes = [f for f in result.findings
+                    if f.source == "static" and f.code in ("GM101", "GM201", "GM301", "GM501")]
     for f in traced_codes:
         assert f.trace in (SEEN, PREFILL_ONLY), f
         assert f.evidence.startswith("trace: ")

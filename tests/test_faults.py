@@ -90,7 +90,8 @@ def test_a_second_run_says_it_replaces_a_finished_report(tmp_path):
     shutil.copytree(EXAMPLE, target)
     harness = target / "harness.py"
     harness.write_text(harness.read_text().replace("    torch.manual_seed(0)\n",
-                                                   "    torch.manual_seed(0)\n    raise RuntimeError('stop here')\n", 1))
+                                                   "    torch.manual_seed(0)\n    raise RuntimeError('stop here')\n",
+                                                   1))
     run_dir = tmp_path / "out" / "target"
     run_dir.mkdir(parents=True)
     (run_dir / "report.json").write_text(json.dumps({"session_id": "feedbeef"}))

@@ -115,7 +115,7 @@ def test_guarded_imports_are_left_to_the_code_and_only_unguarded_missing_ones_ge
 
 def test_a_placeholder_imports_but_fails_naming_the_package_when_called():
     optional_imports.install({"graphmode_test_absent_pkg": "modeling_x.py:3"})
-    from graphmode_test_absent_pkg.ops import fused_attention  # noqa: the placeholder answers
+    from graphmode_test_absent_pkg.ops import fused_attention  # not installed: the placeholder answers
 
     class Subclass(fused_attention):  # a placeholder class can be subclassed at import time
         pass

@@ -210,8 +210,10 @@ def test_npugraph_ex_compile_kwargs():
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"frozen_parameters": True}, r"unknown npugraph_ex option 'frozen_parameters' \(did you mean 'frozen_parameter'\?\)"),
-    ({"max_autotune": True}, r"unknown npugraph_ex option 'max_autotune'; valid in torch_npu 2\.13\.0: .*capture_limit"),
+    ({"frozen_parameters": True},
+     r"unknown npugraph_ex option 'frozen_parameters' \(did you mean 'frozen_parameter'\?\)"),
+    ({"max_autotune": True},
+     r"unknown npugraph_ex option 'max_autotune'; valid in torch_npu 2\.13\.0: .*capture_limit"),
     ({"capture_limit": 0}, r"npugraph_ex option 'capture_limit' must be in \[1, "),
     ({"capture_limit": "64"}, r"'capture_limit' must be an int, got '64' \(str\)"),
     ({"capture_limit": True}, r"'capture_limit' must be an int, got True \(bool\)"),
@@ -726,7 +728,8 @@ def test_npugraph_ex_cache_compile_runs_the_real_function(real_api, torch_npu_so
     # The public function: options= goes through the strict _process_kwargs_options (L10), not **kwargs alone.
     public, node = _real_function(torch_npu_sources.parent / "npu/npugraph_ex/inference/__init__.py", "cache_compile")
     assert {"dynamic", "cache_dir"} <= _named(public) and public.parameters["dynamic"].default == "True"
-    assert any(isinstance(c, ast.Call) and ast.unparse(c) == "compiler_config._process_kwargs_options(compile_config, kwargs)"
+    assert any(isinstance(c, ast.Call)
+               and ast.unparse(c) == "compiler_config._process_kwargs_options(compile_config, kwargs)"
                for c in ast.walk(node))
     fallback = real_api["cache"]["npugraph_ex_fallback"]
     assert fallback["torch_compile"] and len(fallback["warnings"]) == 1  # plain torch.compile, announced

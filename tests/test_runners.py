@@ -165,7 +165,8 @@ def test_parse_recompile_message_takes_newest_guard_and_user_line():
         "    - 1/0: state['pos'] == 8                     # logits = model(...)  # x/harness.py:38 in decode\n"
         '    -   File "/x/other.py", line 99, in decode\n')
     reason = parse_recompile_message(message, root=Path("/x"))
-    assert (reason.reason, reason.file, reason.line, reason.function) == ("state['pos'] == 9", "harness.py", 38, "decode")
+    assert ((reason.reason, reason.file, reason.line, reason.function)
+            == ("state['pos'] == 9", "harness.py", 38, "decode"))
 
 
 # --- workers (subprocesses) --------------------------------------------------------------
@@ -187,7 +188,8 @@ def test_worker_original_side(tmp_path):
     assert logits.shape == (steps + 1, 1, vocab) and torch.isfinite(logits).all()
     # Each fed token is the greedy choice from the previous call's logits.
     assert result["tokens"][0] == logits[:steps, 0].argmax(-1).tolist()
-    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads", "torch_npu", "cann", "transformers"}
+    assert set(result["env"]) >= {"torch", "python", "platform", "device", "threads", "torch_npu", "cann",
+                                  "transformers"}
     assert result["env"]["transformers"] == importlib.metadata.version("transformers")  # the release the worker ran
     # The timed second generation repeats the first pass's tokens and adds the last step's choice.
     assert result["new_tokens"] == steps + 1 and result["generation_s"] > 0

@@ -10,7 +10,8 @@ from graphmode.transforms.scan import may_fix
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 HAZARD = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x.sum().item()\n"
-HARNESS_PREFILL = "import torch\n\ndef prefill(model, tokens):\n    return model(tokens, torch.arange(tokens.shape[1]))\n"
+HARNESS_PREFILL = ("import torch\n\ndef prefill(model, tokens):\n"
+                   "    return model(tokens, torch.arange(tokens.shape[1]))\n")
 CLEAN = "from torch import nn\n\nclass M(nn.Module):\n    def forward(self, x):\n        return x * 2\n"
 
 
@@ -97,7 +98,8 @@ def test_a_file_that_does_not_parse_is_an_error_even_without_a_model_step(tmp_pa
     done = scan(str(tmp_path))
     assert done.returncode == 2, done.stdout
     errors = done.stderr.strip().splitlines()
-    assert len(errors) == 2 and any("noise.py: error:" in e for e in errors) and any("half.py: error:" in e for e in errors)
+    assert (len(errors) == 2 and any("noise.py: error:" in e for e in errors)
+            and any("half.py: error:" in e for e in errors))
     assert "3 files: 0 checked by the rules, 1 with no model step" in done.stdout
     assert "2 could not be scanned" in done.stdout
 

@@ -20,7 +20,8 @@ SWITCH = "\n\n" + helper_source(STATIC_PATH)
 
 
 def _split(original: str, adapted: str) -> str:
-    return keep_original_path(cst.parse_module(textwrap.dedent(original)), cst.parse_module(textwrap.dedent(adapted))).code
+    return keep_original_path(cst.parse_module(textwrap.dedent(original)),
+                              cst.parse_module(textwrap.dedent(adapted))).code
 
 
 def _run(source: str) -> ModuleType:

@@ -50,7 +50,8 @@ def test_the_selection_gives_what_the_branch_gave(dtype, overflow, scale, masked
 
 def test_the_selection_compiles_without_a_graph_break():
     source = CASE.read_text()
-    after = _module(adapt_source(source, CASE.name, {"hoist_item", "tensor_branches"}, Options(entry_class="Model")).static_view,
+    after = _module(adapt_source(source, CASE.name, {"hoist_item", "tensor_branches"},
+                                 Options(entry_class="Model")).static_view,
                     "after").Model()
     before = _module(source, "before").Model()
     args = _inputs(torch.float32, False, 100.0, True)

@@ -53,7 +53,8 @@ def _entry_calls(folder: Path, steps: int = 3):
 
 def test_entry_calls_tell_tokens_positions_and_state_apart():
     legacy = {p.name: p for p in _entry_calls(Path(__file__).parents[1] / "examples" / "legacy_llm").parameters}
-    assert (legacy["tokens"].role, legacy["start_pos"].role, legacy["start_pos"].layout) == ("tokens", "positions", "int")
+    assert ((legacy["tokens"].role, legacy["start_pos"].role, legacy["start_pos"].layout)
+            == ("tokens", "positions", "int"))
     assert legacy["past_key_values"].role == "state" and not legacy["past_key_values"].in_prefill
     ready = {p.name: p for p in _entry_calls(TARGETS / "static_ready").parameters}
     assert (ready["input_pos"].role, ready["input_pos"].layout) == ("positions", "1d")

@@ -180,7 +180,8 @@ def _scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
         try:
             ast.parse(text, str(path))
         except SyntaxError as error:
-            return [], FileError(str(path), f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), False
+            return [], FileError(str(path),
+                                 f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), False
         except (RecursionError, ValueError, MemoryError) as error:
             return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), False
         return [], None, False

@@ -199,7 +199,8 @@ def build_target(case: Case, site: Path, dest: Path) -> Path:
                         f"({present})")
     causal, config = _entry_classes(modeling.read_text(encoding="utf-8"), case.model)
     target = core.new_target(case, dest)
-    sources = core.copy_sources(site, target, {"model.py": f"transformers/models/{case.model}/modeling_{case.model}.py"})
+    sources = core.copy_sources(site, target,
+                                {"model.py": f"transformers/models/{case.model}/modeling_{case.model}.py"})
     description = (f"transformers=={case.version}, models/{case.model}: model.py is modeling_{case.model}.py with "
                    f"absolute imports. The model is {causal} with a tiny random config, driven in its own\n"
                    "calling convention (input_ids, past_key_values, use_cache=True; HF's output object with "

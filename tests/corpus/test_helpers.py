@@ -59,7 +59,8 @@ def test_runs_from_env(monkeypatch):
 
 
 # -- tiny configs ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", sorted({c.model for c in core.parse_corpus("testbed") if c.package == "transformers"}))
+@pytest.mark.parametrize("model",
+                         sorted({c.model for c in core.parse_corpus("testbed") if c.package == "transformers"}))
 def test_every_transformers_model_of_the_bed_is_tiny(model):
     config = hf.tiny_config(model)
     sizes = set(config.values())

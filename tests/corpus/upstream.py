@@ -267,7 +267,8 @@ def parse_junit(path: Path) -> dict[str, Outcome]:
             element = case.find(kind)
             if element is not None:
                 status = {"failure": "failed"}.get(kind, kind)
-                outcome = Outcome(status, first_error_lines(element) if kind != "skipped" else element.get("message", ""))
+                outcome = Outcome(status,
+                                  first_error_lines(element) if kind != "skipped" else element.get("message", ""))
                 break
         # A test that passed and then errored in teardown is reported twice: keep the worse.
         if test_id not in outcomes or outcomes[test_id].status in ("passed", "skipped"):
@@ -290,7 +291,8 @@ def run_suite(venv: Path, run: Path, model: str, root: Path, timeout_s: float = 
         returncode, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         returncode = 124
-        output = (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) else str(expired.stdout or "")
+        output = ((expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes)
+                  else str(expired.stdout or ""))
     seconds = round(time.monotonic() - started, 1)
     log.write_text(output, encoding="utf-8")
     result = SuiteRun(command, returncode, seconds, log)
@@ -346,7 +348,8 @@ class CaseResult:
             "case": self.case, "test_file": self.test_file, "tag_commit": self.commit,
             "original": {**self.original.counts(), "seconds": self.original.seconds, "exit": self.original.returncode},
             "adapted": {**self.adapted.counts(), "seconds": self.adapted.seconds, "exit": self.adapted.returncode},
-            "regressions": {k: {"adapted": a.status, "error": a.message} for k, (_, a) in self.comparison.regressions.items()},
+            "regressions": {k: {"adapted": a.status, "error": a.message}
+                            for k, (_, a) in self.comparison.regressions.items()},
             "other_differences": {k: [b.status if b else None, a.status if a else None]
                                   for k, (b, a) in self.comparison.other.items()},
             "command": " ".join(self.original.command[1:]),

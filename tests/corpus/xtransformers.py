@@ -59,7 +59,8 @@ def build_target(case: Case, site: Path, dest: Path) -> Path:
     target = core.new_target(case, dest)
     sources = core.copy_sources(site, target, {"xtransformers.py": "x_transformers/x_transformers.py",
                                                "attend.py": "x_transformers/attend.py"})
-    description = (f"x-transformers=={case.version}: xtransformers.py and attend.py are x_transformers/x_transformers.py "
+    description = (f"x-transformers=={case.version}: xtransformers.py and attend.py are "
+                   "x_transformers/x_transformers.py "
                    "and attend.py.\nTransformerWrapper(Decoder) driven as AutoregressiveWrapper.generate does: "
                    "the sequence so far, return_intermediates=True, cache=.")
     (target / "harness.py").write_text(core.harness_text(

@@ -64,7 +64,8 @@ def derivation(method: cst.FunctionDef) -> Derivation | None:
     # The past length is read under a test of the cache (`if past_key_values[0] is not None:`) in some models:
     # the statement holding its last assignment is the one to follow.
     last = max(i for i, stmt in enumerate(body) for a in nodes_of_type(stmt, cst.Assign)
-               if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name) and a.targets[0].target.value == past)
+               if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+               and a.targets[0].target.value == past)
     return Derivation(body[max(last, past_at, new_at)], past, new)
 
 
@@ -72,9 +73,11 @@ def derived_positions(found: Derivation, line_limit: int) -> cst.BaseStatement:
     """The `if position_ids is None:` block, wrapped where one line would pass the file's own line length."""
     count = f"{found.past}, {found.past} + {found.new}, device=next(self.parameters()).device"
     one_line = f"{THREADED} = torch.arange({count}).unsqueeze(0)"
-    body = one_line if len(one_line) + 12 <= line_limit else f"{THREADED} = torch.arange(\n        {count}\n    ).unsqueeze(0)"
+    body = (one_line if len(one_line) + 12 <= line_limit
+            else f"{THREADED} = torch.arange(\n        {count}\n    ).unsqueeze(0)")
     return cst.parse_statement(f"if {THREADED} is None:\n    {body}\n").with_changes(leading_lines=[cst.EmptyLine(
-        indent=True, comment=cst.Comment("# graphmode: positions counted from the cached length if the caller passes none."))])
+        indent=True,
+        comment=cst.Comment("# graphmode: positions counted from the cached length if the caller passes none."))])
 
 
 def key_length_sizes(method: cst.FunctionDef, found: Derivation) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -155,7 +158,8 @@ def _shape_names(method: cst.FunctionDef) -> set[str]:
             if (found := single_assignment(stmt)) and _is_shape(found[1])}
 
 
-def take_positions(method: cst.FunctionDef, stmt: cst.BaseStatement) -> tuple[cst.BaseStatement, set[cst.BaseStatement]]:
+def take_positions(method: cst.FunctionDef,
+                   stmt: cst.BaseStatement) -> tuple[cst.BaseStatement, set[cst.BaseStatement]]:
     """`stmt` (`name = <the positions, made of a mask and a length>`) as `name = position_ids`, and the statements
     of the method before it that only fed it (dead now): plain assignments no later statement reads."""
     name = single_assignment(stmt)[0]

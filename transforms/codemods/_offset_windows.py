@@ -95,7 +95,8 @@ def rows_at_slots(module: cst.Module, method: cst.FunctionDef, changing: set[tup
                 continue
             for table in tables:
                 arg = args[bound[table]]
-                args[bound[table]] = arg.with_changes(value=cst.parse_expression(f"{code_of(arg.value).strip()}[{slots}]"))
+                args[bound[table]] = arg.with_changes(
+                    value=cst.parse_expression(f"{code_of(arg.value).strip()}[{slots}]"))
             args[bound[offset]] = args[bound[offset]].with_changes(value=cst.Integer("0"))
             found[call] = (call.with_changes(args=args), name)
     return found

@@ -66,8 +66,8 @@ from graphmode.transforms.codemods._module import append_to_init, defined_at_top
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_ATTRIBUTES, \
     KV_HEAD_ATTRIBUTES, cat_of_past, size_in_init
-from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, none_test, \
-    only_raises, single_assignment, walk
+from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, \
+    none_test, only_raises, single_assignment, walk
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     KEYWORD_MASK_HELPERS, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
@@ -271,7 +271,8 @@ class CacheObject(GraphCodemod):
         "`past_key_value[0].shape[-2]`) becomes the static cache's length, since attention reads the whole buffer; "
         "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
         "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one mask built once (same "
-        "sliding window), picked by `position_ids`. Both are sized by the entry's `setup_caches`, not with the model. Every Decode step then has the same shapes and addresses. The "
+        "sliding window), picked by `position_ids`. Both are sized by the entry's `setup_caches`, not with the model. "
+        "Every Decode step then has the same shapes and addresses. The "
         "entries pass positions and no cache; a caller that passes `past_key_values` still gets back a cache of the "
         "true length (its length gives the positions when `position_ids` is left out): a cache object is still "
         "updated in such eager calls (a second copy of the keys and values), a tuple holds the written slots of the "
@@ -566,7 +567,8 @@ class CacheObject(GraphCodemod):
             assigned = single_assignment(stmt.body.body[0])
             if tested and tested[1] and tested[0] in targets and assigned and assigned[0] == tested[0]:
                 found.append(stmt)
-                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None for it")
+                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None "
+                                       "for it")
         return found
 
 

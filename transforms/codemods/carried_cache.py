@@ -214,9 +214,9 @@ class CarriedCache(GraphCodemod):
         "the unwritten ones stay hidden. `position_ids` is passed down to the methods that need it; where the model "
         "has none, the method that reads the past length off the cache takes them (counting them from that length "
         "when its caller passes none), positions it made otherwise (a padding mask's cumsum) come from them, and "
-        "tensors it made for `past + new` keys are made for the slots attention reads. Where the model has no such mask "
-        "(none in Decode, `is_causal`, one built per call), the op the trace saw read the cache (SDPA, the scores "
-        "product) hides the unwritten slots with a mask made from the positions. The compiled "
+        "tensors it made for `past + new` keys are made for the slots attention reads. Where the model has no such "
+        "mask (none in Decode, `is_causal`, one built per call), the op the trace saw read the cache (SDPA, the "
+        "scores product) hides the unwritten slots with a mask made from the positions. The compiled "
         "Decode neither reads nor returns cache tuples; eager callers that carry them get the written slots back, so "
         "positions counted from their length stay true. Where a library helper built the mask, a 2-D padding mask "
         "passed with it is no longer applied, and positions the model made from that mask no longer skip its "
@@ -282,8 +282,9 @@ class CarriedCache(GraphCodemod):
             self._plan_slot_masks(plan)
         if not plan.problems and not plan.masks:
             plan.problems.append((self._classes[next(iter(plan.init))],
-                                  "no causal mask (a buffer sliced by the key length, a helper's mask or a triangle cut at it) was "
-                                  "found to hide unwritten slots, and no traced run saw which op reads the cache"))
+                                  "no causal mask (a buffer sliced by the key length, a helper's mask or a triangle "
+                                  "cut at it) was found to hide unwritten slots, and no traced run saw which op reads "
+                                  "the cache"))
         return plan, self._threading(tree, plan) if not plan.problems else None
 
     def _apply(self, tree: cst.Module, plan: _Plan, threading: Threading) -> cst.Module:
@@ -346,8 +347,8 @@ class CarriedCache(GraphCodemod):
             plan.drop |= dead
             if need != (cls, method):
                 plan.needs.add(need)
-            self.record_edit(stmt, f"`{code_of(stmt.body[0].value)}` (the positions, made of something else) replaced by "
-                                   f"`{THREADED}`")
+            self.record_edit(stmt, f"`{code_of(stmt.body[0].value)}` (the positions, made of something else) "
+                                   f"replaced by `{THREADED}`")
         self.record_edit(found.after, f"`{THREADED}` added to `{cls}.{method}`, counted from `{found.past}` where "
                                       "the caller passes none")
         return Threading(calls, plan.needs, sources=frozenset({(cls, method)}), entry=entry)
@@ -431,16 +432,18 @@ class CarriedCache(GraphCodemod):
         cats: list[AppendingCat] = []
         if seen is not None:
             # The trace saw these cats grow a cache at every Decode step, at whatever depth of branches they sit.
-            grown = [stmt for stmt in nodes_of_type(method.body, cst.SimpleStatementLine) if self._lines(stmt)[0] in seen]
+            grown = [stmt for stmt in nodes_of_type(method.body, cst.SimpleStatementLine)
+                     if self._lines(stmt)[0] in seen]
             # The trace saw each grow by one Decode step's rows, so a cat of the last row of the tensor assigned
             # (Bloom lineage: `k[-1, ...].unsqueeze(0)`) appends all of it there.
             cats = [found for stmt in grown if (found := appending_cat(stmt, last_row=True)) is not None]
             if len(cats) < len(grown):
                 # Said, not passed over: a cache the trace saw grow that stays a `torch.cat` keeps Decode recompiling.
                 odd = next(stmt for stmt in grown if appending_cat(stmt, last_row=True) is None)
-                plan.problems.append((odd, f"`{cls.name.value}.{method.name.value}` grows a cache here, as the traced run "
-                                           "saw, but not as `x = torch.cat([cache, x], dim=N)` (the tensor assigned, or "
-                                           "its last row, appended to the cache), the forms the static write replaces"))
+                plan.problems.append((odd, f"`{cls.name.value}.{method.name.value}` grows a cache here, as the "
+                                           "traced run saw, but not as `x = torch.cat([cache, x], dim=N)` (the "
+                                           "tensor assigned, or its last row, appended to the cache), the forms the "
+                                           "static write replaces"))
                 return
         else:
             # Without evidence, only the guarded form: `if cache is not None:` reading the cache, then the cats.
@@ -455,8 +458,8 @@ class CarriedCache(GraphCodemod):
             return
         where = f"{cls.name.value}.{method.name.value}"
         if len(cats) != 2:
-            plan.problems.append((method, f"`{where}` grows {len(cats)} tensors with `torch.cat` where a key and a value "
-                                          "pair was expected (stacked keys and values are not handled yet)"))
+            plan.problems.append((method, f"`{where}` grows {len(cats)} tensors with `torch.cat` where a key and a "
+                                          "value pair was expected (stacked keys and values are not handled yet)"))
             return
         keys, values = cats
         # Keys and values may grow along different dims (Bloom: keys [b*h, d, s], values [b*h, s, d]).
@@ -493,9 +496,10 @@ class CarriedCache(GraphCodemod):
         placed = place_write(list(method.body.body), (keys.stmt, values.stmt), update, unpacks,
                              settled if seen is not None else None)
         if placed is None:
-            plan.problems.append((keys.stmt, f"`{where}`: the write cannot be put on every path that computes the keys: no "
-                                             "branch without the cache computes the same keys and values (Prefill would "
-                                             "not write the cache), or the pair sits in a block other than an `if`"))
+            plan.problems.append((keys.stmt, f"`{where}`: the write cannot be put on every path that computes the "
+                                             "keys: no branch without the cache computes the same keys and values "
+                                             "(Prefill would not write the cache), or the pair sits in a block other "
+                                             "than an `if`"))
             return
         for flag in flags:
             kind = "parameter" if isinstance(flag.test, cst.Name) else "flag of the module"
@@ -589,8 +593,9 @@ class CarriedCache(GraphCodemod):
             plan.replace[subscript] = subscript.with_changes(slice=elements)
             plan.masks += 1
             plan.key_slots = True
-            self.record_edit(subscript, f"rows of `{code_of(subscript.value).strip()}` picked by the positions (`{slots}`), "
-                                        f"a column for every key slot, instead of the square cut at `{rows.upper.value}`")
+            self.record_edit(subscript, f"rows of `{code_of(subscript.value).strip()}` picked by the positions "
+                                        f"(`{slots}`), a column for every key slot, instead of the square cut at "
+                                        f"`{rows.upper.value}`")
 
     # -- triangular masks built inline for the new rows and the key length ---------------------------------
     def _plan_inline_masks(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
@@ -667,7 +672,8 @@ class _Apply(cst.CSTTransformer):
             dims = f"seq_dim={key_dim}" + (f", value_seq_dim={value_dim}" if value_dim != key_dim else "")
             lines.append(cst.parse_statement(
                 f"self.kv_cache = {BUFFERS_CLASS}({dims})\n").with_changes(
-                leading_lines=[_comment("keys and values of every position, written in place; sized by setup_caches.")]))
+                leading_lines=[_comment("keys and values of every position, written in place; sized by "
+                                        "setup_caches.")]))
         if name in self.plan.mask_buffers:
             lines.append(cst.parse_statement(f"self.{self.plan.mask_buffers[name]} = {MASK_CLASS}()\n").with_changes(
                 leading_lines=[_comment("the causal mask for every position, built once by setup_caches.")]))

@@ -114,7 +114,8 @@ class HoistItem(StepCodemod):
         return updated_node.with_changes(body=merged)
 
     def _guarded_here(self, stmt: cst.If) -> bool:
-        return any(isinstance(line.comment, cst.Comment) and line.comment.value == _COMMENT for line in stmt.leading_lines)
+        return any(isinstance(line.comment, cst.Comment) and line.comment.value == _COMMENT
+                   for line in stmt.leading_lines)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         return self._guard(original_node, updated_node)

@@ -44,7 +44,8 @@ def _windows(method: cst.FunctionDef, name: str) -> list[cst.Subscript]:
     return found
 
 
-def _table_statement(init: cst.FunctionDef, attribute: str) -> tuple[cst.SimpleStatementLine, cst.BaseExpression] | None:
+def _table_statement(init: cst.FunctionDef,
+                     attribute: str) -> tuple[cst.SimpleStatementLine, cst.BaseExpression] | None:
     """The `__init__` statement that builds the table (`self.A = X` or `self.register_buffer("A", X, ...)`)
     and the expression X."""
     for stmt in init.body.body:

@@ -35,7 +35,8 @@ ROW_POSITIONS = "graphmode_row_positions"  # each row's positions from a padding
 _PADDING = "attention_mask"  # the 2-D padding mask the keyword entries take where the mask rows apply it
 # The helpers whose buffers `setup_caches` allocates (static_kv_cache, carried_cache, cache_object insert them).
 _SIZED_BY_SETUP = (CACHE_CLASS, BUFFERS_CLASS, MASK_CLASS)
-STATIC_PATH = "GraphmodeStaticPath"  # the helper whose `with` puts the entries' calls on the static path (static_path.SWITCH)
+# The helper whose `with` puts the entries' calls on the static path (static_path.SWITCH).
+STATIC_PATH = "GraphmodeStaticPath"
 
 
 def _sequence_length_names(body: list[cst.BaseStatement], tokens: str) -> set[str]:
@@ -283,11 +284,13 @@ class SplitDecode(GraphCodemod):
         for param in [p for p in params[2:] if p.default is None]:
             role = self.options.role_of(param.name.value)
             if role == "positions:int":
-                return (f"the positions are still a Python int (`{param.name.value}`): the rewrite to a position tensor "
-                        "was not applied (see its item), so a compiled Decode would take a new constant every step")
+                return (f"the positions are still a Python int (`{param.name.value}`): the rewrite to a position "
+                        "tensor was not applied (see its item), so a compiled Decode would take a new constant every "
+                        "step")
             if role is not None and role not in _POSITION_ARGUMENTS and not role.startswith(_MASK_ROWS_ROLE):
-                return (f"`forward` requires `{param.name.value}`, which the harness passes as {role} every Decode step; "
-                        "the entries pass only the tokens and the positions, so write `prefill`/`decode` by hand")
+                return (f"`forward` requires `{param.name.value}`, which the harness passes as {role} every Decode "
+                        "step; the entries pass only the tokens and the positions, so write `prefill`/`decode` by "
+                        "hand")
         return None
 
     def _dropped_cache(self, params: list[cst.Param]) -> str | None:
@@ -296,9 +299,9 @@ class SplitDecode(GraphCodemod):
         token alone."""
         carried = [p.name.value for p in params[1:] if self.options.role_of(p.name.value) == "state"]
         if carried and not self._cache_in_buffers:
-            return (f"the harness carries `{carried[0]}` into `forward` every Decode step (the KV cache) and it was not "
-                    "moved into static buffers (see the cache item on this file); entries without it would attend "
-                    "to the new token alone, so none are added")
+            return (f"the harness carries `{carried[0]}` into `forward` every Decode step (the KV cache) and it was "
+                    "not moved into static buffers (see the cache item on this file); entries without it would "
+                    "attend to the new token alone, so none are added")
         return None
 
     def _position_layout(self, param: cst.Param) -> str | None:

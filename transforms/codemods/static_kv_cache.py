@@ -74,8 +74,8 @@ class StaticKVCacheCodemod(BufferCodemod):
     TITLE = "Preallocate the KV cache and write it in place"
     DESCRIPTION = (
         f"Replaces the cache grown with `torch.cat` by a `{CACHE_CLASS}` module holding "
-        "`(batch, heads, length, head_dim)` buffers (sized by the entry's `setup_caches`), written with `index_copy_` at "
-        "the position tensor. Attention runs over the whole buffer and the causal mask hides unwritten slots, so "
+        "`(batch, heads, length, head_dim)` buffers (sized by the entry's `setup_caches`), written with `index_copy_` "
+        "at the position tensor. Attention runs over the whole buffer and the causal mask hides unwritten slots, so "
         "every Decode step has the same shapes and addresses. The `past_key_value` arguments are no longer read; "
         "the returned cache is the buffer itself."
     )
@@ -122,7 +122,8 @@ class StaticKVCacheCodemod(BufferCodemod):
         create = cst.parse_statement(
             f"self.kv_cache = {CACHE_CLASS}({heads}, {head_dim}, seq_dim={seq_dim})\n"
         )
-        updated_node = append_to_init(updated_node, [create], "keys and values for every position, sized by setup_caches.")
+        updated_node = append_to_init(updated_node, [create],
+                                      "keys and values for every position, sized by setup_caches.")
         return updated_node
 
     def finish_module(self, module: cst.Module) -> cst.Module:

@@ -150,7 +150,8 @@ class StaticRotary(BufferCodemod):
         if not all(names_in(t) <= visible for t in tables):
             return None
         if len([a for a in arange.args if a.keyword is None]) != 1:
-            self.record_manual(body[arange_at], "`torch.arange` with a start or step; only `arange(length)` is rewritten")
+            self.record_manual(body[arange_at],
+                               "`torch.arange` with a start or step; only `arange(length)` is rewritten")
             return None
 
         # The table, built in __init__ at the maximum length; `device=` went with the call's inputs.
@@ -163,7 +164,8 @@ class StaticRotary(BufferCodemod):
         init_arange_args = list(init_arange.args)
         init_arange_args[-1] = init_arange_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         init_statements = [
-            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(arange_var))], init_arange.with_changes(args=init_arange_args))]),
+            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(arange_var))],
+                                                init_arange.with_changes(args=init_arange_args))]),
             *[s.with_changes(leading_lines=[]) for s in table_statements],
         ]
         taken = self_attributes(cls)
@@ -181,7 +183,8 @@ class StaticRotary(BufferCodemod):
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
         updated = replace_method(updated, method.name.value, new_method)
         self._sized_by_constant = True
-        return append_to_init(updated, init_statements, f"`{method.name.value}` tables, built once at the maximum length.")
+        return append_to_init(updated, init_statements,
+                              f"`{method.name.value}` tables, built once at the maximum length.")
 
 
     # -- a cache that grows on demand --------------------------------------------------------------

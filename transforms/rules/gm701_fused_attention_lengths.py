@@ -9,7 +9,8 @@ from graphmode.transforms.rules.base import Rule
 
 FUSED_ATTENTION_OPS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 LENGTH_KEYWORDS = frozenset({"actual_seq_lengths", "actual_seq_lengths_kv", "actual_seq_qlen", "actual_seq_kvlen"})
-_AS_LIST = "list[int]: needs dynamic=True under npugraph_ex (updated at replay); GE needs the torchair.ops variant with a tensor"
+_AS_LIST = ("list[int]: needs dynamic=True under npugraph_ex (updated at replay); GE needs the torchair.ops variant "
+            "with a tensor")
 _AS_TENSOR = "a tensor: fine for GE's torchair.ops variant; npugraph_ex expects list[int]"
 
 

@@ -109,7 +109,8 @@ class WholeModelCompiled(Rule):
                 return
             functions = self.file.fact("function_names", _function_names)
             if _whole_model(arg_value(model), functions):
-                self.report(node, self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
+                self.report(node,
+                            self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
         elif (
             dotted_name(func.value) != "torch"
             and not any(h in self.file.code_of(func.value, node).lower() for h in _ENTRY_HINTS)

@@ -60,7 +60,8 @@ class LowLimit(Rule):
         number = int_value(value)
         if number is not None and number < DEFAULTS[name]:
             # An assignment target or a dict key starts at its parentheses, as libcst has it.
-            self.report(node if within is None else self.file.own_start(node, within), self.MESSAGE.format(name=name, value=number, default=DEFAULTS[name]))
+            self.report(node if within is None else self.file.own_start(node, within),
+                        self.MESSAGE.format(name=name, value=number, default=DEFAULTS[name]))
 
     def visit_Assign(self, node: ast.Assign) -> None:
         """`torch._dynamo.config.recompile_limit = 4`."""

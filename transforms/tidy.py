@@ -1,0 +1,211 @@
+"""The last pass over an adapted file: what the codemods left behind that nobody reads, taken out of graphmode's code.
+
+A codemod rewrites the lines its idiom covers and leaves the rest of a function as it was, so a static twin can keep
+a local the rewrite no longer reads (`kv_seq_len = self.kv_cache.max_seq_len` once attention reads every slot), a
+branch whose two arms became the same, or a size constant no buffer of this file is sized by. A person would not
+write them; a linter flags them.
+
+Only code graphmode wrote is touched: functions whose docstring says "(added by graphmode)" (the static twins, the
+entries, the helpers) and graphmode's size constants. The model's own functions stay as they are, byte for byte:
+the adapted file still does everything the original does.
+"""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import FunctionScope, MetadataWrapper, ScopeProvider
+
+from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type
+
+MARKER = "(added by graphmode)"
+# Calls whose result is a fact about their arguments and that change nothing: an assignment of one may go.
+# (`get_usable_length` and `get_seq_length` are transformers' cache queries: the static twin reads the buffers instead.)
+_PURE_METHODS = frozenset({"size", "dim", "numel", "get_usable_length", "get_seq_length"})
+_PURE_FUNCTIONS = frozenset({"len", "max", "min", "isinstance"})
+
+
+def tidy(module: cst.Module) -> cst.Module:
+    """`module` with dead locals and identical branches taken out of graphmode's functions, and graphmode's size
+    constants that nothing reads removed."""
+    module = module.visit(_TidyFunctions())
+    return _without_unread_constants(module)
+
+
+def added_by_graphmode(function: cst.FunctionDef) -> bool:
+    body = function.body.body if isinstance(function.body, cst.IndentedBlock) else []
+    if not body or not is_docstring(body[0]):
+        return False
+    docstring = body[0].body[0].value
+    return isinstance(docstring, cst.SimpleString) and MARKER in docstring.value or (
+        isinstance(docstring, cst.ConcatenatedString) and MARKER in code_of(docstring))
+
+
+class _TidyFunctions(cst.CSTTransformer):
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if not added_by_graphmode(updated_node):
+            return updated_node
+        while True:  # a local removed can leave another one unread
+            tidier = updated_node.visit(_MergeIdenticalBranches())
+            dead = _unread_locals(tidier)
+            if dead:
+                tidier = tidier.visit(_DropAssignments(dead))
+            if tidier.deep_equals(updated_node):
+                return updated_node
+            updated_node = tidier
+
+
+def _unread_locals(function: cst.FunctionDef) -> set[str]:
+    """Names of the function's own scope that nothing reads (libcst's scope analysis: a read in a nested function,
+    a comprehension or a `global` counts), each assigned only by plain `name = value` lines of values with no
+    effect."""
+    wrapper = MetadataWrapper(cst.Module(body=[function]))
+    scopes = wrapper.resolve(ScopeProvider)
+    copy = wrapper.module.body[0]
+    scope = scopes[copy.body.body[0]]
+    if not isinstance(scope, FunctionScope):
+        return set()
+    plain = {}  # name -> whether every binding of it pairs it with a value that has no effect, and none is read
+    for assignment in scope.assignments:
+        node = assignment.node
+        ok = isinstance(node, cst.Name) and any(
+            target is node and _pure(value) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a))
+        plain[assignment.name] = plain.get(assignment.name, True) and ok and not assignment.references
+    params = {p.name.value for p in nodes_of_type(function.params, cst.Param)}
+    return {name for name, unread in plain.items() if unread} - params
+
+
+def _pairs(assign: cst.Assign) -> list[tuple[cst.Name, cst.BaseExpression]]:
+    """(name, value) for each name an assignment gives a value of its own: `name = value`, or the names of
+    `a, b = x, y`; [] for anything else. Unpacking one value (`bsz, seqlen = x.shape`) stays whole: it also checks a
+    shape, and a person writes it to name the sizes (linters leave it too)."""
+    if len(assign.targets) != 1:
+        return []
+    target, value = assign.targets[0].target, assign.value
+    if isinstance(target, cst.Name):
+        return [(target, value)]
+    if (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)
+            and len(target.elements) == len(value.elements)
+            and all(isinstance(e, cst.Element) for e in (*target.elements, *value.elements))
+            and all(isinstance(e.value, cst.Name) for e in target.elements)):
+        return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+    return []
+
+
+def _pure(node: cst.BaseExpression) -> bool:
+    """Whether evaluating `node` changes nothing: names, attributes, subscripts, literals, arithmetic and a few
+    calls that only describe their arguments."""
+    if isinstance(node, (cst.Name, cst.Integer, cst.Float, cst.SimpleString, cst.Ellipsis)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _pure(node.value)
+    if isinstance(node, cst.Subscript):
+        return _pure(node.value) and all(_pure_slice(e.slice) for e in node.slice)
+    if isinstance(node, cst.BinaryOperation):
+        return _pure(node.left) and _pure(node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return _pure(node.expression)
+    if isinstance(node, cst.IfExp):
+        return _pure(node.test) and _pure(node.body) and _pure(node.orelse)
+    if isinstance(node, cst.Comparison):
+        return _pure(node.left) and all(_pure(c.comparator) for c in node.comparisons)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(isinstance(e, cst.Element) and _pure(e.value) for e in node.elements)
+    if isinstance(node, cst.Call):
+        func = node.func
+        known = (isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS and _pure(func.value)) or (
+            isinstance(func, cst.Name) and func.value in _PURE_FUNCTIONS)
+        return known and all(a.star == "" and _pure(a.value) for a in node.args)
+    return False
+
+
+def _pure_slice(part: cst.BaseSlice) -> bool:
+    if isinstance(part, cst.Index):
+        return _pure(part.value)
+    return all(bound is None or _pure(bound) for bound in (part.lower, part.upper, part.step))
+
+
+class _DropAssignments(cst.CSTTransformer):
+    """Takes the names given out of the assignments that give them values (the whole line when nothing is left, with
+    the comments above it: they describe that line); a block that would be left empty keeps its lines."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement | cst.RemovalSentinel:
+        # `if test:` around nothing but dead lines, with no else and a test that changes nothing, goes with them.
+        if (updated_node.orelse is None and _pure(updated_node.test)
+                and isinstance(updated_node.body, cst.IndentedBlock)
+                and all(self._left(s) is None for s in updated_node.body.body)):
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        left = [self._left(s) for s in updated_node.body]
+        kept = [s for s in left if s is not None]
+        if not kept:
+            return updated_node
+        return updated_node.with_changes(body=kept)
+
+    def _left(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+        """What is left of `stmt` once the dead names are taken out of it (None: nothing)."""
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            return stmt
+        assign = stmt.body[0]
+        pairs = _pairs(assign) if isinstance(assign, cst.Assign) else []
+        live = [(t, v) for t, v in pairs if t.value not in self.names or not _pure(v)]
+        if not pairs or len(live) == len(pairs):
+            return stmt
+        if not live:
+            return None
+        if len(live) == 1:
+            (target, value), = live
+            return stmt.with_changes(body=[assign.with_changes(targets=[cst.AssignTarget(target)], value=value)])
+        return stmt.with_changes(body=[assign.with_changes(
+            targets=[cst.AssignTarget(cst.Tuple([cst.Element(t) for t, _ in live], lpar=[], rpar=[]))],
+            value=cst.Tuple([cst.Element(v) for _, v in live], lpar=[], rpar=[]))])
+
+
+class _MergeIdenticalBranches(cst.CSTTransformer):
+    """`if test: A else: A` with a test that changes nothing becomes `A`: a rewrite made both arms the same."""
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement | cst.FlattenSentinel:
+        orelse = updated_node.orelse
+        if not isinstance(orelse, cst.Else) or not _pure(updated_node.test):
+            return updated_node
+        if not (isinstance(updated_node.body, cst.IndentedBlock) and isinstance(orelse.body, cst.IndentedBlock)):
+            return updated_node
+        if not updated_node.body.deep_equals(orelse.body):
+            return updated_node
+        body = list(updated_node.body.body)
+        body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        return cst.FlattenSentinel(body)
+
+
+def _without_unread_constants(module: cst.Module) -> cst.Module:
+    """graphmode's size constants that nothing in the file reads, removed (buffers sized by `setup_caches` need
+    none). The comment above the pair stays with the one kept, and goes with the pair."""
+    names = [n.value for n in nodes_of_type(module, cst.Name)]
+    kept: list[cst.BaseStatement] = []
+    carried: list[cst.EmptyLine] | None = None
+    for stmt in module.body:
+        name = _size_constant(stmt)
+        if name is not None and names.count(name) == 1:  # its own assignment is the only mention
+            carried = carried or list(stmt.leading_lines)
+            continue
+        if carried is not None and name is not None:
+            stmt = stmt.with_changes(leading_lines=carried)
+        carried = None
+        kept.append(stmt)
+    return module if len(kept) == len(module.body) else module.with_changes(body=kept)
+
+
+def _size_constant(stmt: cst.BaseStatement) -> str | None:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    assign = stmt.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+        name = assign.targets[0].target.value
+        return name if name in (MAX_SEQ_LEN_CONSTANT, MAX_BATCH_CONSTANT) else None
+    return None
