@@ -26,7 +26,7 @@ SUMMARY_MD = "summary.md"
 CHART = "speedups.png"
 PENDING = "pending"
 
-# adapt's exit statuses (agent.cli): 0 verified, 1 not verified, 2 bad input, 3 internal error, 4 stopped for
+# adapt's exit statuses (agent.consoles): 0 verified, 1 not verified, 2 bad input, 3 internal error, 4 stopped for
 # confirmation; anything else (killed by a signal, 130) is an error too.
 _STATUS_BY_EXIT = {0: VERIFIED, 1: "not_verified", 2: "bad_input", 3: "error", 4: "stopped"}
 

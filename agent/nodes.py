@@ -107,7 +107,8 @@ def design(state: RunState) -> dict:
 
 def confirm(state: RunState) -> dict:
     """Waits for a person's choice (or takes every change with --yes). The command line checks a choice before
-    the session sees it (agent.cli); this is the last guard: an inconsistent choice is refused, never trimmed."""
+    the session sees it (agent.session_commands, agent.terminal_session); this is the last guard: an inconsistent
+    choice is refused, never trimmed."""
     if state.options.auto_approve:
         chosen = [c.id for c in state.plan]
     else:

@@ -34,23 +34,6 @@ from graphmode.runners.timing import timed
 PADDING_SEED = 1234  # padding rows are the same in every process, so runs can be compared
 
 
-def parse_buckets(text: str) -> list[int]:
-    """'1,2,4,8' -> [1, 2, 4, 8], sorted ascending; ValueError with a one-line reason otherwise."""
-    parts = [part.strip() for part in text.split(",")]
-    if not any(parts):
-        raise ValueError("no batch sizes given; expected a list such as 1,2,4,8")
-    sizes = []
-    for part in parts:
-        # isdecimal() refuses signs, spaces, '_' and fractions that int() would accept or round.
-        if not (part.isascii() and part.isdecimal()) or int(part) < 1:
-            raise ValueError(f"{part!r} is not a positive integer batch size (expected e.g. 1,2,4,8)")
-        sizes.append(int(part))
-    repeated = sorted({size for size in sizes if sizes.count(size) > 1})
-    if repeated:
-        raise ValueError(f"batch size {', '.join(map(str, repeated))} given more than once")
-    return sorted(sizes)
-
-
 @dataclass
 class BucketResult:
     """What one bucket cost and whether its padding left the real rows alone."""

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from graphmode.runners.backends import Backend, resolve
-from graphmode.runners.batch_buckets import parse_buckets, run_sweep
+from graphmode.runners.batch_buckets import run_sweep
 from graphmode.runners.cli import WorkerFailure, call_user, run_main
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.env_info import environment
@@ -46,6 +46,7 @@ from graphmode.runners.harness import describe_exception, load_harness, max_seq_
 from graphmode.runners.line_trace import lines_run
 from graphmode.runners.memory import peak_memory
 from graphmode.runners.results import WorkerResult
+from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.timing import timed
 
 SIDES = ("original", "adapted")

@@ -55,8 +55,9 @@ def test_a_fixture_output_has_no_lint_finding_its_input_lacks(case):
     assert not new, f"{out.name}: {dict(new)}"
 
 
-@pytest.mark.parametrize(("example", "entry_class"),
-                         [("legacy_llm", "Transformer"), ("meta_llama", "Transformer"), ("hf_cache_api", "ForCausalLM")])
+@pytest.mark.parametrize(("example", "entry_class"), [
+    ("legacy_llm", "Transformer"), ("meta_llama", "Transformer"), ("hf_cache_api", "ForCausalLM"),
+])
 def test_an_example_adapted_by_the_whole_chain_has_no_new_lint_finding(example, entry_class):
     for source in sorted((EXAMPLES / example).glob("*.py")):
         if source.name == "harness.py":

@@ -18,7 +18,8 @@ import torch
 from graphmode.agent import cli, nodes
 from graphmode.agent.errors import UserError
 from graphmode.agent.state import Baseline
-from graphmode.runners.batch_buckets import pad_batch, parse_buckets, run_sweep
+from graphmode.runners.batch_buckets import pad_batch, run_sweep
+from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.backends import resolve
 from graphmode.runners.cli import WorkerFailure
 from graphmode.runners.harness import load_harness, next_token_logits
@@ -91,8 +92,8 @@ def bucketed_run(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_buckets_leave_real_rows_unchanged_and_are_reported(bucketed_run):
-    # The static buffers hold the largest bucket.
-    assert "GRAPHMODE_MAX_BATCH_SIZE = 2\n" in (bucketed_run / "adapted" / "model.py").read_text()
+    # The static buffers hold the largest bucket: the adapted model's setup_caches sizes them (report.md says so).
+    assert "def setup_caches(self, max_batch_size" in (bucketed_run / "adapted" / "model.py").read_text()
     report = json.loads((bucketed_run / "report.json").read_text())
     assert report["passed"], report["problems"]
     assert report["recompiles"] == 0  # the buckets' own captures are not the main run's recompiles
@@ -107,7 +108,7 @@ def test_buckets_leave_real_rows_unchanged_and_are_reported(bucketed_run):
     assert "logs/adapted.buckets.compile.log" in report["compile_logs"]
     markdown = (bucketed_run / "report.md").read_text()
     table = markdown[markdown.index("## Batch buckets"):markdown.index("## Before")]
-    assert "GRAPHMODE_MAX_BATCH_SIZE = 2" in table
+    assert "setup_caches(max_batch_size=2)" in table
     assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and
             line.split("|")[1].strip().isdigit()] == ["1", "2"]
 

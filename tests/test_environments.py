@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.agent.cli import EXIT_STOPPED
+from graphmode.agent.consoles import EXIT_STOPPED
 from graphmode.runners.crash import exception_chain
 from graphmode.runners.interpreter import release
 from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
@@ -38,13 +38,16 @@ def graphmode(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def make_venv(folder: Path, *, share_packages: bool) -> Path:
-    """A venv without pip; with share_packages, this interpreter's site-packages through a .pth file."""
+    """A venv without pip; with share_packages, this interpreter's site-packages through a .pth file: every one on
+    its path, so that a suite run in a venv with the system site-packages shares both (the .pth lines only add
+    folders: their own .pth files, graphmode's editable install among them, are not read)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
     if share_packages:
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "shared-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        shared = dict.fromkeys([sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("-packages"))])
+        Path(site, "shared-packages.pth").write_text("".join(f"{folder}\n" for folder in shared))
     return python
 
 

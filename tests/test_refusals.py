@@ -47,6 +47,7 @@ def a_file(tmp_path: Path) -> Path:
     (["adapt", str(EXAMPLE), "--runs", "0"], "--runs 0: must be at least 1"),
     (["adapt", str(EXAMPLE), "--similarity", "1.5"], "a ratio between 0 and 1"),
     (["adapt", str(EXAMPLE), "--backend", "no-such-backend"], "valid names: auto"),
+    (["adapt", str(EXAMPLE), "--batch-buckets", "2,x"], "'x' is not a positive integer"),
     (["adapt", str(EXAMPLE), "--tiny"], "--tiny goes with --hf"),
     (["adapt", str(EXAMPLE), "--out", str(EXAMPLE / "out")], "outside the target folder"),
     (["adapt", "--hf", "{tmp}/no/such/model"], "no such file or folder"),

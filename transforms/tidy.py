@@ -12,7 +12,7 @@ the adapted file still does everything the original does.
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import FunctionScope, MetadataWrapper, ScopeProvider
+from libcst.metadata import FunctionScope, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type
@@ -47,8 +47,11 @@ class _TidyFunctions(cst.CSTTransformer):
         while True:  # a local removed can leave another one unread
             tidier = updated_node.visit(_MergeIdenticalBranches())
             dead = _unread_locals(tidier)
-            if dead:
-                tidier = tidier.visit(_DropAssignments(dead))
+            collected = _unread_lists(tidier)
+            if collected:
+                tidier = tidier.visit(_DropAppends(collected))
+            if dead | collected:
+                tidier = tidier.visit(_DropAssignments(dead | collected))
             if tidier.deep_equals(updated_node):
                 return updated_node
             updated_node = tidier
@@ -67,11 +70,62 @@ def _unread_locals(function: cst.FunctionDef) -> set[str]:
     plain = {}  # name -> whether every binding of it pairs it with a value that has no effect, and none is read
     for assignment in scope.assignments:
         node = assignment.node
-        ok = isinstance(node, cst.Name) and any(
-            target is node and _pure(value) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a))
+        ok = isinstance(node, cst.Name) and any(target is node and _pure(value)
+                                                for a in nodes_of_type(copy.body, cst.Assign)
+                                                for target, value in _pairs(a))
         plain[assignment.name] = plain.get(assignment.name, True) and ok and not assignment.references
     params = {p.name.value for p in nodes_of_type(function.params, cst.Param)}
     return {name for name, unread in plain.items() if unread} - params
+
+
+def _unread_lists(function: cst.FunctionDef) -> set[str]:
+    """Lists the function builds and never reads: `name = []`, then only `name.append(value)` lines (values with no
+    effect), as a collection of results the rewrite no longer returns."""
+    wrapper = MetadataWrapper(cst.Module(body=[function]))
+    scopes, parents = wrapper.resolve(ScopeProvider), wrapper.resolve(ParentNodeProvider)
+    copy = wrapper.module.body[0]
+    scope = scopes[copy.body.body[0]]
+    if not isinstance(scope, FunctionScope):
+        return set()
+    empty_lists = {id(target) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a)
+                   if isinstance(value, cst.List) and not value.elements}
+    found: dict[str, bool] = {}
+    for assignment in scope.assignments:
+        ok = id(assignment.node) in empty_lists and all(
+            _only_appended(access.node, parents) for access in assignment.references)
+        found[assignment.name] = found.get(assignment.name, True) and ok
+    return {name for name, unread in found.items() if unread}
+
+
+def _only_appended(node: cst.CSTNode, parents) -> bool:
+    """Whether `node` is `name` in a statement `name.append(value)` whose value has no effect."""
+    attribute = parents.get(node)
+    call = parents.get(attribute)
+    expr = parents.get(call)
+    return (isinstance(attribute, cst.Attribute) and attribute.attr.value == "append" and isinstance(call, cst.Call)
+            and call.func is attribute and isinstance(expr, cst.Expr) and len(call.args) == 1
+            and _pure(call.args[0].value))
+
+
+class _DropAppends(cst.CSTTransformer):
+    """Removes the `name.append(value)` lines of the lists given."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        kept = [s for s in updated_node.body if not self._append(s)]
+        return updated_node.with_changes(body=kept) if kept else updated_node
+
+    def _append(self, stmt: cst.BaseStatement) -> bool:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                and isinstance(stmt.body[0], cst.Expr)):
+            return False
+        call = stmt.body[0].value
+        return (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "append"
+                and isinstance(call.func.value, cst.Name) and call.func.value.value in self.names)
 
 
 def _pairs(assign: cst.Assign) -> list[tuple[cst.Name, cst.BaseExpression]]:
@@ -170,9 +224,17 @@ class _DropAssignments(cst.CSTTransformer):
 class _MergeIdenticalBranches(cst.CSTTransformer):
     """`if test: A else: A` with a test that changes nothing becomes `A`: a rewrite made both arms the same."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._elifs: set[int] = set()  # an `elif` is its parent's else: it cannot become several statements
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self._elifs.add(id(node.orelse))
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement | cst.FlattenSentinel:
         orelse = updated_node.orelse
-        if not isinstance(orelse, cst.Else) or not _pure(updated_node.test):
+        if id(original_node) in self._elifs or not isinstance(orelse, cst.Else) or not _pure(updated_node.test):
             return updated_node
         if not (isinstance(updated_node.body, cst.IndentedBlock) and isinstance(orelse.body, cst.IndentedBlock)):
             return updated_node

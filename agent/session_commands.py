@@ -1,0 +1,87 @@
+"""`graphmode resume` and `graphmode sessions`: the saved sessions, carried on or listed."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from graphmode.agent.consoles import EXIT_STOPPED, console
+from graphmode.agent.errors import UserError
+from graphmode.agent.terminal_session import ask, drive, session_config
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    from graphmode.agent.home import session_saved, sessions_db as saved_in
+
+    if session_saved(args.session) is False:
+        raise UserError(f"no session {args.session} (sessions are kept in {saved_in()})")
+    from langgraph.types import Command
+
+    from graphmode.agent.output import run_folder_lock
+    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_state, sessions_db
+
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        config = session_config(args.session)
+        snapshot = graph.get_state(config)
+        if not snapshot.values:
+            raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
+        state = saved_state(args.session, snapshot.values)
+        if not snapshot.next:
+            console.print(f"session {args.session} has finished; its report: {state.report_path}")
+            return 0
+        if "confirm" not in snapshot.next:  # interrupted (Ctrl-C) in another step: carry on from there
+            if args.approve is not None or args.reject_all:
+                raise UserError(f"session {args.session} stopped before confirmation (at {', '.join(snapshot.next)}); "
+                                "resume it without --approve/--reject-all, then choose")
+            with run_folder_lock(Path(state.options.run_dir), args.session):
+                return drive(graph, None, args.session, interactive=sys.stdin.isatty())
+        if args.approve is not None:
+            from graphmode.agent.choices import choice_problem
+
+            answer = [c.strip().upper() for c in args.approve.split(",") if c.strip()]
+            # Checked here, before the session sees it: a wrong answer leaves the session as it was.
+            problem = choice_problem(state.plan, answer)
+            if problem:
+                raise UserError(f"--approve {args.approve}: {problem} (session {args.session} is unchanged; the "
+                                f"design: {state.design_path})")
+        elif args.reject_all:
+            answer = []
+        elif sys.stdin.isatty():
+            answer = ask(state)
+        else:
+            console.print(f"approving all {len(state.plan)} changes of {state.design_path}")
+            answer = "all"
+        if answer is None:
+            return EXIT_STOPPED
+        with run_folder_lock(Path(state.options.run_dir), args.session):
+            return drive(graph, Command(resume=answer), args.session, interactive=False)
+
+
+def run_sessions() -> int:
+    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_target, sessions_db
+
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        table = Table(title=f"Sessions in {sessions_db()}")
+        for column in ("session", "target", "stands at", "report"):
+            table.add_column(column)
+        # Read the ids first: the saver holds its lock while listing, and get_state needs it too.
+        sessions = dict.fromkeys(c.config["configurable"]["thread_id"] for c in checkpointer.list(None))
+        rows = []
+        for session in sessions:
+            snapshot = graph.get_state(session_config(session))
+            values = snapshot.values
+            rows.append((session, saved_target(values), ", ".join(snapshot.next) or "finished",
+                         values.get("report_path", "")))
+        if not console.is_terminal:  # piped or redirected: whole paths, one session per line, tab-separated
+            print("\t".join(("session", "target", "stands at", "report")))
+            for row in rows:
+                print("\t".join(row))
+            return 0
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    return 0

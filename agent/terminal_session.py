@@ -1,0 +1,212 @@
+"""A session at the terminal: the workflow streamed with a line per step, the confirmation question, the verdict.
+
+`drive` runs the LangGraph workflow of one session (`graphmode adapt`, `graphmode resume`) and stops at
+confirmation, or asks there when a person is at a terminal.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from graphmode.agent.consoles import EXIT_INTERRUPTED, EXIT_STOPPED, console, errors
+
+if TYPE_CHECKING:
+    from graphmode.agent.state import RunState
+
+
+def session_config(session: str) -> dict:
+    return {"configurable": {"thread_id": session}}
+
+
+def drive(graph, payload, session: str, interactive: bool) -> int:
+    """Streams the workflow with one progress line per step; stops (or asks) at confirmation. Ctrl-C says which
+    session to resume."""
+    config = session_config(session)
+    try:
+        return _stream(graph, payload, session, config, interactive)
+    except KeyboardInterrupt:
+        errors.print(f"[yellow]graphmode: interrupted.[/] Session [bold]{session}[/] keeps every step that finished; "
+                     f"continue it with `graphmode resume {session}`.", soft_wrap=True)
+        return EXIT_INTERRUPTED
+
+
+def _stream(graph, payload, session: str, config: dict, interactive: bool) -> int:
+    from langgraph.types import Command
+
+    from graphmode.agent.progress import listening
+    from graphmode.agent.workflow import STEPS, saved_state
+
+    while True:
+        started = time.perf_counter()
+        with console.status("working…") as status, listening(_progress_listener(status)):
+            for update in graph.stream(payload, config, stream_mode="updates"):
+                for step, change in update.items():
+                    if step == "__interrupt__":
+                        continue
+                    elapsed = time.perf_counter() - started
+                    console.print(f"[green]✓[/] {step} ({elapsed:.1f} s): {_describe(step, change or {})}",
+                                  soft_wrap=True)
+                    started = time.perf_counter()
+                    following = STEPS.index(step) + 1
+                    if following < len(STEPS):
+                        status.update(f"{STEPS[following]}…")
+        snapshot = graph.get_state(config)
+        state = saved_state(session, snapshot.values)
+        if not snapshot.next:
+            return _finish(state)
+        # Stopped at confirmation.
+        answer = ask(state) if interactive else None
+        if answer is None:
+            console.print(f"\nDesign document: {state.design_path}")
+            console.print(f"Stopped for confirmation. Session: [bold]{session}[/]")
+            console.print(f"  apply every change:  graphmode resume {session}")
+            if len(state.plan) > 1:
+                console.print(f"  choose changes:      graphmode resume {session} --approve {_example_choice(state)}")
+            console.print(f"  apply nothing:       graphmode resume {session} --reject-all")
+            return EXIT_STOPPED
+        payload = Command(resume=answer)
+
+
+_DIFFS_SHOWN_UP_TO = 80  # lines; longer diffs are paged on request
+
+
+def _show_diffs(changes) -> None:
+    from rich.rule import Rule
+    from rich.syntax import Syntax
+
+    for change in changes:
+        console.print(Rule(f"{change.id}. {change.title}", align="left"))
+        if change.diff:
+            console.print(Syntax(change.diff, "diff", theme="ansi_dark", word_wrap=False))
+        else:
+            console.print("(no lines of its own: it changes what other changes' lines do)")
+
+
+def _example_choice(state: RunState) -> str:
+    """A choice to show in the hint that graphmode accepts: the last change (the entry points, usually) with
+    what it needs."""
+    from graphmode.agent.choices import unmet_needs
+
+    last = state.plan[-1].id
+    return ",".join(unmet_needs(state.plan, [last]) + [last])
+
+
+def _progress_listener(status):
+    """Where a long step's lines go: the spinner's text at a terminal (with the time since its first line, which
+    the step says as it begins), else one printed line per finished run."""
+    began: list[float] = []
+
+    def listen(line: str) -> None:
+        began[:] = began or [time.perf_counter()]
+        elapsed = time.perf_counter() - began[0]
+        if console.is_terminal:
+            status.update(f"verify: {line} ({elapsed:.0f} s in)")
+        elif not line.endswith(": running"):
+            console.print(f"  verify: {line} ({elapsed:.0f} s in)", soft_wrap=True)
+    return listen
+
+
+def ask(state: RunState):
+    """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
+    from graphmode.agent.choices import needs_of, unmet_needs
+
+    table = Table(title=f"Planned changes (details: {state.design_path})")
+    for column in ("id", "change", "files", "fixes", "needs"):
+        table.add_column(column)
+    for change in state.plan:
+        table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
+                      ", ".join(needs_of(state.plan, change.id)))
+    # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
+    total = sum(change.diff.count("\n") for change in state.plan)
+    if total <= _DIFFS_SHOWN_UP_TO:
+        _show_diffs(state.plan)
+    console.print(table)
+    console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
+                  + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
+    while True:
+        try:
+            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d \\[ids] for diffs, "
+                                  "or later: ").strip().lower()
+        except EOFError:  # Ctrl-D: the same as "later"
+            console.print()
+            return None
+        if reply in ("all", "a", "y", "yes", ""):
+            return "all"
+        if reply in ("none", "n", "no"):
+            return []
+        if reply in ("later", "l", "q", "quit"):
+            return None
+        if reply == "d" or reply == "diff" or reply.startswith(("d ", "diff ")):
+            wanted = {part.strip().upper() for part in reply.split(None, 1)[1].split(",")} if " " in reply else None
+            shown = [c for c in state.plan if wanted is None or c.id in wanted]
+            if not shown:
+                console.print(f"[yellow]unknown id in {reply!r}[/]")
+                continue
+            with console.pager(styles=True):
+                _show_diffs(shown)
+            continue
+        chosen = [part.strip().upper() for part in reply.split(",") if part.strip()]
+        if not all(c in {change.id for change in state.plan} for c in chosen):
+            console.print(f"[yellow]unknown id in {reply!r}[/]")
+            continue
+        missing = unmet_needs(state.plan, chosen)
+        if not missing:
+            return chosen
+        # Never drop what the person chose, and never apply what they did not: ask.
+        try:
+            add = console.input(f"{', '.join(chosen)} need{'s' if len(chosen) == 1 else ''} "
+                                f"{', '.join(missing)} too. Add {'it' if len(missing) == 1 else 'them'}? "
+                                "[bold]yes[/]/no: ").strip().lower()
+        except EOFError:
+            console.print()
+            return None
+        if add in ("", "y", "yes"):
+            return [c.id for c in state.plan if c.id in set(chosen) | set(missing)]
+
+
+def _finish(state: RunState) -> int:
+    v = state.verification
+    console.print(f"\nReport: [bold]{state.report_path}[/]")
+    if v is not None and v.passed:
+        console.print("[green]Verified:[/] identical tokens, 0 graph breaks, 0 recompiles in Decode.")
+        return 0
+    console.print("[red]Not verified:[/] " + "; ".join(v.problems if v is not None else ["no verification"]))
+    return 1
+
+
+def _describe(step: str, change: dict) -> str:
+    if step == "analyze":
+        base = change["baseline"]
+        figures = base.headline or f"{base.graph_breaks} graph breaks, {base.recompiles} recompiles"
+        return (f"{len(change.get('findings', []))} findings in {len(change.get('sources', []))} file(s); the "
+                f"unmodified Decode under Dynamo: {figures}")
+    if step == "design":
+        return f"{len(change.get('plan', []))} changes planned, {len(change.get('manual', []))} items for a person " \
+               f"-> {change.get('design_path')}"
+    if step == "confirm":
+        return "approved " + (", ".join(change.get("approved") or []) or "nothing")
+    if step == "implement":
+        return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
+    if step == "verify":
+        v = change["verification"]
+        if not v.ran:
+            return "not run: " + "; ".join(v.problems)
+        return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles "
+                f"{v.recompiles}, Decode {v.eager.decode_ms_per_token:.3f} -> "
+                f"{v.graph.decode_ms_per_token:.3f} ms/token (warm-up {v.graph.warmup_s:.1f} s), "
+                f"median of {v.runs} run(s) per side" + _describe_buckets(v.bucket_sweep))
+    if step == "report":
+        return str(change.get("report_path"))
+    return ""
+
+
+def _describe_buckets(sweep: dict) -> str:
+    buckets = sweep.get("buckets", [])
+    if not buckets:
+        return ""
+    unchanged = all(b["tokens_equal"] for b in buckets)
+    return (f"; batch buckets {','.join(str(b['bucket']) for b in buckets)}: real rows "
+            f"{'unchanged' if unchanged else 'CHANGED'} by padding, "
+            f"{sum(b['captures'] for b in buckets)} capture(s)")
