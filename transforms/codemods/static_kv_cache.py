@@ -110,7 +110,8 @@ class StaticKVCacheCodemod(BufferCodemod):
         update = cst.parse_statement(
             f"{keys[0]}, {values[0]} = self.kv_cache.update({POSITION_TENSOR}, {keys[0]}, {values[0]})\n"
         ).with_changes(leading_lines=[
-            *body[index].leading_lines,
+            # A comment above the cat that tells of the concatenation (which is gone) goes; others (a layout) stay.
+            *(line for line in body[index].leading_lines if not _tells_of_growth(line.comment)),
             cst.EmptyLine(indent=True, comment=cst.Comment(
                 "# graphmode: written in place into the preallocated cache; attention reads the whole buffer.")),
         ])
@@ -130,3 +131,11 @@ class StaticKVCacheCodemod(BufferCodemod):
         if not defined_at_top(module, CACHE_CLASS):
             module = insert_after_imports(module, helper_statements(CACHE_CLASS))
         return module  # no size constants: `setup_caches` sizes the cache
+
+
+_GROWTH_WORDS = ("append", "concat", "cat(", "grow", "extend", "so far")
+
+
+def _tells_of_growth(comment: cst.Comment | None) -> bool:
+    """Whether a comment speaks of the cache growing ("append this step's keys to everything seen so far")."""
+    return comment is not None and any(word in comment.value.lower() for word in _GROWTH_WORDS)

@@ -1,0 +1,212 @@
+"""Lines graphmode wrote, wrapped to the file's own limit.
+
+A codemod writes a call or a signature on one line (`self.register_buffer("cache_k", torch.zeros((max(...), ...)),
+persistent=False)`), and a file kept to 110 columns gets lines of 179. The limit is the file's own: its longest line
+before graphmode (at least 79). Only lines the original does not have are wrapped, so the model's own long lines
+stay as they were; a line is wrapped the way a formatter would: a call's arguments (or a signature's parameters) one
+per line inside its parentheses, the outermost call first, then inner ones while a line is still too long; a comment
+re-flowed over as many lines as it needs. Docstrings are left as they are.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+MIN_LIMIT = 79
+_ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
+
+
+def wrap_long_lines(module: cst.Module, original: str) -> cst.Module:
+    """`module` with the long lines it has and `original` has not wrapped to `original`'s longest line."""
+    known = set(original.splitlines())
+    limit = max([MIN_LIMIT, *(len(line) for line in known)])
+    for _ in range(_ROUNDS):
+        lines = module.code.splitlines()
+        long = {number for number, line in enumerate(lines, 1) if len(line) > limit and line not in known}
+        if not long:
+            break
+        wrapped = _wrap_round(module, long, limit, lines)
+        if wrapped.code == module.code:
+            break
+        module = wrapped
+    return module
+
+
+def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]) -> cst.Module:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
+    module = wrapper.module
+    chosen: dict[cst.CSTNode, cst.CSTNode] = {}
+    for statement in _nodes(module, cst.SimpleStatementLine):
+        span = positions[statement]
+        if not long & set(range(span.start.line, span.end.line + 1)):
+            continue
+        # The outermost call (or bracketed tuple) that opens on a long line; its arguments then go one per line.
+        for node in _nodes(statement, (cst.Call, cst.Tuple)):
+            if (positions[node].start.line in long and _wrappable(node, parents.get(node))
+                    and not _in_fstring(node, parents)):
+                depth = _wrapped_around(node, statement, parents)
+                wrap = _wrap_call if isinstance(node, cst.Call) else _wrap_tuple
+                chosen[node] = lambda updated, wrap=wrap, depth=depth: wrap(updated, depth)
+                break
+    for function in _nodes(module, cst.FunctionDef):
+        header = positions[function].start.line
+        if header in long and function.params.params and not isinstance(function.whitespace_before_params,
+                                                                          cst.ParenthesizedWhitespace):
+            chosen[function] = _wrap_params
+    # Comments: a block of comment lines with a long one is re-flowed as paragraphs (one per "# graphmode:").
+    long_comments = {id(line) for line in _nodes(module, cst.EmptyLine)
+                     if line.comment is not None and positions[line].start.line in long}
+    for owner in _nodes(module, cst.CSTNode):
+        leading = getattr(owner, "leading_lines", None)
+        if leading and any(id(line) in long_comments for line in leading):
+            number = positions[next(line for line in leading if id(line) in long_comments)].start.line
+            width = limit - (len(lines[number - 1]) - len(lines[number - 1].lstrip()))
+            marked = {index for index, line in enumerate(leading) if id(line) in long_comments}
+            reflow = chosen.get(owner)
+            chosen[owner] = lambda updated, width=width, reflow=reflow, marked=marked: _with_reflowed_comments(
+                reflow(updated) if reflow else updated, width, marked)
+    return module.visit(_Replace(chosen)) if chosen else module
+
+
+class _Replace(cst.CSTTransformer):
+    """Applies each chosen node's rewrite to the node as its children were rewritten."""
+
+    def __init__(self, chosen: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
+        super().__init__()
+        self.chosen = chosen
+
+    def on_leave(self, original_node, updated_node):
+        rewrite = self.chosen.get(original_node)
+        return rewrite(updated_node) if rewrite is not None else updated_node
+
+
+def _nodes(root: cst.CSTNode, kind: type) -> list:
+    found: list = []
+
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return True
+
+    root.visit(_Collect())
+    return found
+
+
+def _wrapped(node: cst.CSTNode) -> bool:
+    """Whether a call's arguments (a tuple's elements) already start on a line of their own."""
+    if isinstance(node, cst.Call):
+        return isinstance(node.whitespace_before_args, cst.ParenthesizedWhitespace)
+    if isinstance(node, cst.Tuple) and node.lpar:
+        return isinstance(node.lpar[0].whitespace_after, cst.ParenthesizedWhitespace)
+    return False
+
+
+def _wrappable(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
+    if _wrapped(node):
+        return False
+    if isinstance(node, cst.Call):  # a trailing comma after a bare generator argument is a syntax error
+        return bool(node.args) and not isinstance(node.args[-1].value, cst.GeneratorExp)
+    # A tuple in brackets, or the bare tuple of values an assignment or a return gives (brackets added): never a
+    # target, which may not be bracketed the same way everywhere.
+    value = isinstance(parent, (cst.Assign, cst.Return)) and parent.value is node
+    return (bool(node.lpar) or value) and len(node.elements) > 1 and not any(
+        isinstance(e, cst.StarredElement) for e in node.elements)
+
+
+def _new_line(extra: str) -> cst.ParenthesizedWhitespace:
+    """A line break inside brackets, the next line at the statement's indentation plus `extra`."""
+    return cst.ParenthesizedWhitespace(first_line=cst.TrailingWhitespace(), empty_lines=[], indent=True,
+                                       last_line=cst.SimpleWhitespace(extra))
+
+
+def _wrap_call(call: cst.Call, depth: int) -> cst.Call:
+    """Each argument on its own line, one indent in from the brackets around it (`depth` of them already wrapped), a
+    comma after each, the closing parenthesis on a line of its own."""
+    inner, closing = "    " * (depth + 1), "    " * depth
+    args = [arg.with_changes(comma=cst.Comma(whitespace_after=_new_line(closing if last else inner)))
+            for last, arg in ((i == len(call.args) - 1, a) for i, a in enumerate(call.args))]
+    return call.with_changes(whitespace_before_args=_new_line(inner), args=args)
+
+
+def _in_fstring(node: cst.CSTNode, parents) -> bool:
+    """Inside an f-string's braces a line break is a syntax error before Python 3.12."""
+    parent = parents.get(node)
+    while parent is not None:
+        if isinstance(parent, cst.FormattedString):
+            return True
+        parent = parents.get(parent)
+    return False
+
+
+def _wrap_tuple(node: cst.Tuple, depth: int) -> cst.Tuple:
+    """A bracketed tuple's elements one per line, as a call's arguments."""
+    inner, closing = "    " * (depth + 1), "    " * depth
+    elements = [e.with_changes(comma=cst.Comma(whitespace_after=_new_line(closing if last else inner)))
+                for last, e in ((i == len(node.elements) - 1, e) for i, e in enumerate(node.elements))]
+    if not node.lpar:
+        node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    lpar = [node.lpar[0].with_changes(whitespace_after=_new_line(inner)), *node.lpar[1:]]
+    return node.with_changes(lpar=lpar, elements=elements)
+
+
+def _wrapped_around(node: cst.CSTNode, statement: cst.CSTNode, parents) -> int:
+    """How many wrapped calls and tuples hold `node` within its statement."""
+    count, parent = 0, parents.get(node)
+    while parent is not None and parent is not statement:
+        count += _wrapped(parent)
+        parent = parents.get(parent)
+    return count
+
+
+def _wrap_params(function: cst.FunctionDef) -> cst.FunctionDef:
+    params = list(function.params.params)
+    others = (function.params.star_arg, function.params.kwonly_params, function.params.star_kwarg,
+              function.params.posonly_params)
+    if any(o for o in others if not isinstance(o, cst.MaybeSentinel)):
+        return function  # a signature with * or ** or / is left as written
+    params = [p.with_changes(comma=cst.Comma(whitespace_after=_new_line("" if index == len(params) - 1 else "    ")))
+              for index, p in enumerate(params)]
+    return function.with_changes(whitespace_before_params=_new_line("    "),
+                                 params=function.params.with_changes(params=params))
+
+
+def _with_reflowed_comments(owner: cst.CSTNode, width: int, marked: set[int]) -> cst.CSTNode:
+    """`owner` with each run of comment lines that holds a long one (`marked`: their indexes among its leading
+    lines) re-flowed within `width` columns."""
+    out: list[cst.EmptyLine] = []
+    run: list[tuple[int, cst.EmptyLine]] = []
+    for index, line in [*enumerate(owner.leading_lines), (-1, None)]:
+        if line is not None and line.comment is not None:
+            run.append((index, line))
+            continue
+        lines = [r for _, r in run]
+        out += _reflowed(lines, width) if any(i in marked for i, _ in run) else lines
+        run = []
+        if line is not None:
+            out.append(line)
+    return owner.with_changes(leading_lines=out)
+
+
+def _reflowed(run: list[cst.EmptyLine], width: int) -> list[cst.EmptyLine]:
+    """Comment lines as paragraphs (each "# graphmode:" line starts one) filled to `width` columns, words whole."""
+    paragraphs: list[list[str]] = []
+    for line in run:
+        text = line.comment.value
+        if text.startswith("# graphmode:") or not paragraphs:
+            paragraphs.append([])
+        paragraphs[-1] += text.lstrip("#").split()
+    filled: list[str] = []
+    for words in paragraphs:
+        current = "#"
+        for word in words:
+            if len(current) + 1 + len(word) > width and current != "#":
+                filled.append(current)
+                current = "#"
+            current = f"{current} {word}"
+        filled.append(current)
+    template = run[0]
+    return [template.with_changes(comment=cst.Comment(text)) for text in filled]
