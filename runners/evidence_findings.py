@@ -14,22 +14,12 @@ from typing import Any
 from graphmode.runners.evidence import (CAT_OPS, DECODE, PREFILL, _grouped, SLICE_OPS, SYNC_CODES, _SYNC_WORDS,
                                         Evidence, FunctionEvidence, Growth, LineEvidence, ScalarChange, _delta, _shape)
 from graphmode.transforms.findings import Finding
+from graphmode.transforms.rules import RULES
 
 
-# Codes whose hazard the trace can see or rule out on a line Decode runs.
-TRACED_CODES = frozenset({"GM101", "GM102", "GM103", "GM201", "GM301", "GM302", "GM402", "GM501"})
-_SKILLS = {"GM101": "host-syncs", "GM102": "host-syncs", "GM103": "host-syncs", "GM104": "host-syncs",
-           "GM201": "static-buffers", "GM301": "static-kv-cache", "GM302": "static-kv-cache",
-           "GM402": "refactoring-principles", "GM501": "positions-as-tensors"}
-_SYNC_FAMILY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
-# A static finding of these codes on a line explains what the trace saw there (no second finding).
-_COVERED_BY = {
-    "GM301": frozenset({"GM201", "GM301", "GM302", "GM303", "GM502"}),
-    "GM302": frozenset({"GM201", "GM301", "GM302", "GM303", "GM502", "GM501"}),
-    "GM201": frozenset({"GM201", "GM301", "GM302", "GM303", "GM502"}),
-    "GM501": frozenset({"GM501", "GM302", "GM201", "GM303"}),
-    **{code: _SYNC_FAMILY for code in _SYNC_FAMILY},
-}
+# What the trace can say of each code, as the rule classes state it (transforms.rules: TRACED, EXPLAINED_BY, SKILL).
+_RULES = {rule.CODE: rule for rule in RULES}
+TRACED_CODES = frozenset(code for code, rule in _RULES.items() if rule.TRACED)
 _WRITES = frozenset({"setitem", "index_put", "index_put_", "copy_"})
 SEEN, PREFILL_ONLY, NOT_RUN = "seen", "prefill-only", "not-run"
 
@@ -102,7 +92,7 @@ def _line_findings(path: str, line: int, entry: LineEvidence, evidence: Evidence
             count = f"{per_step:g}x per Decode step"
             messages[SYNC_CODES[sync.kind]].append(
                 f"{_SYNC_WORDS[sync.kind]} (`{sync.op}`{where}) reads the device on the host, {count}")
-    return [Finding(code, path, line, 1, "; ".join(texts), _SKILLS[code], function=entry.function,
+    return [Finding(code, path, line, 1, "; ".join(texts), _RULES[code].SKILL, function=entry.function,
                     source="trace", autofix=False, trace=SEEN)
             for code, texts in sorted(messages.items())]
 
@@ -116,7 +106,7 @@ def _param_findings(evidence: Evidence) -> list[Finding]:
                 "GM501", path, int(line), 1,
                 f"`{name}` is a Python int parameter of `{function.name}` that changes every Decode step: "
                 f"{_series(change.values)} ({_delta(change.delta)}); each value is a new constant for a graph",
-                _SKILLS["GM501"], function=function.name, source="trace", autofix=False, trace=SEEN))
+                _RULES["GM501"].SKILL, function=function.name, source="trace", autofix=False, trace=SEEN))
     return out
 
 
@@ -169,7 +159,7 @@ def _static_verdict(f: Finding, evidence: Evidence, trace: dict[tuple[str, int],
     located = evidence.at(f.path, f.line)
     entries = [entry for _, entry in located]
     seen = [t.message for line, _ in located for t in trace.get((f.path, line), [])
-            if f.code in _COVERED_BY[t.code]]
+            if f.code in _RULES[t.code].EXPLAINED_BY]
     if f.code == "GM301":
         hazard = any(g.op in CAT_OPS or g.kind in ("cache", "input") for e in entries for g in e.growing)
     elif f.code in ("GM201", "GM302"):
@@ -216,8 +206,9 @@ def reconcile_details(static: list[Finding], evidence: Evidence) -> Reconciled:
     for t in trace_findings:
         statement = evidence.lines.get(f"{t.path}:{t.line}")
         lines = {t.line, statement.statement} if statement and statement.statement else {t.line}
+        explained_by = _RULES[t.code].EXPLAINED_BY
         covering = [i for i, f in enumerate(kept) if f.path == t.path and (
-            f.code in _COVERED_BY[t.code] and (f.line in lines or _same_parameter(f, t)) or _uses_parameter(f, t))]
+            f.code in explained_by and (f.line in lines or _same_parameter(f, t)) or _uses_parameter(f, t))]
         if not covering:
             added.append(t)
             continue

@@ -39,3 +39,14 @@ def test_the_fixers_read_from_the_codemods_source_are_the_imported_chain():
     for rule in RULES:
         assert may_fix(rule.CODE) == tuple(c.NAME for c in CHAIN if rule.CODE in c.FIXES), rule.CODE
     assert {code for codemod in CHAIN for code in codemod.FIXES} <= {rule.CODE for rule in RULES}
+
+
+def test_what_the_trace_can_say_of_a_rule_is_stated_on_the_rule_and_names_only_rules():
+    from graphmode.runners.evidence_findings import TRACED_CODES
+
+    codes = {rule.CODE for rule in RULES}
+    assert TRACED_CODES == {rule.CODE for rule in RULES if rule.TRACED}
+    for rule in RULES:
+        assert rule.EXPLAINED_BY <= codes, rule.CODE
+        if rule.TRACED:  # a finding the trace makes is explained at least by a static finding of its own code
+            assert rule.CODE in rule.EXPLAINED_BY, rule.CODE

@@ -13,6 +13,8 @@ class HostSync(Rule):
     CODE = "GM101"
     MESSAGE = "`.{name}()` waits for the device and copies a value to the host; a captured graph cannot contain it"
     SKILL = "host-syncs"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
     STEP_ONLY = True
     VALID = (
         # Read once per call in eager code only: the guard keeps it out of the compiled step.

@@ -16,6 +16,8 @@ class TensorToPython(Rule):
         "keep it a tensor (index with it, or use `torch.where`/`clamp`) or compute it in the eager caller"
     )
     SKILL = "host-syncs"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
     STEP_ONLY = True
     VALID = (
         # Shapes are Python ints already: no device read.

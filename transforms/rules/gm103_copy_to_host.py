@@ -27,6 +27,8 @@ class CopyToHost(Rule):
         "return the device tensor and copy it in the eager caller after the compiled call"
     )
     SKILL = "host-syncs"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
     STEP_ONLY = True
     VALID = (
         # Moves between devices or dtypes stay on the device.

@@ -23,6 +23,7 @@ class PrintInStep(Rule):
         "`if not torch.compiler.is_compiling():`"
     )
     SKILL = "host-syncs"
+    EXPLAINED_BY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
     STEP_ONLY = True
     VALID = (
         # A literal message prints no computed value.

@@ -12,6 +12,8 @@ class TensorCreatedInForward(Rule):
     CODE = "GM201"
     MESSAGE = "`torch.{name}` builds a new tensor on every step; pre-create it once as a buffer and index it"
     SKILL = "static-buffers"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM201", "GM301", "GM302", "GM303", "GM502"})
     STEP_ONLY = True
     VALID = (
         # Built once in __init__ (no step reaches it) and indexed in forward.

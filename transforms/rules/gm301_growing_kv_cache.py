@@ -32,6 +32,8 @@ class GrowingKVCache(Rule):
         "preallocate it and write in place at the position"
     )
     SKILL = "static-kv-cache"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM201", "GM301", "GM302", "GM303", "GM502"})
     STEP_ONLY = True
     VALID = (
         # rotate_half: its first part is a negated slice, not an old cache.

@@ -53,6 +53,8 @@ class PositionSlice(Rule):
         "a mask and write it with `index_copy_` at a position tensor"
     )
     SKILL = "static-kv-cache"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM201", "GM301", "GM302", "GM303", "GM502", "GM501"})
     STEP_ONLY = True
     VALID = (
         # The position is a tensor: written with index_copy_, no slice by it.

@@ -59,6 +59,8 @@ class TensorBranch(Rule):
         "or decide in the eager caller"
     )
     SKILL = "refactoring-principles"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM101", "GM102", "GM103", "GM104", "GM402"})
     STEP_ONLY = True
     VALID = (
         # `torch.is_*` answers a Python bool about the runtime, not about tensor data.

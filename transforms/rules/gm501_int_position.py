@@ -15,6 +15,8 @@ class IntPosition(Rule):
         "and recompiles each step; pass a position tensor instead"
     )
     SKILL = "positions-as-tensors"
+    TRACED = True
+    EXPLAINED_BY = frozenset({"GM501", "GM302", "GM201", "GM303"})
     VALID = (
         # The position arrives as a tensor.
         """
