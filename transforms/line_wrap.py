@@ -3,9 +3,10 @@
 A codemod writes a call or a signature on one line (`self.register_buffer("cache_k", torch.zeros((max(...), ...)),
 persistent=False)`), and a file kept to 110 columns gets lines of 179. The limit is the file's own: its longest line
 before graphmode (at least 79). Only lines the original does not have are wrapped, so the model's own long lines
-stay as they were; a line is wrapped the way a formatter would: a call's arguments (or a signature's parameters) one
-per line inside its parentheses, the outermost call first, then inner ones while a line is still too long; a comment
-re-flowed over as many lines as it needs. Docstrings are left as they are.
+stay as they were; a line is wrapped the way a formatter would: a call's arguments (a signature's parameters, the
+values of a tuple an assignment gives) one per line inside their brackets, the outermost first, then inner ones
+while a line is still too long; a run of comment lines re-filled. Docstrings, dict literals and f-strings are left
+as they are.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
     module = wrapper.module
-    chosen: dict[cst.CSTNode, cst.CSTNode] = {}
+    chosen: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]] = {}  # node -> its rewrite
     for statement in _nodes(module, cst.SimpleStatementLine):
         span = positions[statement]
         if not long & set(range(span.start.line, span.end.line + 1)):
