@@ -13,14 +13,14 @@ from graphmode.agent.terminal_session import ask, drive, session_config
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from graphmode.agent.home import session_saved, sessions_db as saved_in
+    from graphmode.agent.home import session_saved, sessions_db
 
     if session_saved(args.session) is False:
-        raise UserError(f"no session {args.session} (sessions are kept in {saved_in()})")
+        raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
     from langgraph.types import Command
 
     from graphmode.agent.output import run_folder_lock
-    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_state, sessions_db
+    from graphmode.agent.workflow import build_graph, open_checkpointer, saved_state
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
