@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
@@ -20,13 +21,16 @@ from rich.markup import escape
 
 from graphmode.agent import batch_store
 from graphmode.agent.batch_manifest import BatchTarget, Manifest
-from graphmode.agent.batch_summary import FailOn, failed, make_row, pending_row, status_of, write_summary
+from graphmode.agent.batch_summary import (FailOn, failed, make_row, pending_row, speedup_text, status_of,
+                                           write_summary)
 from graphmode.agent.errors import UserError
 from graphmode.agent.output import run_folder_lock
 from graphmode.runners.batch_job import BatchJob, JobOutcome, run_job
 from graphmode.runners.device_slots import job_slots
+from graphmode.runners.shared_cores import LOCK_ENV
 
 TARGET_FILE = "graphmode.toml"
+CORES_LOCK = ".cores.lock"  # runners.shared_cores: targets sharing this machine's cores time one at a time
 EXIT_INTERRUPTED = 130
 
 
@@ -121,7 +125,7 @@ def _run_targets(manifest: Manifest, todo: list[BatchTarget], options: BatchOpti
         if options.executor == "ray":
             _on_ray(jobs, on_start, on_done, options.jobs, console)
         else:
-            _here(jobs, on_start, on_done, options.jobs or 1, console)
+            _here(jobs, on_start, on_done, options.jobs or 1, console, manifest.out / CORES_LOCK)
     except KeyboardInterrupt:
         batch_store.forget_running(manifest.out, list(by_name))
         return True
@@ -141,12 +145,18 @@ def _on_ray(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done:
 
 
 def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: Callable[[JobOutcome], None],
-          count: int, console: Console) -> None:
-    """The jobs on this machine, `count` at a time, one slot per device where there are devices. Ctrl-C (or
-    SIGTERM, which the command line raises as Ctrl-C) stops every running target's processes before it returns."""
+          count: int, console: Console, cores_lock: Path) -> None:
+    """The jobs on this machine, `count` at a time, one slot per device where there are devices. Where the slots
+    share the cores (no devices), every target's timing runs wait for the cores alone (runners.shared_cores): the
+    other work overlaps, the figures the reports quote do not. Ctrl-C (or SIGTERM, which the command line raises as
+    Ctrl-C) stops every running target's processes before it returns."""
     slots = job_slots(count)
     if slots.note:
         console.print(f"[yellow]note:[/] {slots.note}", soft_wrap=True)
+    if slots.shared_cores and len(slots.envs) > 1 and len(jobs) > 1:
+        console.print(f"{len(slots.envs)} targets at a time share this machine's cores: each one's timing runs "
+                      "wait until they have the cores to themselves", soft_wrap=True)
+        slots.envs = [{**env, LOCK_ENV: str(cores_lock)} for env in slots.envs]
     free: SimpleQueue[dict[str, str]] = SimpleQueue()
     for env in slots.envs:
         free.put(env)
@@ -189,7 +199,7 @@ def _line(row: dict[str, Any], n: int, total: int) -> str:
     head = escape(f"[{n}/{total}] {row['name']}: ")
     if row["status"] == batch_store.VERIFIED:
         return (f"[green]✓[/] {head}verified in {row['seconds']:.0f} s: {row['graph_breaks']} graph breaks, "
-                f"{row['recompiles']} recompiles, tokens equal, Decode {row['decode_speedup']:.2f}x, warm-up "
+                f"{row['recompiles']} recompiles, tokens equal, Decode {speedup_text(row)}, warm-up "
                 f"{row['warmup_s']:.1f} s, {row['manual_items']} item(s) left for a person")
     status = row["status"].replace("_", " ")
     return f"[red]✗[/] {head}{status} in {row['seconds']:.0f} s: {escape(row.get('problem') or '')}"

@@ -73,6 +73,9 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
         "recompiles": report.get("recompiles"),
         "tokens_equal": report.get("tokens_equal"),
         "decode_speedup": report.get("decode_speedup"),
+        # The report's own verdict (runners.timing.speedup_unstable): too spread over the runs to quote.
+        "decode_speedup_unstable": report.get("decode_speedup_unstable"),
+        "runs": report.get("runs"),
         "warmup_s": report.get("warmup_s"),
         "seconds": round(outcome.seconds, 1),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -114,7 +117,7 @@ class FailOn:
             return f"{row['manual_items']} item(s) left for a person"
         speedup = row.get("decode_speedup")
         if self.kind == "speedup" and speedup is not None and speedup < self.threshold:
-            return f"Decode speed-up {speedup:.2f}x is below {self.threshold:g}x"
+            return f"Decode speed-up {speedup_text(row)} is below {self.threshold:g}x"
         return None
 
     def __str__(self) -> str:
@@ -184,8 +187,20 @@ def cells(row: dict[str, Any]) -> list[str]:
     return [row["name"], row["status"].replace("_", " "), number(row.get("findings")),
             number(row.get("fixed_automatically")), number(row.get("manual_items")), number(row.get("graph_breaks")),
             number(row.get("recompiles")), "" if tokens is None else ("yes" if tokens else "no"),
-            number(row.get("decode_speedup"), "{:.2f}x"), number(row.get("warmup_s"), "{:.1f}"),
+            speedup_text(row), number(row.get("warmup_s"), "{:.1f}"),
             number(row.get("seconds"), "{:.0f}")]
+
+
+def speedup_text(row: dict[str, Any]) -> str:
+    """The Decode speed-up as the summary shows it: marked unstable where the target's report calls it so."""
+    speedup = row.get("decode_speedup")
+    if speedup is None:
+        return ""
+    return f"{speedup:.2f}x" + (" unstable" if row.get("decode_speedup_unstable") else "")
+
+
+UNSTABLE_NOTE = ("Speed-ups marked *unstable* spread more than 1.5x over their target's runs, and the target's report "
+                 "says so too: do not quote them. Rerun those targets on a quiet machine, with more `runs`.")
 
 
 def _markdown(summary: dict[str, Any]) -> str:
@@ -197,6 +212,8 @@ def _markdown(summary: dict[str, Any]) -> str:
     for row in rows:
         link = f"[report]({row['report']})" if row.get("report") else (f"[log]({row['log']})" if row.get("log") else "")
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells(row)) + f" | {link} |")
+    if any(row.get("decode_speedup_unstable") for row in rows):
+        lines += ["", UNSTABLE_NOTE]
     if summary["chart"]:
         lines += ["", f"![Decode speed-up per target]({summary['chart']})"]
     problems = [row for row in rows if row.get("problem")]
@@ -226,11 +243,15 @@ def speedup_chart(rows: list[dict[str, Any]], path: Path) -> str | None:
     colors = ["tab:green" if row["status"] == VERIFIED else "tab:red" for row in shown]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.4 * len(shown)), dpi=110)
     bars = ax.barh(range(len(shown)), speedups, color=colors)
-    ax.bar_label(bars, labels=[f"{s:.2f}x" for s in speedups], padding=3, fontsize=8)
+    for bar, row in zip(bars, shown):
+        if row.get("decode_speedup_unstable"):  # pale and hatched: a figure that must not be read as measured
+            bar.set_alpha(0.35)
+            bar.set_hatch("//")
+    ax.bar_label(bars, labels=[speedup_text(row) for row in shown], padding=3, fontsize=8)
     ax.axvline(1.0, color="gray", linewidth=1, linestyle="--")
     ax.set_yticks(range(len(shown)), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("Decode speed-up, graph over eager (green: verified, red: not)")
+    ax.set_xlabel("Decode speed-up, graph over eager (green: verified, red: not; hatched: unstable, not to quote)")
     ax.set_xlim(0, max(max(speedups) * 1.2, 1.2))  # the 1.0x line always shows
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,9 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "runs": v.runs,
         "figures": v.figures,
         "decode_speedup_range": v.decode_speedup_range,
+        # Whether decode_speedup cannot be quoted (added; the report's "unstable"): too spread over the runs, or
+        # timed beside another batch target's work.
+        "decode_speedup_unstable": v.decode_speedup_unstable,
         # model: the entry class analyze found; model_classes: what each side's harness really built.
         "variables": {**v.variables, "model": state.entry_class or None, "model_classes": v.variables.get("model")},
         "tokens_identical_across_runs": v.tokens_identical_across_runs,
@@ -121,6 +124,8 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "decode_ms_per_step": v.decode_ms_per_step,
         "compile_logs": [f"logs/{name}" for name in v.compile_logs],
         "unstable_figures": v.unstable_figures,
+        # Timing runs that ran beside another batch target's work after waiting out GRAPHMODE_CORES_WAIT_S (added).
+        "timed_beside_other_targets": v.timed_beside_other_targets,
         "compile_cache": v.compile_cache,
         # Batch buckets (added): one entry per bucket run; [] without --batch-buckets.
         "batch_buckets": v.bucket_sweep.get("buckets", []),

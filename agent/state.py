@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from graphmode.runners.run_settings import SETTINGS, default
+from graphmode.runners.timing import speedup_unstable
 from graphmode.transforms.findings import Finding
 
 # 2: options nested under `options`; typed baseline, verification and manual items (1: every field flat, dicts).
@@ -138,10 +139,18 @@ class Verification(Record):
     compile_logs: list[str] = Field(default_factory=list)
     variables: dict[str, Any] = Field(default_factory=dict)
     unstable_figures: list[str] = Field(default_factory=list)
+    timed_beside_other_targets: int = 0  # timing runs a batch neighbour's work overlapped (runners.shared_cores)
     compile_cache: dict[str, Any] = Field(default_factory=dict)
     bucket_sweep: dict[str, Any] = Field(default_factory=dict)
     own_harness: dict[str, Any] = Field(default_factory=dict)
     battery: list[dict[str, Any]] = Field(default_factory=list)  # runners.battery rows; [] in older sessions
+
+    @property
+    def decode_speedup_unstable(self) -> bool:
+        """The reports' verdict on the Decode speed-up: too spread over the runs to quote (runners.timing), or timed
+        while another target of a batch worked on the same cores."""
+        return (speedup_unstable(self.decode_speedup_range, self.unstable_figures)
+                or self.timed_beside_other_targets > 0)
 
 
 class ManualItem(Record):

@@ -19,6 +19,7 @@ _KINDS = (("ASCEND_RT_VISIBLE_DEVICES", re.compile(r"davinci(\d+)\Z")),
 class Slots:
     envs: list[dict[str, str]] = field(default_factory=list)  # one per slot: what a job in it adds to its env
     note: str = ""  # said when the slots differ from what was asked
+    shared_cores: bool = False  # no device per slot: the jobs compute on the same cores
 
 
 def visible_devices(dev: Path = Path("/dev")) -> tuple[str, list[str]] | None:
@@ -44,7 +45,7 @@ def job_slots(jobs: int, dev: Path = Path("/dev")) -> Slots:
     """`jobs` slots; on an accelerator host, at most one per device, each job seeing only its slot's device."""
     devices = visible_devices(dev)
     if devices is None:
-        return Slots(envs=[{} for _ in range(jobs)])
+        return Slots(envs=[{} for _ in range(jobs)], shared_cores=True)
     variable, ids = devices
     used = min(jobs, len(ids))
     note = (f"{jobs} jobs asked for, {len(ids)} device(s) visible ({variable}): running {used}, one per device"

@@ -14,6 +14,8 @@ from pathlib import Path
 from graphmode.runners.child_process import die_with_parent as _die_with_parent
 from graphmode.runners.cli import ERROR_PREFIX
 from graphmode.runners.interpreter import worker_environment, worker_python
+from graphmode.runners.shared_cores import claim, without_claim
+
 
 class WorkerError(RuntimeError):
     """A worker failed or timed out; the message is one line, the worker's own if it gave one."""
@@ -23,7 +25,7 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # The checkout's top-level folders never go on PYTHONPATH: `agent` or `templates` must not shadow a harness's own
     # packages of the same name. graphmode's interpreter imports the installed package; a target's own interpreter
     # (runners.interpreter) gets a folder holding `graphmode/` alone.
-    return worker_environment({**os.environ, **(extra or {})})
+    return worker_environment(without_claim({**os.environ, **(extra or {})}))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -41,10 +43,18 @@ def _error_line(stderr: str) -> str | None:
 
 def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
                log_dir: Path | None = None, error: type[WorkerError] = WorkerError,
-               env: dict[str, str] | None = None) -> float:
+               env: dict[str, str] | None = None, cores_alone: bool = False) -> float:
     """Runs `python -m module args...` (with `env` added to this process's environment) under the interpreter the
     target's model runs under (runners.interpreter); returns the wall seconds from spawn to exit; raises `error`
-    with a one-line message on failure."""
+    with a one-line message on failure. In a batch whose targets share the cores (runners.shared_cores) it first
+    waits for its claim on them: alone for a timing run (`cores_alone`), shared otherwise; the timeout and the
+    seconds returned start once it holds them."""
+    with claim(alone=cores_alone):
+        return _run(module, args, name=name, timeout_s=timeout_s, log_dir=log_dir, error=error, env=env)
+
+
+def _run(module: str, args: list[str], *, name: str, timeout_s: float, log_dir: Path | None,
+         error: type[WorkerError], env: dict[str, str] | None) -> float:
     command = [worker_python(), "-m", module, *args]
     started = time.perf_counter()
     # A new session so a timeout can kill the whole group (Inductor may fork compile workers). Being in its own

@@ -29,16 +29,14 @@ from graphmode.runners.backends import resolve
 from graphmode.runners.batch_buckets import BucketSweep
 from graphmode.runners.results import WorkerResult
 from graphmode.runners.run_settings import MIN_STEPS, default
+from graphmode.runners.shared_cores import waits_given_up
 from graphmode.runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.timing import SPREAD, STEADY_FIGURES
 
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
 DEFAULT_LOGITS_ATOL = 1e-2
 DEFAULT_RUNS = default("runs")
-# A timing figure whose slowest run exceeds its fastest by this factor is flagged: on a quiet machine
-# repeated runs agree far better; a wider spread means contention (or a figure too small to time).
-SPREAD = 1.5
-STEADY_FIGURES = ("prefill_ms", "tpot_ms", "generation_s")
 # Greedy sequences must match exactly to pass; below this difflib ratio they are also called dissimilar.
 DEFAULT_SIMILARITY = default("similarity")
 # What the graph side's worker logs to logs/<name>.compile.log (and to its stderr log).
@@ -103,6 +101,9 @@ class VerifyResult:
     compile_logs: list[str] = field(default_factory=list)  # file names in the log folder
     variables: dict[str, Any] = field(default_factory=dict)  # what was held fixed
     unstable_figures: list[str] = field(default_factory=list)  # "side.figure" whose runs spread > SPREAD
+    # Timing runs that waited out their limit for the cores and ran beside another batch target's work
+    # (runners.shared_cores): their figures were not taken alone.
+    timed_beside_other_targets: int = 0
     # The compile cache the graph side used, and the warm-up it saved: run 1 fills it, runs 2..N read it.
     compile_cache: dict[str, Any] = field(default_factory=dict)
     # The batch-bucket sweep (runners.batch_buckets.BucketSweep as a dict); empty without buckets.
@@ -309,7 +310,7 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
         args.append("--partial-graph")
     # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
     run_worker("graphmode.runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
-               error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache"))
+               error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache"), cores_alone=True)
     return BucketSweep.from_dict(json.loads(out.read_text()))
 
 
@@ -326,8 +327,10 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
                  "--npu-compile-cache", str(compile_cache) if compile_cache is not None else "off"]
         # Inductor's on-disk caches: shared by the graph runs, or one empty folder per run (always cold).
         env = _graph_env(compile_cache if compile_cache is not None else work / f"{name}.compile-cache")
+    # The runs whose figures the report quotes: no other target of a batch works on the cores meanwhile.
     seconds = run_worker("graphmode.runners.worker", args, name=name, timeout_s=timeout_s, log_dir=log_dir,
-                         error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env)
+                         error=AdaptedNotRunnable if side == "adapted" else VerificationError, env=env,
+                         cores_alone=True)
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
 
 
@@ -389,6 +392,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         work = log_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         sides: dict[str, list[tuple[WorkerResult, torch.Tensor, float]]] = {"adapted": [], "original": []}
+        given_up = waits_given_up()
         for run in range(runs):
             # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
@@ -397,6 +401,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
                                              compile_cache))
                 say(f"{label}: done in {sides[side][-1][2]:.1f} s")
+        timed_beside_others = waits_given_up() - given_up
         say("the original harness against the adapted sources: running")
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
                                          sides["original"][0][0].tokens)
@@ -463,6 +468,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
                       + ([f"{BUCKETS_RUN}.compile.log"] if sweep else [])) if log_dir else [],
         variables=_variables(original, adapted, backend.name, runs),
     )
+    result.timed_beside_other_targets = timed_beside_others
     result.unstable_figures = [
         f"{side}.{name}" for side, figures in result.figures.items() for name in STEADY_FIGURES
         if figures[name]["min"] and figures[name]["max"] > SPREAD * figures[name]["min"]]

@@ -17,21 +17,28 @@ from pathlib import Path
 import pytest
 
 from graphmode.agent.batch_manifest import load_manifest
-from graphmode.agent.batch_summary import breaches, parse_fail_on
+from graphmode.agent.batch_summary import breaches, make_row, parse_fail_on, write_summary
 from graphmode.agent.errors import UserError
+from graphmode.runners.batch_job import JobOutcome
+from graphmode.runners.shared_cores import WAIT_ENV
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LEGACY = EXAMPLES / "legacy_llm"
 
 
+# A timing run waits this long for the cores alone (runners.shared_cores) before it runs beside a neighbour: here
+# the neighbour may be the target that hangs on purpose.
+CORES_WAIT = {WAIT_ENV: "5"}
+
+
 def graphmode(*args: str, home: Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
+    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", **CORES_WAIT}
     return subprocess.run([sys.executable, "-m", "graphmode.agent.cli", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def spawn(*args: str, home: Path, cwd: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200"}
+    env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", **CORES_WAIT}
     with open(log, "w") as handle:
         return subprocess.Popen([sys.executable, "-m", "graphmode.agent.cli", *args], stdout=handle,
                                 stderr=subprocess.STDOUT, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
@@ -146,6 +153,11 @@ def test_a_batch_killed_half_way_resumes_skipping_what_finished_and_lists_every_
     assert first["hang"] == "running", first  # as the batch left it
     report = out / "legacy_llm" / "legacy_llm" / "report.json"
     finished_at = report.stat().st_mtime_ns
+    # Its timing runs waited for the cores alone, while the hanging target's worker held them (it sleeps inside a
+    # shared claim), and then ran beside it: its report says so and calls the speed-up unstable.
+    timed = json.loads(report.read_text())
+    assert timed["timed_beside_other_targets"] >= 1 and timed["decode_speedup_unstable"] is True, timed
+    assert "share this machine's cores" in log.read_text()
 
     # Run again, repeating the failures too, now with a short limit for the hanging target (a limit is not part
     # of a target's key). The verified target is skipped; the killed one, never finished, runs.
@@ -170,7 +182,8 @@ def test_a_batch_killed_half_way_resumes_skipping_what_finished_and_lists_every_
     assert legacy["status"] == "verified" and legacy["tokens_equal"] is True
     for field, source in (("graph_breaks", "graph_breaks"), ("recompiles", "recompiles"), ("manual_items",
                           "manual_items"), ("decode_speedup", "decode_speedup"), ("warmup_s", "warmup_s"),
-                          ("findings", "findings"), ("fixed_automatically", "findings_fixed")):
+                          ("findings", "findings"), ("fixed_automatically", "findings_fixed"),
+                          ("decode_speedup_unstable", "decode_speedup_unstable")):
         assert legacy[field] == figures[source], field
     assert 0 < legacy["fixed_automatically"] <= legacy["findings"]
     for kind in ("report", "design", "diff"):
@@ -330,3 +343,25 @@ def test_fail_on_reads_manual_and_speedup_thresholds():
     for bad in ("speedup>1", "speedup<", "manuals", "speedup<inf"):
         with pytest.raises(UserError, match="--fail-on"):
             parse_fail_on([bad])
+
+
+def test_the_summary_marks_a_speedup_its_report_calls_unstable(tmp_path):
+    for name in ("steady", "shaky"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "harness.py").write_text("")
+    manifest = load_manifest(write(tmp_path, "[defaults]\nruns = 3\n[[target]]\npath = 'steady'\n"
+                                             "[[target]]\npath = 'shaky'\n"), out=tmp_path / "out")
+    reports = {"steady": {"decode_speedup": 2.1, "decode_speedup_unstable": False, "runs": 3},
+               "shaky": {"decode_speedup": 230.63, "decode_speedup_unstable": True, "runs": 3}}
+    rows = [make_row(target, JobOutcome(target.name, 0, report=reports[target.name]), "verified", manifest.out,
+                     "local") for target in manifest.targets]
+    summary = write_summary(manifest, rows, parse_fail_on(["speedup<500"]), chart=True)
+    text = (manifest.out / "summary.md").read_text()
+    assert "| 2.10x |" in text and "| 230.63x unstable |" in text
+    assert "do not quote them" in text
+    assert [row["decode_speedup_unstable"] for row in summary["rows"]] == [False, True]
+    said = "shaky: Decode speed-up 230.63x unstable is below 500x (--fail-on speedup<500)"
+    assert said in summary["fail_on_breaches"]
+    assert (manifest.out / "speedups.png").stat().st_size > 0
+    steady_only = write_summary(manifest, rows[:1], [], chart=False)
+    assert "do not quote" not in (manifest.out / "summary.md").read_text() and steady_only["targets"] == 1

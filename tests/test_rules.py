@@ -50,3 +50,18 @@ def test_what_the_trace_can_say_of_a_rule_is_stated_on_the_rule_and_names_only_r
         assert rule.EXPLAINED_BY <= codes, rule.CODE
         if rule.TRACED:  # a finding the trace makes is explained at least by a static finding of its own code
             assert rule.CODE in rule.EXPLAINED_BY, rule.CODE
+
+
+def test_each_rule_module_holds_one_rule_named_by_its_file_and_listed_in_the_docs():
+    import inspect
+
+    import re
+
+    docs = (Path(__file__).parents[1] / "docs" / "rules.md").read_text()
+    listed = {int(n) for n in re.findall(r"GM(\d{3})", docs)}
+    listed |= {n for low, high in re.findall(r"GM(\d{3})–GM(\d{3})", docs) for n in range(int(low), int(high) + 1)}
+    modules = sorted(p.stem for p in (Path(__file__).parents[1] / "transforms" / "rules").glob("gm[0-9]*.py"))
+    assert [Path(inspect.getfile(rule)).stem for rule in RULES] == modules
+    for rule in RULES:
+        assert Path(inspect.getfile(rule)).stem.startswith(rule.CODE.lower() + "_"), rule.CODE
+        assert int(rule.CODE[2:]) in listed, f"{rule.CODE} is missing from the Rules table in docs/rules.md"

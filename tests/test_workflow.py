@@ -108,6 +108,12 @@ def _unstable_headline_is_not_quoted(run: Path, home: Path) -> None:
     nodes.report(state)
     text = (run.parent / "redrawn" / "report.md").read_text()
     assert "**unstable**: the runs put the speed-up anywhere in [0.24, 50.90]" in text
+    beside = state.model_copy(update={"verification": state.verification.model_copy(update={
+        "decode_speedup_range": {**spread, "min": 1.0, "max": 1.1}, "timed_beside_other_targets": 2})})
+    nodes.report(beside)
+    text = (run.parent / "redrawn" / "report.md").read_text()
+    assert "**unstable**: 2 timing run(s) ran while another target of the batch worked" in text
+    assert json.loads((run.parent / "redrawn" / "report.json").read_text())["decode_speedup_unstable"] is True
     assert "rerun on a quiet machine" in text
 
 

@@ -1,42 +1,32 @@
-"""The rule catalogue and the scan that runs it. One rule per module; register it in RULES."""
+"""The rule catalogue and the scan that runs it. One rule per module, found by its file name (gmNNN_*.py)."""
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
+import re
 import warnings
 
 from graphmode.transforms.analysis.reach import reachable_functions
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.rules.base import Rule, SourceFile
-from graphmode.transforms.rules.gm101_host_sync import HostSync
-from graphmode.transforms.rules.gm102_tensor_to_python import TensorToPython
-from graphmode.transforms.rules.gm103_copy_to_host import CopyToHost
-from graphmode.transforms.rules.gm104_print import PrintInStep
-from graphmode.transforms.rules.gm201_tensor_creation import TensorCreatedInForward
-from graphmode.transforms.rules.gm301_growing_kv_cache import GrowingKVCache
-from graphmode.transforms.rules.gm302_position_slice import PositionSlice
-from graphmode.transforms.rules.gm303_cache_object import CacheObject
-from graphmode.transforms.rules.gm401_shape_branch import ShapeBranch
-from graphmode.transforms.rules.gm402_tensor_branch import TensorBranch
-from graphmode.transforms.rules.gm501_int_position import IntPosition
-from graphmode.transforms.rules.gm502_library_mask import LibraryMask
-from graphmode.transforms.rules.gm601_random_ops import RandomOps
-from graphmode.transforms.rules.gm602_logging import LoggingInStep
-from graphmode.transforms.rules.gm701_fused_attention_lengths import FusedAttentionLengths
-from graphmode.transforms.rules.gm801_ge_dynamic import GEDynamic
-from graphmode.transforms.rules.gm802_npugraph_ex_fullgraph import NpugraphExFullgraph
-from graphmode.transforms.rules.gm803_whole_model import WholeModelCompiled
-from graphmode.transforms.rules.gm804_low_limits import LowLimit
 
-RULES: tuple[type[Rule], ...] = (
-    HostSync, TensorToPython, CopyToHost, PrintInStep,
-    TensorCreatedInForward,
-    GrowingKVCache, PositionSlice, CacheObject,
-    ShapeBranch, TensorBranch,
-    IntPosition, LibraryMask,
-    RandomOps, LoggingInStep,
-    FusedAttentionLengths,
-    GEDynamic, NpugraphExFullgraph, WholeModelCompiled, LowLimit,
-)
+# Each rule is one module, gmNNN_short_name.py, holding one Rule subclass: importing the package imports them all, so
+# adding a rule is adding its file (and its fixture). The catalogue is in code order.
+_RULE_MODULE = re.compile(r"gm\d{3}_\w+\Z")
+
+
+def _rules_of_package() -> tuple[type[Rule], ...]:
+    found = []
+    for module in pkgutil.iter_modules(__path__):
+        if _RULE_MODULE.match(module.name):
+            loaded = importlib.import_module(f"{__name__}.{module.name}")
+            found += [value for value in vars(loaded).values()
+                      if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == loaded.__name__]
+    return tuple(sorted(found, key=lambda rule: rule.CODE))
+
+
+RULES: tuple[type[Rule], ...] = _rules_of_package()
 # GM901 (graph break) and GM902 (recompile) are runtime codes: the Dynamo probe reports them, no rule does.
 
 

@@ -1,0 +1,67 @@
+"""CONTRIBUTING.md against the code as it stands: what it says a rule, a codemod and a backend set is what their
+base classes declare, and the files it names exist. That each rule and each backend is one module the package finds
+by itself is checked in test_rules.py and test_npu_backends.py; a codemod's one line is its place in CHAIN."""
+from __future__ import annotations
+
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+from graphmode.runners.backends import Backend, registered
+from graphmode.transforms import codemods
+from graphmode.transforms.codemods import CHAIN, GraphCodemod
+from graphmode.transforms.rules.base import Rule
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "CONTRIBUTING.md").read_text()
+
+
+def section(title: str) -> str:
+    start = TEXT.index(f"## {title}")
+    end = TEXT.find("\n## ", start + 1)
+    return TEXT[start:end if end > 0 else None]
+
+
+def named(text: str) -> set[str]:
+    """Every identifier the text quotes in backticks (`NAME`, `available()`, `IDIOM_IN_ONE_FUNCTION = True`)."""
+    return {word for quoted in re.findall(r"`([^`]+)`", text) for word in re.findall(r"[A-Za-z_]\w*", quoted)}
+
+
+def declared(cls: type) -> set[str]:
+    """The class attributes a base class declares for its subclasses to set (its annotations)."""
+    return set(inspect.get_annotations(cls))
+
+
+@pytest.mark.parametrize(("title", "base"), [("Add a rule", Rule), ("Add a codemod", GraphCodemod),
+                                              ("Add a backend", Backend)])
+def test_each_attribute_a_base_class_declares_is_named_in_its_section(title, base):
+    missing = declared(base) - named(section(title))
+    assert not missing, f"CONTRIBUTING's '{title}' does not name {sorted(missing)} of {base.__name__}"
+
+
+def test_each_method_a_backend_overrides_is_named_in_the_backend_section():
+    overridden = {name for backend in registered() for name, value in vars(type(backend)).items()
+                  if callable(value) and not name.startswith("__") and hasattr(Backend, name)}
+    assert overridden, "no backend overrides anything: the check would say nothing"
+    assert overridden <= named(section("Add a backend")), overridden - named(section("Add a backend"))
+
+
+def test_every_file_the_page_names_exists():
+    paths = {quoted for quoted in re.findall(r"`([\w./-]+\.(?:py|md|toml))`", TEXT)
+             if "/" in quoted and not re.search(r"NNN|<|name\.py", quoted)}
+    assert paths, "the page names no files: the check would say nothing"
+    assert [path for path in sorted(paths) if not (ROOT / path).exists()] == []
+
+
+def test_every_codemod_module_is_one_codemod_with_its_place_in_the_chain():
+    modules = [m.name for m in pkgutil.iter_modules(codemods.__path__)
+               if not m.name.startswith("_") and m.name != "base"]
+    by_module = {}
+    for codemod in CHAIN:
+        by_module.setdefault(Path(inspect.getfile(codemod)).stem, []).append(codemod.NAME)
+    assert sorted(by_module) == sorted(modules), set(modules) ^ set(by_module)
+    assert all(len(names) == 1 for names in by_module.values()), by_module
+
