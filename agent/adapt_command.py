@@ -1,8 +1,8 @@
 """`graphmode adapt`: one target, from the command line (and its graphmode.toml) to a running session.
 
 Everything that can be refused from the arguments and the file system alone is refused before torch, transformers or
-the workflow is imported (`_refuse_bad_usage`); then the target's interpreter is checked, the target resolved (a
-harness folder, `--hf`, a convention named by graphmode.toml) and the session started.
+the workflow is imported (`_refuse_bad_usage`); then the target's interpreter is checked, the target resolved
+(agent.targets: a harness folder, `--hf`, a convention named by graphmode.toml) and the session started.
 """
 from __future__ import annotations
 
@@ -23,55 +23,31 @@ if TYPE_CHECKING:
 
 
 def run_adapt(args: argparse.Namespace) -> int:
+    from graphmode.agent.targets import TargetSpec, resolve as resolve_target
     from graphmode.runners.backends import BackendUnavailable, resolve
 
     file = _merge_target_file(args)
     _refuse_bad_usage(args)
     interpreter = _target_interpreter(args, file)
-    hf_target = None
-    if args.hf is not None:
-        from graphmode.agent.hf_target import resolve as resolve_hf
-
-        _check_hf_release(args.hf, interpreter)
-        hf_target = resolve_hf(args.hf, args.tiny, _hf_max_seq_len(args.steps))
-        hf_target.transformers_version = interpreter.transformers or hf_target.transformers_version
-        target = (args.out / hf_target.name / "target").resolve()
-    else:
-        target = _target_folder(args.path)
-        convention = file.target.get("convention") if file else None
-        if not (target / "harness.py").is_file() and convention is None:
-            raise UserError(f"{args.path}: no harness.py there (a target is a folder with the model sources and a "
-                            "harness.py, which `graphmode init` writes; or give a Hugging Face model with --hf, or a "
-                            "calling convention in graphmode.toml)")
+    target = resolve_target(TargetSpec(path=args.path, hf=args.hf, tiny=args.tiny, steps=args.steps, out=args.out,
+                                       file=file), interpreter, _say)
     from graphmode.agent.state import RunOptions, RunState
 
-    declared = _declared_max_seq_len(target / "harness.py") if hf_target is None else None
-    if declared is not None and args.steps >= declared:
-        raise UserError(f"--steps {args.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the prompt "
-                        "and every Decode step")
     buckets = _batch_buckets(args.batch_buckets)
     try:
         backend, why = resolve(args.backend)
     except BackendUnavailable as error:
         raise UserError(str(error)) from None
-    run_dir = (args.out / (hf_target.name if hf_target else target.name)).resolve()
-    written_harness = None
-    if hf_target is None and not (target / "harness.py").is_file():  # a convention named by the target file
-        from graphmode.agent.convention_target import convention_harness
+    _check_writable(args.out, target.run_dir)
 
-        written_harness, found = convention_harness(target, file.target["convention"], file.path)
-        console.print(f"no harness.py in {target}: graphmode writes one for convention {found.convention} "
-                      f"({'named' if found.named else 'detected'}) into the run folder", soft_wrap=True)
-    sources = file.sources_in(target) if file is not None else None
-    _check_writable(args.out, run_dir)
-
-    options = RunOptions(target=str(target), run_dir=str(run_dir), backend=backend.name, steps=args.steps,
-                         runs=args.runs, similarity=args.similarity, compile_cache=args.compile_cache,
-                         batch_buckets=buckets, auto_approve=args.yes, timeout_s=args.timeout,
-                         hf=_hf_summary(hf_target), sources=sources, interpreter=interpreter.to_dict(),
+    options = RunOptions(target=str(target.folder), run_dir=str(target.run_dir), backend=backend.name,
+                         steps=args.steps, runs=args.runs, similarity=args.similarity,
+                         compile_cache=args.compile_cache, batch_buckets=buckets, auto_approve=args.yes,
+                         timeout_s=args.timeout, hf=target.hf_summary(), sources=target.sources,
+                         interpreter=interpreter.to_dict(),
                          python=interpreter.path if interpreter.path != sys.executable else None)
     state = RunState(session_id=uuid.uuid4().hex[:8], options=options)
-    console.print(f"graphmode: adapting [bold]{target}[/] (session {state.session_id})")
+    console.print(f"graphmode: adapting [bold]{target.folder}[/] (session {state.session_id})")
     if options.python:
         console.print(f"the model runs under {interpreter.path} (Python {interpreter.python}, "
                       f"torch {interpreter.torch}, transformers {interpreter.transformers or 'not installed'})",
@@ -80,17 +56,15 @@ def run_adapt(args: argparse.Namespace) -> int:
     from graphmode.agent.output import run_folder_lock
     from graphmode.agent.workflow import build_graph, open_checkpointer
 
-    with open_checkpointer() as checkpointer, run_folder_lock(run_dir, state.session_id):
-        _say_what_is_replaced(run_dir)
-        if hf_target is not None:
-            _write_hf_target(hf_target, args.hf, target, _hf_max_seq_len(args.steps))
-        if written_harness is not None:
-            from graphmode.agent.convention_target import write_convention_target
-
-            target = write_convention_target(target, run_dir / "target", written_harness)
-            state.options.target = str(target)
+    with open_checkpointer() as checkpointer, run_folder_lock(target.run_dir, state.session_id):
+        _say_what_is_replaced(target.run_dir)
+        state.options.target = str(target.materialize(_say))
         graph = build_graph(checkpointer)
         return drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+
+
+def _say(line: str) -> None:
+    console.print(line, soft_wrap=True)
 
 
 def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
@@ -142,7 +116,9 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
             raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
         if args.tiny:
             raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
-        target = _target_folder(args.path)
+        from graphmode.agent.targets import target_folder
+
+        target = target_folder(args.path)
         if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
             raise UserError(f"--out {args.out}: the output must be outside the target folder")
     for key in ("steps", "runs", "similarity", "timeout"):
@@ -153,16 +129,6 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
     if args.backend not in BACKEND_NAMES:
         raise UserError(f"--backend {args.backend}: unknown; valid names: {', '.join(BACKEND_NAMES)}")
     _check_out_folder(args.out)
-
-
-def _target_folder(path: Path) -> Path:
-    """The target folder PATH names (the folder itself, or its harness.py), which must exist."""
-    target = path.resolve()
-    if target.name == "harness.py":
-        target = target.parent
-    if not target.exists():
-        raise UserError(f"{path}: no such file or folder")
-    return target
 
 
 def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
@@ -182,43 +148,6 @@ def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
         raise UserError(str(error)) from None
 
 
-def _check_hf_release(spec: str, interpreter) -> None:
-    """--hf runs the model on the interpreter's transformers: it must have one, recent enough for the path driven."""
-    from graphmode.runners.releases import hf_release_problem
-
-    problem = hf_release_problem(spec, interpreter.path, interpreter.transformers)
-    if problem:
-        raise UserError(f"--hf {spec}: {problem}")
-
-
-def _hf_summary(hf_target) -> dict | None:
-    from graphmode.agent.hf_target import summary
-
-    return summary(hf_target) if hf_target is not None else None
-
-
-def _hf_max_seq_len(steps: int) -> int:
-    """The static cache of an --hf run: the 8-token prompt and every Decode step, at least 64."""
-    return max(64, 8 + steps + 8)
-
-
-def _write_hf_target(hf_target, spec: str, target: Path, max_seq_len: int) -> None:
-    from graphmode.agent.hf_target import write_target
-
-    path = Path(spec).expanduser()
-    write_target(hf_target, path if path.exists() else None, target, max_seq_len)
-    if hf_target.package:
-        what = (f"its own code ({', '.join(hf_target.sources)}) is what gets rewritten, in a copy under "
-                f"{target} (the same lines as in {path})")
-    else:
-        what = "transformers' code is not rewritten: graphmode drives its static-cache path"
-    weights = "tiny random weights" if hf_target.tiny else f"weights from {hf_target.weights_folder}"
-    console.print(f"{hf_target.model_type} with transformers {hf_target.transformers_version}, {weights}; {what}. "
-                  f"Harness: {target / 'harness.py'}", soft_wrap=True)
-    for note in hf_target.notes:
-        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
-
-
 def _say_what_is_replaced(run_dir: Path) -> None:
     """A finished session's report in the folder is replaced by this run's: say so, before any work."""
     import json
@@ -231,21 +160,6 @@ def _say_what_is_replaced(run_dir: Path) -> None:
             earlier = "an earlier session"
         console.print(f"[yellow]note:[/] {run_dir} holds the report of session {earlier}; this run replaces it "
                       "(give --out another folder to keep both)", soft_wrap=True)
-
-
-def _declared_max_seq_len(harness: Path) -> int | None:
-    """`MAX_SEQ_LEN = N` at the top of the harness, read without running it; None when not written so."""
-    import ast
-
-    try:
-        tree = ast.parse(harness.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return None  # analysis reports the harness's own problem with its file and line
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MAX_SEQ_LEN" for t in node.targets) \
-                and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
-            return node.value.value
-    return None
 
 
 def _check_out_folder(out: Path) -> None:

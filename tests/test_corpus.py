@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from corpus import core
+from lint_findings import findings, own_limit, too_long
 
 pytestmark = pytest.mark.corpus
 
@@ -205,8 +206,29 @@ def _run_case(case: core.Case, corpus_root: Path, tmp_path: Path, record: dict) 
         else:
             record["own_harness"] = "same tokens"
 
+    # The adapted sources hold no lint finding (pyflakes', a line past the file's own limit) their original lacks.
+    if adapted.is_dir():
+        record["lint"] = _new_lint(target, adapted)
+        problems += [f"lint: {said}" for said in record["lint"]]
+
     if problems:
         pytest.fail(f"{case.id}:\n- " + "\n- ".join(problems), pytrace=False)
+
+
+def _new_lint(original: Path, adapted: Path) -> list[str]:
+    """For each rewritten Python file, the lint findings its original does not have."""
+    said = []
+    for path in sorted(adapted.rglob("*.py")):
+        relative = path.relative_to(adapted)
+        before = original / relative
+        if not before.is_file() or before.read_text(errors="replace") == path.read_text(errors="replace"):
+            continue
+        text, old = path.read_text(errors="replace"), before.read_text(errors="replace")
+        new = findings(text, path.name) - findings(old, path.name)
+        said += [f"{relative}: {code} {message} (x{count})" for (code, message), count in new.items()]
+        said += [f"{relative}:{row}: longer than the original's {own_limit(old)} columns"
+                 for row in too_long(text, own_limit(old))]
+    return said
 
 
 def _last_error(text: str) -> str:

@@ -61,3 +61,43 @@ def test_an_f_string_is_never_broken_and_short_files_are_left_alone():
     adapted = 'message = f"{describe(first_argument_of_the_call, second_argument_of_the_call, third_one)}"\n'
     assert wrapped(adapted) == adapted
     assert wrapped(ORIGINAL) == ORIGINAL
+
+
+def test_a_docstrings_prose_is_refilled_and_its_list_its_marker_and_its_code_spans_kept_whole():
+    adapted = '''\
+        class Attention:
+            def forward(self, x, mask):
+                return self.output(self.attend(self.project(x), mask=mask, dropout=self.dropout))
+
+            def forward_static(self, x, mask):
+                """{long}
+
+                - a list item that stays as it is, however long the line that holds it happens to be
+                """
+                return x
+        '''.replace("{long}", "`forward` on the static path, written for the entries alone by the rewrite "
+                                "(added by graphmode): `self.attend(x, mask)` reads every slot.")
+    text = wrapped(adapted)
+    docstring = text[text.index('        """`forward`'):text.index('        return x')]
+    lines = docstring.splitlines()
+    assert "(added by graphmode)" in docstring and "`self.attend(x, mask)`" in docstring
+    assert all(len(line) <= 89 for line in lines[:-3]) and len(lines[0]) > 60  # filled, not one word per line
+    assert "        - a list item that stays as it is, however long the line that holds it happens to be" in lines
+    assert " ".join(" ".join(lines[:-3]).split()).startswith('"""`forward` on the static path, written for')
+
+
+def test_a_long_test_of_ands_gets_one_operand_per_line_and_keeps_its_comment():
+    adapted = '''\
+        class Attention:
+            def forward(self, x, mask):
+                return self.output(self.attend(self.project(x), mask=mask, dropout=self.dropout))
+
+            def forward_static(self, x, mask):
+                if graphmode_position_limit(self) >= self.trained_length and x.shape[1] >= self.trained_length:  # why
+                    raise ValueError("past the trained length")
+                return x
+        '''
+    assert ("        if (\n"
+            "            graphmode_position_limit(self) >= self.trained_length\n"
+            "            and x.shape[1] >= self.trained_length\n"
+            "        ):  # why\n") in wrapped(adapted)

@@ -5,11 +5,13 @@ persistent=False)`), and a file kept to 110 columns gets lines of 179. The limit
 before graphmode (at least 79). Only lines the original does not have are wrapped, so the model's own long lines
 stay as they were; a line is wrapped the way a formatter would: a call's arguments (a signature's parameters, the
 values of a tuple an assignment gives) one per line inside their brackets, the outermost first, then inner ones
-while a line is still too long; a run of comment lines re-filled. Docstrings, dict literals and f-strings are left
-as they are.
+while a line is still too long; the operands of an `if` test's `and`/`or` chain one per line in brackets; a run of
+comment lines re-filled; a docstring's prose paragraph re-filled (its
+lists, examples and indented lines kept as written). Dict literals and f-strings are left as they are.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import libcst as cst
@@ -57,6 +59,21 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
         if header in long and function.params.params and not isinstance(function.whitespace_before_params,
                                                                           cst.ParenthesizedWhitespace):
             chosen[function] = _wrap_params
+    # An `if`/`elif`/`while` whose test is a chain of `and`s (or `or`s): the operands one per line in brackets.
+    for branch in _nodes(module, (cst.If, cst.While)):
+        if positions[branch].start.line in long and _chain(branch.test):
+            chosen[branch] = _wrap_test
+    # Docstrings: a prose paragraph with a long line is re-filled; lists, code and indented lines stay as written.
+    for owner in _nodes(module, (cst.FunctionDef, cst.ClassDef)):
+        docstring = _docstring(owner)
+        if docstring is None:
+            continue
+        span = positions[docstring]
+        rows = {number - span.start.line for number in long if span.start.line <= number <= span.end.line}
+        if rows:
+            indent = positions[owner.body.body[0]].start.column
+            chosen[docstring] = lambda updated, indent=indent, rows=rows: _refilled_docstring(updated, limit, indent,
+                                                                                              rows)
     # Comments: a block of comment lines with a long one is re-flowed as paragraphs (one per "# graphmode:").
     long_comments = {id(line) for line in _nodes(module, cst.EmptyLine)
                      if line.comment is not None and positions[line].start.line in long}
@@ -211,3 +228,88 @@ def _reflowed(run: list[cst.EmptyLine], width: int) -> list[cst.EmptyLine]:
         filled.append(current)
     template = run[0]
     return [template.with_changes(comment=cst.Comment(text)) for text in filled]
+
+
+def _chain(test: cst.BaseExpression) -> bool:
+    """Whether a test is a bare chain of one boolean operator (`a and b and c`), not already in brackets."""
+    return isinstance(test, cst.BooleanOperation) and not test.lpar
+
+
+def _wrap_test(branch: cst.If | cst.While) -> cst.If | cst.While:
+    """`if a and b:` as `if (\n    a\n    and b\n):`, the way a formatter breaks a long test."""
+    kind = type(branch.test.operator)
+
+    def spread(node: cst.BaseExpression) -> cst.BaseExpression:
+        if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, kind) and not node.lpar):
+            return node
+        operator = node.operator.with_changes(whitespace_before=_new_line("    "),
+                                              whitespace_after=cst.SimpleWhitespace(" "))
+        return node.with_changes(left=spread(node.left), operator=operator)
+
+    test = spread(branch.test).with_changes(lpar=[cst.LeftParen(whitespace_after=_new_line("    "))],
+                                            rpar=[cst.RightParen(whitespace_before=_new_line(""))])
+    return branch.with_changes(test=test, whitespace_before_test=cst.SimpleWhitespace(" "))
+
+
+def _docstring(owner: cst.FunctionDef | cst.ClassDef) -> cst.SimpleString | None:
+    """The triple-quoted docstring of a function or class, or None."""
+    body = owner.body.body if isinstance(owner.body, cst.IndentedBlock) else []
+    first = body[0] if body else None
+    if not (isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr)):
+        return None
+    value = first.body[0].value
+    if isinstance(value, cst.SimpleString) and value.value.lstrip("rRuU")[:3] in ('"""', "'''"):
+        return value
+    return None
+
+
+_NOT_PROSE = re.compile(r"(?:[-*|>]|\d+[.)]|```|\.\. )")
+
+
+def _refilled_docstring(node: cst.SimpleString, limit: int, indent: int, rows: set[int]) -> cst.SimpleString:
+    """The docstring with each prose paragraph that holds a long line (`rows`: line indexes within it) re-filled to
+    `limit` columns; a paragraph is prose when every line sits at the docstring's indentation and none starts a list
+    item, a table, a quote or an example."""
+    prefix = node.value[:len(node.value) - len(node.value.lstrip("rRuU"))]
+    opening = len(prefix) + 3
+    lines = node.value[opening:-3].split("\n")
+    margin = " " * indent
+    paragraphs, start = [], None
+    for index, line in enumerate([*lines, ""]):
+        if line.strip() and start is None:
+            start = index
+        elif not line.strip() and start is not None:
+            paragraphs.append((start, index))
+            start = None
+    for first, end in reversed(paragraphs):
+        held = range(first, end)
+        prose = all(index == 0 or (lines[index].startswith(margin) and not lines[index][indent:].startswith(" "))
+                    for index in held) and not any(_NOT_PROSE.match(lines[index].strip()) for index in held)
+        if not prose or not rows & set(held):
+            continue
+        closing = 3 if end == len(lines) else 0  # the closing quotes follow the paragraph's last line
+        width = limit - indent - closing
+        filled = fill_words(" ".join(lines[index].strip() for index in held),
+                            width - (opening if first == 0 else 0), width)
+        lines[first:end] = [text if first == 0 and number == 0 else margin + text
+                            for number, text in enumerate(filled)]
+    return node.with_changes(value=node.value[:opening] + "\n".join(lines) + node.value[-3:])
+
+
+# A word: a `code span`, or graphmode's own marker "(added by graphmode)", which transforms.tidy finds its functions
+# by (so a second run still knows them), kept whole; else anything up to a space.
+_WORDS = re.compile(r"\(added by graphmode\)\S*|`[^`]*`\S*|\S+")
+
+
+def fill_words(text: str, first_width: int, width: int) -> list[str]:
+    """`text` in lines of at most `width` columns (`first_width` for the first), words (see _WORDS) whole."""
+    filled: list[str] = []
+    current = ""
+    for word in _WORDS.findall(text):
+        room = first_width if not filled else width
+        if current and len(current) + 1 + len(word) > room:
+            filled.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    return [*filled, current] if current else filled

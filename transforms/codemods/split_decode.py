@@ -1,13 +1,15 @@
 """Gives the model separate Prefill and Decode entry points.
 
-`prefill(tokens, input_pos)` calls `forward` unchanged and runs eagerly. `decode(tokens, input_pos)`
-holds a copy of `forward`'s body with the branches that only Prefill takes folded away, knowing
-that Decode feeds one token per sequence and leaves optional arguments at their defaults:
+`prefill(tokens, input_pos)` and `decode(tokens, input_pos)` both call `forward` on the static path; only `decode`
+is compiled. Decode feeds one token per sequence and leaves the optional arguments at their defaults, so Dynamo
+settles the branches only Prefill takes while it traces, and the graph holds Decode's path alone:
 
-    if seqlen > 1: ...             -> removed (seqlen is 1 in Decode)
-    if past_key_values is None: X  -> X       (Decode passes no cache argument)
+    if seqlen > 1: ...             -> not traced (seqlen is 1 in Decode)
+    if past_key_values is None: X  -> X traced (Decode passes no cache argument)
 
-Only `decode` is compiled, so Dynamo never sees Prefill's shapes or paths.
+No copy of `forward`'s body is made: a fix to `forward` is a fix to both entries. The branches are found (as gpt-fast's
+reader would find them) only to say in the design which ones Decode settles, and to see whether `forward` ends in
+`return logits, cache`, whose cache `decode` then leaves behind (`[0]`) once it lives in buffers.
 
 A `forward` whose parameters all have defaults (Hugging Face's `input_ids=None, position_ids=None, ...`)
 gets entries that call it by keyword instead: `forward(input_ids=..., position_ids=input_pos.unsqueeze(0),
@@ -17,6 +19,7 @@ values is settled while Dynamo traces, so no copy is needed.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.codemods._helper_code import helper_statements
@@ -26,6 +29,7 @@ from graphmode.transforms.codemods.cache_object import MASK_CLASS, PADDED_ROWS
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
+from graphmode.transforms.line_wrap import fill_words
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
@@ -135,9 +139,9 @@ class SplitDecode(GraphCodemod):
     NAME = "split_decode"
     TITLE = "Split Prefill and Decode entry points"
     DESCRIPTION = (
-        "Adds `prefill(...)`, which calls `forward` unchanged and stays eager, and `decode(...)`, a copy of "
-        "`forward` with the branches only Prefill takes folded away (one token per sequence, optional arguments "
-        "at their defaults). Only `decode` is compiled. `forward` itself is unchanged."
+        "Adds `prefill(...)`, which stays eager, and `decode(...)`, one token per sequence with the optional "
+        "arguments at their defaults; both call `forward` on the static path, and only `decode` is compiled, so "
+        "the branches only Prefill takes are settled while Dynamo traces it. `forward` itself is unchanged."
     )
     SKILL = "prefill-decode-split"
     FIXES = frozenset({"GM401"})
@@ -245,36 +249,35 @@ class SplitDecode(GraphCodemod):
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward
-        facts = _Facts(_sequence_length_names(body, required[0]), omitted)
-        fold = _FoldBranches(facts)
+        # `decode` calls `forward`; the branches Decode settles (one token per sequence, the optional arguments at
+        # their defaults) are found only to say so, and to read the return Decode reaches.
+        fold = _FoldBranches(_Facts(_sequence_length_names(body, required[0]), omitted))
         decode_body = list(forward.body.with_changes(body=body).visit(fold).body)
-        for node in fold.folded:
-            self.record_edit(node, "branch folded in `decode`: " + cst.Module([]).code_for_node(node.test))
+        folded = sorted(fold.folded, key=self._starts_at)
+        settled = [cst.Module([]).code_for_node(node.test) for node in folded]
+        for node, test in zip(folded, settled):
+            self.record_edit(node, f"branch `decode` settles while Dynamo traces it: {test}")
         self.record_insertion_after(forward, "`prefill` and `decode` entry points added")
-        if self._cache_in_buffers:
-            decode_body = _return_logits_only(decode_body)
         signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
         slots = POSITION_TENSOR if positions else None
         call = f"self.forward({', '.join([*required, *(f'{name}={value}' for name, value in positions.items())])})"
-        if not fold.folded and cst.Module(body=decode_body).deep_equals(cst.Module(body=body)):
-            # Nothing in `forward` is Prefill-only (graph-ready code): a copy would only be a second place to edit.
-            return _add_after_forward(updated_node, _entry_methods(
-                signature, call, "`forward` has no branch only Prefill takes, so Decode calls it as it is.",
-                f"return {call}", self.options.prefill_resets, slots))
+        if settled:
+            said = ("`forward` on one token per sequence, the optional arguments at their defaults: Dynamo settles "
+                    "the branches only Prefill takes while it traces, so the graph holds Decode's path alone "
+                    f"({', '.join(f'`{test}`' for test in settled)}).")
+            about = "\n".join(fill_words(said, 88, 88))
+        else:
+            about = "`forward` has no branch only Prefill takes, so Decode calls it as it is."
+        logits_only = self._cache_in_buffers and _returns_logits_and_cache(decode_body)
+        if logits_only:
+            about += "\nThe cache lives in buffers, so only the logits come back."
+        return _add_after_forward(updated_node, _entry_methods(
+            signature, call, about, f"return {call}" + ("[0]" if logits_only else ""), self.options.prefill_resets,
+            slots))
 
-        # Defaults Decode still reads (and does not assign first) are bound at the top.
-        bindings = []
-        for name, default in omitted.items():
-            if name in names_in(cst.Module(body=decode_body)) and not _assigned_first(decode_body, name):
-                bindings.append(cst.parse_statement(f"{name} = {cst.Module([]).code_for_node(default)}\n"))
-
-        prefill, decode = _entry_methods(signature, call,
-                                         "The body of `forward` with the branches only Prefill takes folded away.",
-                                         "pass", self.options.prefill_resets, slots)
-        bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
-                     if name != value and name in names_in(cst.Module(body=decode_body))]
-        decode = _on_static_path(decode, [*bindings, *decode_body], slots)
-        return _add_after_forward(updated_node, [prefill, decode])
+    def _starts_at(self, node: cst.CSTNode) -> tuple[int, int]:
+        start = self.get_metadata(PositionProvider, node).start
+        return start.line, start.column
 
     def _unfit_inputs(self, params: list[cst.Param]) -> str | None:
         """Why the entries' (tokens, positions) cannot feed `forward`'s required inputs, from how the harness really
@@ -456,15 +459,6 @@ def _switch(slots: str | None = None, padding: str | None = None) -> str:
     return f"{STATIC_PATH}(self{''.join(f', {a}' for a in (slots, padding) if a)})"
 
 
-def _on_static_path(method: cst.FunctionDef, statements: list[cst.BaseStatement],
-                    slots: str | None = None) -> cst.FunctionDef:
-    """The method with `statements` after its docstring, inside `with GraphmodeStaticPath(self, slots):`."""
-    docstring = method.body.body[0]
-    block = cst.With(items=[cst.WithItem(cst.parse_expression(_switch(slots)))],
-                     body=cst.IndentedBlock(body=statements))
-    return method.with_changes(body=method.body.with_changes(body=[docstring, block]))
-
-
 def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:
     blank = [cst.EmptyLine(indent=False)]
     new_body = []
@@ -478,32 +472,12 @@ def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> c
 _CACHE_WORDS = ("present", "past", "cache", "kv")
 
 
-def _return_logits_only(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """`return logits, tuple(presents)` -> `return logits` when everything after the first value is the cache."""
+def _returns_logits_and_cache(body: list[cst.BaseStatement]) -> bool:
+    """Whether the body ends in `return logits, <the cache>...`: a tuple whose every value after the first names
+    the cache."""
     last = body[-1] if body else None
     if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)
             and isinstance(last.body[0].value, cst.Tuple) and len(last.body[0].value.elements) > 1):
-        return body
-    first, *rest = (e.value for e in last.body[0].value.elements)
-    if not all(any(w in n.lower() for n in names_in(r) for w in _CACHE_WORDS) for r in rest):
-        return body
-    comment = cst.EmptyLine(indent=True, comment=cst.Comment(
-        "# graphmode: the cache lives in buffers now; Decode returns the logits alone."))
-    new_return = last.with_changes(body=[cst.Return(value=first)],
-                                   leading_lines=[*last.leading_lines, comment])
-    return [*body[:-1], new_return]
-
-
-def _assigned_first(body: list[cst.BaseStatement], name: str) -> bool:
-    """True when the first top-level statement mentioning `name` is a plain `name = ...`."""
-    for stmt in body:
-        if name not in names_in(stmt):
-            continue
-        return (
-            isinstance(stmt, cst.SimpleStatementLine)
-            and isinstance(stmt.body[0], cst.Assign)
-            and isinstance(stmt.body[0].targets[0].target, cst.Name)
-            and stmt.body[0].targets[0].target.value == name
-            and name not in names_in(stmt.body[0].value)
-        )
-    return False
+        return False
+    _, *rest = (e.value for e in last.body[0].value.elements)
+    return all(any(w in n.lower() for n in names_in(r) for w in _CACHE_WORDS) for r in rest)

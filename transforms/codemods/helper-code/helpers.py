@@ -60,7 +60,8 @@ class StaticKVCache(torch.nn.Module):
         # The buffers themselves, not views of them: a compiled graph hands an output that is an
         # input straight back, but rebuilds a view of a mutated input on every call.
         k_out, v_out = self.k_cache, self.v_cache
-        if k.shape[0] != k_out.shape[0]:  # fewer sequences than the buffers hold (a static check)
+        # Fewer sequences than the buffers hold (a static check).
+        if k.shape[0] != k_out.shape[0]:
             k_out, v_out = k_out[: k.shape[0]], v_out[: v.shape[0]]
         k_out.index_copy_(self.seq_dim, input_pos, k)
         v_out.index_copy_(self.value_seq_dim, input_pos, v)
@@ -100,7 +101,8 @@ class StaticKVBuffers(torch.nn.Module):
         if self.k_cache is None:
             self.k_cache, self.v_cache = self._zeros_like(k, self.seq_dim), self._zeros_like(v, self.value_seq_dim)
         k_out, v_out, rows = self.k_cache, self.v_cache, self.batch_dim
-        if k.shape[rows] != k_out.shape[rows]:  # fewer sequences than the buffers hold (a static check)
+        # Fewer sequences than the buffers hold (a static check).
+        if k.shape[rows] != k_out.shape[rows]:
             k_out, v_out = k_out.narrow(rows, 0, k.shape[rows]), v_out.narrow(rows, 0, v.shape[rows])
         k_out.index_copy_(self.seq_dim, input_pos, k)
         v_out.index_copy_(self.value_seq_dim, input_pos, v)
@@ -254,7 +256,13 @@ class GraphmodeStaticPath:
     def state_of(model):
         state = getattr(model, "graphmode_static_state", None)
         if state is None:
-            state = {"on": False, "slots": None, "padding": None, "max_batch_size": 0, "max_seq_len": 0}
+            state = {
+                "on": False,
+                "slots": None,
+                "padding": None,
+                "max_batch_size": 0,
+                "max_seq_len": 0,
+            }
             for module in model.modules():
                 module.graphmode_static_state = state
         return state
@@ -276,16 +284,29 @@ class GraphmodeStaticPath:
             limits.append((built[0], "GRAPHMODE_MAX_SEQ_LEN in the model's file"))
         if max_seq_len is None:
             if not limits:
-                raise ValueError("setup_caches: the model's config names no length limit; pass max_seq_length")
+                raise ValueError(
+                    "setup_caches: the model's config names no length limit; "
+                    "pass max_seq_length"
+                )
             max_seq_len = min(limit for limit, _ in limits)
-        refused = [f"at most {limit} positions ({name})" for limit, name in limits if max_seq_len > limit]
+        refused = [
+            f"at most {limit} positions ({name})"
+            for limit, name in limits
+            if max_seq_len > limit
+        ]
         if built[1] is not None and max_batch_size > built[1]:
-            refused.append(f"at most {built[1]} sequences (GRAPHMODE_MAX_BATCH_SIZE in the model's file)")
+            refused.append(
+                f"at most {built[1]} sequences "
+                "(GRAPHMODE_MAX_BATCH_SIZE in the model's file)"
+            )
         if max_batch_size < 1 or max_seq_len < 1:
             refused.append("at least one sequence of one position")
         if refused:
-            raise ValueError(f"setup_caches(max_batch_size={max_batch_size}, max_seq_length={max_seq_len}): the "
-                             f"static path serves {'; '.join(refused)}")
+            raise ValueError(
+                f"setup_caches(max_batch_size={max_batch_size}, "
+                f"max_seq_length={max_seq_len}): the static path serves "
+                f"{'; '.join(refused)}"
+            )
         state = GraphmodeStaticPath.state_of(model)
         for module in model.modules():
             resize = getattr(module, "graphmode_resize", None)
@@ -312,7 +333,8 @@ class GraphmodeStaticPath:
         becomes sequence `rows[i]` (a tensor of indices)."""
         for module in model.modules():
             if callable(getattr(module, "graphmode_resize", None)):
-                for buffer in (getattr(module, "k_cache", None), getattr(module, "v_cache", None)):
+                for name in ("k_cache", "v_cache"):
+                    buffer = getattr(module, name, None)
                     if buffer is not None and buffer.shape[0] >= rows.shape[0]:
                         buffer[: rows.shape[0]] = buffer.index_select(0, rows)
 
@@ -361,17 +383,19 @@ def graphmode_static_path(module):
 def graphmode_fits(model, tokens, input_pos):
     """Sizes the static path at its first Prefill when `setup_caches` was not called (the model's own limit, this
     batch), and refuses a Prefill the buffers cannot hold, with their sizes (added by graphmode)."""
-    if not torch.compiler.is_compiling():  # Prefill runs eagerly; the reads below would wait for the device
+    # Prefill runs eagerly; the reads below would wait for the device.
+    if not torch.compiler.is_compiling():
         state = GraphmodeStaticPath.state_of(model)
         batch, last = tokens.shape[0], int(input_pos.max()) + 1
         if not state["max_seq_len"]:
             GraphmodeStaticPath.setup(model, max_batch_size=batch)
         if batch > state["max_batch_size"] or last > state["max_seq_len"]:
             raise ValueError(
-                f"the static path is set up for {state['max_batch_size']} sequence(s) of {state['max_seq_len']} "
-                f"positions, and this Prefill needs {batch} of {last}; call "
-                f"`setup_caches(max_batch_size={batch}, max_seq_length={last})` (or larger) first, or call "
-                "`forward`, which has no such limit"
+                f"the static path is set up for {state['max_batch_size']} "
+                f"sequence(s) of {state['max_seq_len']} positions, and this "
+                f"Prefill needs {batch} of {last}; call `setup_caches("
+                f"max_batch_size={batch}, max_seq_length={last})` (or larger) "
+                "first, or call `forward`, which has no such limit"
             )
 
 
@@ -388,14 +412,23 @@ def graphmode_moe_dense(experts, tokens, expert_ids, expert_weights):
     weights' dtype and the result is returned in the tokens' dtype, as the loops this replaces do. It costs
     experts / k times the expert work of the loop: little for Decode's few tokens.
     """
-    if expert_ids.dim() != 2 or expert_ids.shape != expert_weights.shape or expert_ids.shape[0] != tokens.shape[0]:
+    if (
+        expert_ids.dim() != 2
+        or expert_ids.shape != expert_weights.shape
+        or expert_ids.shape[0] != tokens.shape[0]
+    ):
         raise ValueError(
-            f"graphmode_moe_dense: expected one row of expert ids and weights per token, got tokens "
-            f"{tuple(tokens.shape)}, ids {tuple(expert_ids.shape)} and weights {tuple(expert_weights.shape)}"
+            "graphmode_moe_dense: expected one row of expert ids and weights "
+            f"per token, got tokens {tuple(tokens.shape)}, ids "
+            f"{tuple(expert_ids.shape)} and weights "
+            f"{tuple(expert_weights.shape)}"
         )
     if any(expert is None for expert in experts):
-        raise ValueError("graphmode_moe_dense: some experts live on other ranks (expert parallelism); the static "
-                         "dispatch runs every expert on this one, so it needs them all here")
+        raise ValueError(
+            "graphmode_moe_dense: some experts live on other ranks (expert "
+            "parallelism); the static dispatch runs every expert on this one, "
+            "so it needs them all here"
+        )
     count = len(experts)
     routed = torch.zeros(tokens.shape[0], count, dtype=torch.bool, device=tokens.device)
     routed = routed.scatter(1, expert_ids, True)
