@@ -1,10 +1,12 @@
 """From the traced run's evidence to the codemods' options, and from the codemods' edits to the planned changes."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from graphmode.agent.sources import read_source
 from graphmode.agent.state import Change, RunState
+from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
@@ -14,20 +16,24 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     """Every file of the target through the codemods (`selected`: only these; None: all), with the options
     the traced run's evidence gives them."""
     # With batch buckets, the static buffers must hold the largest one.
-    calls = state.evidence.get("entry_calls") or {}
     options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
-                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size),
-                      entry_roles=entry_roles(calls),
-                      recomputes_sequence=bool(state.evidence.get("recomputes_sequence")),
-                      prefill_resets=tuple(calls.get("prefill_resets", [])),
-                      traced=bool(state.evidence), evidence_caches=evidence_caches(state.evidence),
-                      evidence_cache_writes=evidence_cache_writes(state.evidence),
-                      changing_int_params=changing_int_params(state.evidence),
-                      host_sync_lines=host_sync_lines(state.evidence),
-                      position_lines=position_lines(state.evidence), cache_reads=cache_reads(state.evidence),
-                      position_tests=position_tests(state.evidence))
+                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size))
+    if state.evidence:
+        options = evidence_options(options, Evidence.from_dict(state.evidence))
     target = Path(state.options.target)
     return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def evidence_options(options: Options, evidence: Evidence) -> Options:
+    """`options` with what the traced run saw: how the harness called forward, and the lines of the sources that
+    grew a cache, read the host, made or tested the positions, or took a growing tensor in."""
+    calls = evidence.entry_calls
+    return replace(options, entry_roles=entry_roles(calls), recomputes_sequence=bool(evidence.recomputes_sequence),
+                   prefill_resets=tuple(calls.get("prefill_resets", [])), traced=True,
+                   evidence_caches=evidence_caches(evidence), evidence_cache_writes=evidence_cache_writes(evidence),
+                   changing_int_params=changing_int_params(evidence), host_sync_lines=host_sync_lines(evidence),
+                   position_lines=position_lines(evidence), cache_reads=cache_reads(evidence),
+                   position_tests=position_tests(evidence))
 
 
 def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
@@ -44,71 +50,63 @@ def entry_roles(calls: dict) -> tuple[tuple[str, str], ...]:
     return tuple(roles)
 
 
-def evidence_caches(evidence: dict) -> tuple[tuple[str, int, int], ...]:
+# The codemods' options hold plain (file, line, ...) tuples: SourceLine's fields, unpacked.
+
+def evidence_caches(evidence: Evidence) -> tuple[tuple[str, int, int], ...]:
     """(file, statement line, growing dim) of every KV cache the traced run saw grown by a `torch.cat` written
     in the sources themselves (not inside a library call)."""
-    found = []
-    for key, entry in evidence.get("lines", {}).items():
-        file, _, line = key.rpartition(":")
-        for growth in entry.get("growing", []):
-            if growth.get("kind") == "cache" and not growth.get("via") and growth.get("dims"):
-                found.append((file, entry.get("statement") or int(line), growth["dims"][0]))
-    return tuple(sorted(set(found)))
+    return tuple(sorted({(statement.file, statement.line, growth.dims[0])
+                         for statement, entry in evidence.by_statement() for growth in entry.growing
+                         if growth.kind == "cache" and not growth.via and growth.dims}))
 
 
-def evidence_cache_writes(evidence: dict) -> tuple[tuple[str, int, tuple[int, ...], tuple], ...]:
+def evidence_cache_writes(evidence: Evidence) -> tuple[tuple[str, int, tuple[int, ...], tuple], ...]:
     """(file, statement line, growing dim of each tensor, each tensor's shape per layer) of every statement the
     traced run saw grow a KV cache through a library call (a cache object's `update`), the tensors in the order
     the library grew them."""
     found = []
-    for key, entry in evidence.get("lines", {}).items():
-        file, _, line = key.rpartition(":")
-        grown = [g for g in entry.get("growing", []) if g.get("kind") == "cache" and g.get("via") and g.get("dims")]
+    for statement, entry in evidence.by_statement():
+        grown = [g for g in entry.growing if g.kind == "cache" and g.via and g.dims]
         if grown:
-            found.append((file, entry.get("statement") or int(line), tuple(g["dims"][0] for g in grown),
-                          tuple(tuple(tuple(shape) for shape in g.get("call_shapes", [])) for g in grown)))
+            found.append((statement.file, statement.line, tuple(g.dims[0] for g in grown),
+                          tuple(tuple(tuple(shape) for shape in g.call_shapes or []) for g in grown)))
     return tuple(sorted(found))
 
 
-def host_sync_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+def host_sync_lines(evidence: Evidence) -> tuple[tuple[str, int], ...]:
     """(file, statement line) of every statement the traced run saw read the device on the host in Decode."""
-    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
-                         for key, entry in evidence.get("lines", {}).items()
-                         if any(sync.get("decode") for sync in entry.get("syncs", []))}))
+    return tuple(sorted({(statement.file, statement.line) for statement, entry in evidence.by_statement()
+                         if any(sync.decode for sync in entry.syncs)}))
 
 
-def position_lines(evidence: dict) -> tuple[tuple[str, int], ...]:
+def position_lines(evidence: Evidence) -> tuple[tuple[str, int], ...]:
     """(file, statement line) of every statement the traced run saw make the positions of the tokens computed."""
-    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]))
-                         for key, entry in evidence.get("lines", {}).items() if entry.get("positions")}))
+    return tuple(sorted({(statement.file, statement.line) for statement, entry in evidence.by_statement()
+                         if entry.positions}))
 
 
-def position_tests(evidence: dict) -> tuple[tuple[str, int, str], ...]:
+def position_tests(evidence: Evidence) -> tuple[tuple[str, int, str], ...]:
     """(file, statement line, "gt" | "ge") of every branch test the traced run saw compare how far the positions
     reach with a Python int."""
-    return tuple(sorted({(key.rpartition(":")[0], entry.get("statement") or int(key.rpartition(":")[2]), test["op"])
-                         for key, entry in evidence.get("lines", {}).items()
-                         for test in entry.get("position_tests", [])}))
+    return tuple(sorted({(statement.file, statement.line, test.op) for statement, entry in evidence.by_statement()
+                         for test in entry.position_tests}))
 
 
-def cache_reads(evidence: dict) -> tuple[tuple[str, int, str, str], ...]:
+def cache_reads(evidence: Evidence) -> tuple[tuple[str, int, str, str], ...]:
     """(file, statement line, op, "scores" | "reads") of every op the traced run saw take a growing tensor in: the
     ones whose output grows with it (derived growth: scores of the keys) and the ones whose output does not."""
     found = set()
-    for key, entry in evidence.get("lines", {}).items():
-        file, _, line = key.rpartition(":")
-        statement = entry.get("statement") or int(line)
-        found |= {(file, statement, growth["op"], "scores") for growth in entry.get("growing", [])
-                  if growth.get("kind") == "derived" and not growth.get("via")}
-        found |= {(file, statement, op, "reads") for op in entry.get("reads_growing", [])}
+    for statement, entry in evidence.by_statement():
+        found |= {(statement.file, statement.line, growth.op, "scores") for growth in entry.growing
+                  if growth.kind == "derived" and not growth.via}
+        found |= {(statement.file, statement.line, op, "reads") for op in entry.reads_growing}
     return tuple(sorted(found))
 
 
-def changing_int_params(evidence: dict) -> tuple[tuple[str, str, str], ...]:
+def changing_int_params(evidence: Evidence) -> tuple[tuple[str, str, str], ...]:
     """(file, function qualname, parameter) of the int parameters the traced run saw change every Decode step."""
-    return tuple(sorted((key.rpartition(":")[0], function["name"], param)
-                        for key, function in evidence.get("functions", {}).items()
-                        for param in function.get("params", {})))
+    return tuple(sorted((where.file, function.name, param)
+                        for where, function in evidence.functions.items() for param in function.params))
 
 
 def plan_changes(adaptations: dict[str, FileAdaptation], findings: list[Finding]) -> list[Change]:

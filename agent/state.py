@@ -194,7 +194,7 @@ class RunState(BaseModel):
     max_seq_len: int = 64
     findings: list[Finding] = Field(default_factory=list)
     baseline: Baseline = Field(default_factory=Baseline)
-    # One traced eager run of the unmodified Prefill and Decode (runners.evidence.Evidence as a dict): what grows,
+    # One traced eager run of the unmodified Prefill and Decode (runners.evidence_model.Evidence as a dict): what grows,
     # which ints change, where the host syncs are, and how the harness calls forward. The codemods' options are
     # read from it by agent.adaptation.
     evidence: dict = Field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""The runtime evidence (runners.evidence) as findings, and reconciled with the static rules' findings.
+"""The runtime evidence (runners.evidence_model) as findings, and reconciled with the static rules' findings.
 
 `evidence_findings` turns what the trace saw into findings of the usual codes; `reconcile` drops static findings
 the trace contradicts on lines Decode ran, marks those on lines Decode never ran, attaches the trace's account to
@@ -11,8 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphmode.runners.evidence import (CAT_OPS, DECODE, PREFILL, _grouped, SLICE_OPS, SYNC_CODES, _SYNC_WORDS,
-                                        Evidence, FunctionEvidence, Growth, LineEvidence, ScalarChange, _delta, _shape)
+from graphmode.runners.evidence_model import (DECODE, PREFILL, SLICE_OPS, Evidence, FunctionEvidence, Growth,
+                                              LineEvidence, ScalarChange, SourceLine, delta_text, grouped_by_op,
+                                              shape_text)
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.rules import RULES
 
@@ -22,6 +23,15 @@ _RULES = {rule.CODE: rule for rule in RULES}
 TRACED_CODES = frozenset(code for code, rule in _RULES.items() if rule.TRACED)
 _WRITES = frozenset({"setitem", "index_put", "index_put_", "copy_"})
 SEEN, PREFILL_ONLY, NOT_RUN = "seen", "prefill-only", "not-run"
+CAT_OPS = frozenset({"cat", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack", "stack"})
+# The code and the words of each kind of host sync the trace records (HostSync.kind).
+SYNC_CODES = {"item": "GM101", "tolist": "GM101", "data-dependent": "GM101", "int": "GM102", "float": "GM102",
+              "bool": "GM102", "cpu": "GM103", "numpy": "GM103", "format": "GM104", "branch": "GM402"}
+_SYNC_WORDS = {"item": "`.item()`", "tolist": "`.tolist()`", "int": "`int()` of a tensor",
+               "float": "`float()` of a tensor", "bool": "`bool()` of a tensor", "cpu": "a copy to the host",
+               "numpy": "`.numpy()`", "format": "formatting a tensor as text",
+               "data-dependent": "an op whose output size depends on tensor values",
+               "branch": "a Python branch on a tensor value (`Tensor.__bool__`)"}
 
 
 def _dims(g: Growth) -> str:
@@ -29,11 +39,11 @@ def _dims(g: Growth) -> str:
 
 
 def _series(values: list[Any]) -> str:
-    return " -> ".join(_shape(v) if isinstance(v, list) else str(v) for v in values)
+    return " -> ".join(shape_text(v) if isinstance(v, list) else str(v) for v in values)
 
 
 def _ints_text(scalars: list[ScalarChange]) -> str:
-    return ", ".join(f"{s.arg} {_series(s.values)} ({_delta(s.delta)})" for s in scalars)
+    return ", ".join(f"{s.arg} {_series(s.values)} ({delta_text(s.delta)})" for s in scalars)
 
 
 def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int, tokens: bool = False) -> tuple[str, str]:
@@ -66,15 +76,15 @@ def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int, tokens
     return "GM201", f"`{g.op}`{where} builds a tensor per step that {grows}{ints}"
 
 
-def _line_findings(path: str, line: int, entry: LineEvidence, evidence: Evidence) -> list[Finding]:
+def _line_findings(line: SourceLine, entry: LineEvidence, evidence: Evidence) -> list[Finding]:
     messages: dict[str, list[str]] = defaultdict(list)
     origins = [g for g in entry.growing if g.kind != "derived"]
     for g in origins:
         code, message = _growth_text(g, [s for s in entry.scalars if s.op == g.op and s.via == g.via],
-                                     evidence.new_tokens, evidence.recomputes_sequence == f"{path}:{line}")
+                                     evidence.new_tokens, evidence.recomputes_sequence == line)
         messages[code].append(message)
     explained = {(g.op, g.via) for g in origins}
-    for (op, via), scalars in _grouped(s for s in entry.scalars if (s.op, s.via) not in explained):
+    for (op, via), scalars in grouped_by_op(s for s in entry.scalars if (s.op, s.via) not in explained):
         where = f" (in {via})" if via else ""
         if op in _WRITES:
             messages["GM302"].append(f"`{op}`{where} writes at Python-int bounds that change every Decode step: "
@@ -92,20 +102,19 @@ def _line_findings(path: str, line: int, entry: LineEvidence, evidence: Evidence
             count = f"{per_step:g}x per Decode step"
             messages[SYNC_CODES[sync.kind]].append(
                 f"{_SYNC_WORDS[sync.kind]} (`{sync.op}`{where}) reads the device on the host, {count}")
-    return [Finding(code, path, line, 1, "; ".join(texts), _RULES[code].SKILL, function=entry.function,
+    return [Finding(code, line.file, line.line, 1, "; ".join(texts), _RULES[code].SKILL, function=entry.function,
                     source="trace", autofix=False, trace=SEEN)
             for code, texts in sorted(messages.items())]
 
 
 def _param_findings(evidence: Evidence) -> list[Finding]:
     out = []
-    for key, function in evidence.functions.items():
-        path, _, line = key.rpartition(":")
+    for where, function in evidence.functions.items():
         for name, change in function.params.items():
             out.append(Finding(
-                "GM501", path, int(line), 1,
+                "GM501", where.file, where.line, 1,
                 f"`{name}` is a Python int parameter of `{function.name}` that changes every Decode step: "
-                f"{_series(change.values)} ({_delta(change.delta)}); each value is a new constant for a graph",
+                f"{_series(change.values)} ({delta_text(change.delta)}); each value is a new constant for a graph",
                 _RULES["GM501"].SKILL, function=function.name, source="trace", autofix=False, trace=SEEN))
     return out
 
@@ -117,9 +126,8 @@ def evidence_findings(evidence: Evidence) -> list[Finding]:
     (GM101-GM104) and branches on tensor values (GM402). Ops that grow only because an input grows are
     consequences and get no finding of their own."""
     found: list[Finding] = []
-    for key, entry in evidence.lines.items():
-        path, _, line = key.rpartition(":")
-        found.extend(_line_findings(path, int(line), entry, evidence))
+    for where, entry in evidence.lines.items():
+        found.extend(_line_findings(where, entry, evidence))
     found.extend(_param_findings(evidence))
     return sorted(found, key=lambda f: (f.path, f.line, f.code))
 
@@ -137,7 +145,7 @@ def _param_name(message: str) -> str | None:
 
 
 def _functions_named(evidence: Evidence, path: str, name: str) -> list[FunctionEvidence]:
-    return [f for key, f in evidence.functions.items() if key.rpartition(":")[0] == path and f.name == name]
+    return [f for where, f in evidence.functions.items() if where.file == path and f.name == name]
 
 
 def _static_verdict(f: Finding, evidence: Evidence, trace: dict[tuple[str, int], list[Finding]]) -> tuple[str, str]:
@@ -204,7 +212,7 @@ def reconcile_details(static: list[Finding], evidence: Evidence) -> Reconciled:
             kept.append(replace(f, trace=verdict, evidence=_join(f.evidence, seen)))
     added: list[Finding] = []
     for t in trace_findings:
-        statement = evidence.lines.get(f"{t.path}:{t.line}")
+        statement = evidence.lines.get(SourceLine(t.path, t.line))
         lines = {t.line, statement.statement} if statement and statement.statement else {t.line}
         explained_by = _RULES[t.code].EXPLAINED_BY
         covering = [i for i, f in enumerate(kept) if f.path == t.path and (

@@ -1,4 +1,4 @@
-"""Runtime evidence of the UNMODIFIED model, in a fresh process (see runners.evidence).
+"""Runtime evidence of the UNMODIFIED model, in a fresh process (runners.evidence starts it).
 
     python -m runners.evidence_worker --folder DIR --steps N --out EVIDENCE.json
 
@@ -22,7 +22,9 @@ import torch
 
 from graphmode.runners.cli import WorkerFailure, call_user, run_main
 from graphmode.runners.entry_calls import record_entry_calls
-from graphmode.runners.evidence import DECODE, PREFILL, EvidenceTracer
+from graphmode.runners.evidence_analysis import analyse
+from graphmode.runners.evidence_model import DECODE, PREFILL
+from graphmode.runners.evidence_tracer import EvidenceTracer
 from graphmode.runners.harness import load_harness, sources
 
 
@@ -82,7 +84,7 @@ def collect(folder: Path, steps: int, only: list[str] | None = None) -> dict[str
         traced_s = time.perf_counter() - started
 
     new_tokens = int(tokens[0].shape[-1]) if tokens and tokens[0].dim() else 1
-    evidence = tracer.evidence(steps, list(prompt.shape), new_tokens)
+    evidence = analyse(tracer, steps, list(prompt.shape), new_tokens)
     evidence.untraced_s, evidence.traced_s = untraced_s, traced_s
     evidence.entry_calls = entry_calls.to_dict() if entry_calls else {}
     if entry_calls is not None and not entry_calls.recomputes_sequence:

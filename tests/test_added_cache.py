@@ -140,7 +140,7 @@ def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
     from graphmode.agent.nodes import design, verify
     from graphmode.agent.state import RunOptions, RunState
     from graphmode.runners.entry_calls import EntryCalls, ParameterUse
-    from graphmode.runners.evidence import Evidence
+    from graphmode.runners.evidence_model import Evidence, SourceLine
 
     target = tmp_path / "target"
     target.mkdir()
@@ -148,10 +148,11 @@ def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
     (target / "harness.py").write_text("SOURCES = ['model.py']\n")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    tokens = ParameterUse("tokens", "tokens", in_prefill=True, in_decode=True, positional=True,
+                          summary="int tensor whose last dim grows 5 -> 6, 7, 8")
     evidence = Evidence(folder=str(target), sources=["model.py"], steps=3, prompt_shape=[1, 5], new_tokens=1,
-                        recomputes_sequence="model.py:30", entry_calls=EntryCalls("Model", 5, [ParameterUse(
-                            "tokens", "tokens", in_prefill=True, in_decode=True, positional=True,
-                            summary="int tensor whose last dim grows 5 -> 6, 7, 8")]).to_dict())
+                        recomputes_sequence=SourceLine("model.py", 30),
+                        entry_calls=EntryCalls("Model", 5, [tokens]).to_dict())
     state = RunState(session_id="added-cache", options=RunOptions(target=str(target), run_dir=str(run_dir)),
                      sources=["model.py"], entry_class="Model",
                      evidence={**evidence.to_dict(), "summary": evidence.summary()})

@@ -1,4 +1,4 @@
-"""Tests for the runtime evidence (runners/evidence.py): real torch, real tiny models, real workers.
+"""Tests for the runtime evidence (runners/evidence*.py): real torch, real tiny models, real workers.
 
 Each target runs once, in its own worker, through `collect_evidence` (module-scoped cache). The bundled
 examples are read where they are; the models of tests/fixtures/evidence are copied to a temporary folder
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.runners.evidence import DECODE, PREFILL, Evidence, EvidenceError, collect_evidence
+from graphmode.runners.evidence import EvidenceError, collect_evidence
+from graphmode.runners.evidence_model import DECODE, PREFILL, Evidence, SourceLine
 from graphmode.runners.evidence_findings import (NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile,
                                                  reconcile_details)
 from graphmode.runners.harness import load_harness
@@ -53,15 +54,15 @@ def constant(folder: Path, name: str) -> object:
 
 
 def growth(evidence: Evidence, line: int, op: str = "cat", via_prefix: str | None = None):
-    entry = evidence.lines[f"model.py:{line}"]
+    entry = evidence.lines[SourceLine("model.py", line)]
     found = [g for g in entry.growing if g.op == op and (via_prefix is None or (g.via or "").startswith(via_prefix))]
     assert found, f"no growing {op} at model.py:{line}: {entry}"
     return found
 
 
 def scalar(evidence: Evidence, line: int, arg: str):
-    found = [s for s in evidence.lines[f"model.py:{line}"].scalars if s.arg == arg]
-    assert len(found) == 1, evidence.lines[f"model.py:{line}"].scalars
+    found = [s for s in evidence.lines[SourceLine("model.py", line)].scalars if s.arg == arg]
+    assert len(found) == 1, evidence.lines[SourceLine("model.py", line)].scalars
     return found[0]
 
 
@@ -71,7 +72,7 @@ def function(evidence: Evidence, name: str):
 
 
 def sync_kinds(evidence: Evidence, line: int) -> dict[str, int]:
-    return {s.kind: s.decode for s in evidence.lines[f"model.py:{line}"].syncs}
+    return {s.kind: s.decode for s in evidence.lines[SourceLine("model.py", line)].syncs}
 
 
 _TRACED: dict[str, tuple[Path, Evidence]] = {}
@@ -115,7 +116,7 @@ def test_legacy_llm_cat_cache_int_positions_and_item(traced):
         assert g.layout == "[b, h, s, d]" and g.kv_dim is None
         assert g.shapes == [[1, kv_heads, prompt_len + s, head_dim] for s in DECODE_STEPS]
         assert g.calls == layers  # one cat per layer per step
-        assert ev.lines[f"model.py:{line}"].phases == [DECODE]  # Prefill has no past to append to
+        assert ev.lines[SourceLine("model.py", line)].phases == [DECODE]  # Prefill has no past to append to
 
     # Python-int positions: the arange of positions and the parameter that carries them.
     arange = line_of(source, "positions = torch.arange(start_pos, start_pos + seqlen")
@@ -184,7 +185,8 @@ def test_hf_cache_api_cache_object_and_library_code(traced):
     (g,) = growth(ev, cos, op="getitem")
     assert (g.kind, g.dims, g.shapes) == ("slice", [0], [[prompt_len + s, head_dim] for s in DECODE_STEPS])
     rotary_def = line_of(source, "def forward(self, x, seq_len=None):")
-    assert ev.functions[f"model.py:{rotary_def}"].params["seq_len"].values == [prompt_len + s for s in DECODE_STEPS]
+    rotary = ev.functions[SourceLine("model.py", rotary_def)]
+    assert rotary.params["seq_len"].values == [prompt_len + s for s in DECODE_STEPS]
 
     # No static rule reports the rotary slice: it is added. The changing `seq_len` parameter is not added on its
     # own: the static finding on its use (the growth branch) carries it. The update line's GM303 gets the evidence.
@@ -261,7 +263,7 @@ def test_no_kv_cache_the_token_sequence_grows(traced):
     prompt_len = constant(folder, "PROMPT_LEN")
     dim = load_harness(folder).build_model().emb.embedding_dim
     tokens, positions_line, mask = marked(folder, "tokens"), marked(folder, "positions"), marked(folder, "mask")
-    assert ev.recomputes_sequence == f"model.py:{tokens}"
+    assert ev.recomputes_sequence == SourceLine("model.py", tokens)
     (g,) = growth(ev, tokens, op="embedding")
     assert (g.kind, g.dims, g.carried) == ("input", [1], False)
     assert g.shapes == [[1, prompt_len + s, dim] for s in DECODE_STEPS]
@@ -303,14 +305,14 @@ def test_the_ops_reading_the_cache_along_its_growing_dim(traced):
 
     folder, ev = traced("seq_first")
     sdpa = line_of(folder / "model.py", "F.scaled_dot_product_attention(q, k, v")
-    assert ev.lines[f"model.py:{sdpa}"].reads_growing == ["scaled_dot_product_attention"]
-    assert ("model.py", sdpa, "scaled_dot_product_attention", "reads") in cache_reads(ev.to_dict())
+    assert ev.lines[SourceLine("model.py", sdpa)].reads_growing == ["scaled_dot_product_attention"]
+    assert ("model.py", sdpa, "scaled_dot_product_attention", "reads") in cache_reads(ev)
     folder, ev = traced("alibi")
     scores, values = (line_of(folder / "model.py", text) for text in ("scores = q @ k.transpose", "softmax(scores"))
     assert "matmul" in [g.op for g in growth(ev, scores, op="matmul") if g.kind == "derived"]
-    assert ev.lines[f"model.py:{values}"].reads_growing == ["matmul"]
+    assert ev.lines[SourceLine("model.py", values)].reads_growing == ["matmul"]
     assert {("model.py", scores, "matmul", "scores"), ("model.py", values, "matmul", "reads")} <= set(
-        cache_reads(Evidence.from_dict(ev.to_dict()).to_dict()))
+        cache_reads(Evidence.from_dict(ev.to_dict())))
 
 
 def test_graph_ready_model_shows_nothing_growing(traced):
@@ -405,6 +407,16 @@ def test_a_harness_that_raises_names_the_users_line(tmp_path):
     assert f"model.py:{marked(tmp_path / 'broken', 'raises')}" in message
 
 
+def test_a_source_line_reads_back_the_text_it_is_written_as():
+    """The evidence keys lines by SourceLine and writes them "file:line" in the JSON: the agent reads them back."""
+    where = SourceLine.parse("layers/attention.py:97")
+    assert where == SourceLine("layers/attention.py", 97) and str(where) == "layers/attention.py:97"
+    assert f"{where}" == "layers/attention.py:97"
+    assert SourceLine.parse("C:/target/model.py:3") == ("C:/target/model.py", 3)  # the last colon splits
+    assert sorted([SourceLine("b.py", 1), SourceLine("a.py", 10), SourceLine("a.py", 9)]) == \
+        [("a.py", 9), ("a.py", 10), ("b.py", 1)]  # by file, then by line as a number
+
+
 def test_evidence_round_trips_and_summarises(traced):
     folder, ev = traced("legacy_llm")
     again = Evidence.from_dict(json.loads(ev.to_json()))
@@ -415,5 +427,7 @@ def test_evidence_round_trips_and_summarises(traced):
     assert any(f"model.py:{cat} cat dim 2" in line for line in summary)
     assert ev.unattributed_ops > 0  # the harness's own `logits[:, -1, :]` is not the model's
     assert ev.trace_errors == []
-    # Each key of `lines` is file:line, and every entry names the function it is in.
-    assert all(key.startswith("model.py:") and entry.function for key, entry in ev.lines.items())
+    # Each key of `lines` is a line of model.py, written "model.py:<line>" in the JSON, and every entry names the
+    # function it is in.
+    assert all(where.file == "model.py" and entry.function for where, entry in ev.lines.items())
+    assert all(key == f"model.py:{where.line}" for key, where in zip(ev.to_dict()["lines"], ev.lines))

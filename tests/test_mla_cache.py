@@ -18,6 +18,7 @@ import torch
 
 from graphmode.agent.adaptation import evidence_cache_writes, evidence_caches
 from graphmode.runners.evidence import collect_evidence
+from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -49,7 +50,7 @@ def _load(folder: Path, name: str):
 
 @pytest.fixture(scope="module")
 def evidence():
-    return collect_evidence(TARGET, steps=STEPS).to_dict()
+    return collect_evidence(TARGET, steps=STEPS)
 
 
 def _update_line() -> int:
@@ -58,14 +59,14 @@ def _update_line() -> int:
     return line
 
 
-def _options(evidence: dict | None) -> Options:
+def _options(evidence: Evidence | None) -> Options:
     if evidence is None:
         return Options(entry_class="MLAForCausalLM")
     return Options(entry_class="MLAForCausalLM", traced=True, evidence_caches=evidence_caches(evidence),
                    evidence_cache_writes=evidence_cache_writes(evidence))
 
 
-def _adapted(tmp_path: Path, evidence: dict | None) -> Path:
+def _adapted(tmp_path: Path, evidence: Evidence | None) -> Path:
     folder = tmp_path / "adapted"
     shutil.copytree(TARGET, folder, ignore=shutil.ignore_patterns("__pycache__"))
     result = adapt_source((TARGET / "model.py").read_text(), "model.py", None, _options(evidence))

@@ -15,11 +15,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 def test_nothing_outside_the_runners_imports_torch_at_import_time():
     """`graphmode scan` and `--help` must start without torch: every module of the agent, the transforms, the
-    skills and the templates, and the backend registry (which `--help` lists), imports without it."""
+    skills and the templates, and the backend registry (which `--help` lists), imports without it. So does the
+    evidence a traced run saved, as data, and what is made of it: the agent reads it back (RunState.evidence)."""
     code = (
         "import importlib, json, pkgutil, sys\n"
         "import graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates\n"
-        "names = ['graphmode.runners.backends']\n"
+        "names = ['graphmode.runners.backends', 'graphmode.runners.evidence_model',\n"
+        "         'graphmode.runners.evidence_analysis', 'graphmode.runners.evidence_findings']\n"
         "for package in (graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates):\n"
         "    names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.')]\n"
         "for name in names:\n"

@@ -1,5 +1,5 @@
 """A branch on how far the positions reach (dynamic NTK rotary embeddings) settled by the static path's own limit:
-the trace records the comparison (runners/evidence.py `PositionTest`), tensor_branches puts the limit in front of
+the trace records the comparison (runners/evidence_model.py `PositionTest`), tensor_branches puts the limit in front of
 it in the static twin, and the twin compiles whole and computes what the original does. Real torch, the tiny model
 of tests/fixtures/evidence/ntk_rotary."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from graphmode.agent.adaptation import position_tests
-from graphmode.runners.evidence import PositionTest, collect_evidence
+from graphmode.runners.evidence import collect_evidence
+from graphmode.runners.evidence_model import PositionTest, SourceLine
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -35,7 +36,7 @@ def branch_line() -> int:
 
 
 def adapted_module(folder: Path, evidence, tmp_path: Path):
-    options = Options(entry_class="Model", traced=True, position_tests=position_tests(evidence.to_dict()))
+    options = Options(entry_class="Model", traced=True, position_tests=position_tests(evidence))
     result = adapt_source((folder / "model.py").read_text(), "model.py", {"tensor_branches"}, options)
     path = tmp_path / "adapted_ntk.py"
     path.write_text(result.adapted)
@@ -55,10 +56,10 @@ def on_static_path(model: torch.nn.Module, limit: int) -> None:
 
 def test_the_trace_records_the_count_of_positions_against_the_bound(traced):
     _, evidence = traced
-    entry = evidence.lines[f"model.py:{branch_line()}"]
+    entry = evidence.lines[SourceLine("model.py", branch_line())]
     assert entry.position_tests == [PositionTest("gt", 1, TRAINED_LENGTH)]
     assert [sync.kind for sync in entry.syncs] == ["branch"]
-    assert position_tests(evidence.to_dict()) == (("model.py", branch_line(), "gt"),)
+    assert position_tests(evidence) == (("model.py", branch_line(), "gt"),)
 
 
 def test_the_twin_compiles_whole_and_keeps_the_meaning(traced, tmp_path):

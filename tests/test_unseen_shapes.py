@@ -148,7 +148,7 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
 
     folder = TARGETS / "no_positions"
     source = (folder / "model.py").read_text()
-    evidence = collect_evidence(folder, steps=3).to_dict()
+    evidence = collect_evidence(folder, steps=3)
     lines = source.splitlines()
     assert [lines[line - 1].strip() for _, line in position_lines(evidence)] == \
         ["positions = positions[:, past_key_values_length:]"]

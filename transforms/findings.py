@@ -16,7 +16,7 @@ class Finding:
     source: str = "static"  # "static" (a rule), "runtime" (the Dynamo probe) or "trace" (runners.evidence)
     autofix: bool = False  # a codemod was run over the file and fixes this finding (`graphmode scan --check-fixes`)
     evidence: str = ""  # what the runtime probe saw at this line, when it saw something
-    # What the evidence trace (runners.evidence.reconcile) says of this line: "seen" (the hazard ran in
+    # What the evidence trace (runners.evidence_findings.reconcile) says of this line: "seen" (the hazard ran in
     # Decode), "prefill-only" or "not-run" (Decode never ran the line), "" (not traced).
     trace: str = ""
 
