@@ -1,4 +1,9 @@
-"""Small libcst helpers shared by rules and codemods."""
+"""Small libcst helpers shared by the codemods, which rewrite libcst's tree.
+
+Their counterparts on Python's AST, for the rules and the analyses, live in transforms.analysis.astutil; the two
+files share no public name (tests/test_no_twins.py). A helper here that answers a question astutil also answers says
+why both are kept.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +23,11 @@ _Node = TypeVar("_Node", bound=cst.CSTNode)
 
 
 def dotted_name(node: cst.CSTNode) -> str | None:
-    """`torch.nn.functional.pad` -> "torch.nn.functional.pad"; None for anything not a plain dotted name."""
+    """`torch.nn.functional.pad` -> "torch.nn.functional.pad"; None for anything not a plain dotted name.
+
+    astutil's `ast_dotted_name` asks the same of Python's AST. Both stay: the codemods ask it of nodes they build
+    (no position in the chain's `ast` parse) and, looking for an idiom, of every call in a function, where a
+    look-up by position would cost a codegen of the statement; the rules import no libcst."""
     if isinstance(node, cst.Name):
         return node.value
     if isinstance(node, cst.Attribute):
@@ -28,7 +37,8 @@ def dotted_name(node: cst.CSTNode) -> str | None:
 
 
 def torch_call_name(node: cst.CSTNode) -> str | None:
-    """For a call like `torch.full(...)`, returns "full"; None when it is not a `torch.X` call."""
+    """For a call like `torch.full(...)`, returns "full"; None when it is not a `torch.X` call. astutil's
+    `ast_torch_call_name` asks it of Python's AST, for the reasons `dotted_name` gives."""
     if isinstance(node, cst.Call):
         name = dotted_name(node.func)
         if name and name.startswith("torch.") and name.count(".") == 1:
@@ -36,26 +46,23 @@ def torch_call_name(node: cst.CSTNode) -> str | None:
     return None
 
 
-def method_call_name(node: cst.CSTNode) -> str | None:
-    """For `x.item()` returns "item"; None when the call is not an attribute call."""
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.attr.value
-    return None
+def position_params(func: cst.FunctionDef) -> list[cst.Param]:
+    """The function's parameters that carry a Python-int position (see POSITION_PARAM_NAMES), in order.
 
-
-def is_position_param(param: cst.Param) -> bool:
-    """A parameter that carries a Python-int position (see POSITION_PARAM_NAMES)."""
-    annotation = param.annotation.annotation if param.annotation else None
-    return is_position_name(
-        param.name.value, None if annotation is None else annotation.value if isinstance(annotation, cst.Name) else ""
-    )
+    astutil's `is_position_param` judges one parameter of Python's AST, for the rules and the parsed source's
+    `position_functions`; the codemods need the libcst `Param` itself, to rewrite it and its uses."""
+    found = []
+    for param in func.params.params:
+        annotation = param.annotation.annotation if param.annotation else None
+        if is_position_name(param.name.value, None if annotation is None else
+                            annotation.value if isinstance(annotation, cst.Name) else ""):
+            found.append(param)
+    return found
 
 
 def position_param(func: cst.FunctionDef) -> cst.Param | None:
-    for param in func.params.params:
-        if is_position_param(param):
-            return param
-    return None
+    """The first of `position_params`, or None."""
+    return next(iter(position_params(func)), None)
 
 
 # Whitespace and punctuation: no search here looks for them, and leaving them out halves a walk.
@@ -82,9 +89,10 @@ def child_fields(node_type: type) -> tuple[str, ...]:
     return (*first, *(n for n in names if n not in first))
 
 
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The node's children in source order, whitespace and punctuation left out: libcst's `children`, read off
-    the fields at a fraction of the cost (tests/test_pipeline_shortcuts.py holds the two to the same order)."""
+    the fields at a fraction of the cost (tests/test_pipeline_shortcuts.py holds the two to the same order). The
+    step of `walk`; astutil's `children` is the same step of `preorder` over Python's AST."""
     found: list[cst.CSTNode] = []
     for name in child_fields(type(node)):
         value = getattr(node, name)
@@ -105,7 +113,7 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
         current = pending.pop()
         yield current
         chosen = skip(current) if skip is not None else None
-        pending.extend(reversed(children(current) if chosen is None else chosen))
+        pending.extend(reversed(_children(current) if chosen is None else chosen))
 
 
 def _references_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
@@ -115,7 +123,9 @@ def _references_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
-    """Every bare Name referenced anywhere under node (attribute names excluded)."""
+    """Every bare Name referenced anywhere under node (attribute names excluded). astutil's `ast_names_in` asks it
+    of Python's AST, for the reasons `dotted_name` gives: here it is asked of statements the codemods build and
+    rebuild."""
     return {n.value for n in walk(node, _references_only) if isinstance(n, cst.Name)}
 
 
@@ -130,8 +140,10 @@ def nodes_of_type(node: cst.CSTNode, node_type: type[_Node]) -> list[_Node]:
 
 
 def contains_call(node: cst.CSTNode, method: str) -> bool:
-    """True when `.method()` is called anywhere under node."""
-    return any(isinstance(n, cst.Call) and method_call_name(n) == method for n in walk(node))
+    """True when `.method()` is called anywhere under node (the one question the codemods ask that astutil's
+    `method_call_name` answers for the rules)."""
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == method
+               for n in walk(node))
 
 
 def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:

@@ -8,15 +8,16 @@ and parents are what libcst calls metadata; resolving them eagerly costs more th
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 
 import libcst as cst
 from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
+from graphmode.transforms.analysis.astutil import is_position_param
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.positions import Layout, Span, layout_of, position_table
-from graphmode.transforms.vocabulary import is_position_name
 
 
 class ParsedSource:
@@ -90,6 +91,45 @@ class ParsedSource:
         """The same text as Python's own AST: a tenth of libcst's cost, for questions about names and calls."""
         return ast.parse(self.text)
 
+    def ast_node(self, start: tuple[int, int], end: tuple[int, int] | None, kinds: type | tuple[type, ...]
+                 ) -> ast.AST | None:
+        """The outermost node of `tree` of one of `kinds` that starts at `start` (and ends at `end`, when given),
+        positions as libcst's PositionProvider gives them (lines from 1, columns in characters from 0); None when
+        none does. A codemod reads facts about an original node here instead of printing it and parsing the text."""
+        for node in self._ast_by_start.get(start, ()):
+            if isinstance(node, kinds) and (end is None or self._point(node.end_lineno, node.end_col_offset) == end):
+                return node
+        return None
+
+    def ast_node_around(self, start: tuple[int, int], end: tuple[int, int], kind: type) -> ast.AST | None:
+        """The innermost node of `tree` of that kind whose span holds `start` to `end` (positions as `ast_node`
+        takes them); None when none does. A walk of the whole tree: for the few nodes whose `ast` span is wider
+        than libcst's."""
+        around = [node for node in ast.walk(self.tree) if isinstance(node, kind)
+                  and self._point(node.lineno, node.col_offset) <= start
+                  and self._point(node.end_lineno, node.end_col_offset) >= end]
+        return max(around, key=lambda node: self._point(node.lineno, node.col_offset), default=None)
+
+    @cached_property
+    def _ast_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
+        """Nodes of `tree` by where they start, outermost first (`ast.walk` goes breadth first)."""
+        found: dict[tuple[int, int], list[ast.AST]] = {}
+        for node in ast.walk(self.tree):
+            if getattr(node, "end_lineno", None) is not None:
+                found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
+        return found
+
+    def _point(self, line: int, byte_column: int) -> tuple[int, int]:
+        """`ast`'s (line, column in UTF-8 bytes) as libcst's (line, column in characters)."""
+        text = self._ast_lines[line - 1]
+        return line, byte_column if text.isascii() else len(text.encode()[:byte_column].decode())
+
+    @cached_property
+    def _ast_lines(self) -> list[str]:
+        """The lines as `ast` and libcst count them: ended by `\\r\\n`, `\\r` or `\\n` only (`str.splitlines` also
+        ends a line at a form feed and other separators)."""
+        return re.split(r"\r\n|\r|\n", self.text)
+
     @cached_property
     def step_functions(self) -> set[str]:
         return step_qualnames(self.text)
@@ -139,28 +179,22 @@ class ParsedSource:
 
     @cached_property
     def has_position_param(self) -> bool:
-        """Some function takes a Python-int position (`cstutil.is_position_param`, on Python's AST)."""
-        return any(_is_position_arg(node) for node in ast.walk(self.tree) if isinstance(node, ast.arg))
+        """Some function takes a Python-int position (astutil's `is_position_param`)."""
+        return any(is_position_param(node) for node in ast.walk(self.tree) if isinstance(node, ast.arg))
 
     @cached_property
     def position_functions(self) -> frozenset[str]:
         """Qualified names of the functions with a parameter that carries a Python-int position
-        (`cstutil.is_position_param`, on Python's AST)."""
+        (astutil's `is_position_param`)."""
         found = set()
         for qualname, nodes in self._functions_by_qualname.items():
             for node in nodes:
-                if any(_is_position_arg(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
+                if any(is_position_param(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
                     found.add(qualname)
         return frozenset(found)
 
     def metadata(self) -> "LazyMetadata":
         return LazyMetadata(self)
-
-
-def _is_position_arg(arg: ast.arg) -> bool:
-    annotation = arg.annotation
-    return is_position_name(arg.arg, None if annotation is None else
-                            annotation.id if isinstance(annotation, ast.Name) else "")
 
 
 def _words_in(tree: ast.AST) -> frozenset[str]:

@@ -1,5 +1,10 @@
-"""Small `ast` helpers shared by the rules: the stdlib-`ast` counterparts of what the rules used from
-transforms.cstutil (which stays libcst, for the codemods), and the tree walks the rules share.
+"""Small `ast` helpers shared by the rules and the analyses (transforms.analysis), and the tree walks the rules share.
+
+A helper that reads Python's AST lives here; one that reads libcst's tree lives in transforms.cstutil, for the
+codemods. The two files share no public name (tests/test_no_twins.py): a question both kinds of tree need answered
+is asked under a name saying which tree it reads (`ast_dotted_name` here, `dotted_name` there), and a codemod that
+needs a fact the analyses compute on Python's AST reads it off the chain's one parse of the text by position
+(`GraphCodemod.ast_of`), not off a print of its libcst node parsed again.
 
 libcst spells `True`, `False` and `None` as names; `ast` makes them constants. Where a libcst rule
 tested for a name, these helpers treat those three constants as names too (see `name_of`), so that
@@ -38,7 +43,9 @@ CHILD_FIELDS: dict[type, tuple[str, ...]] = _fields_table()
 
 
 def children(node: ast.AST) -> Iterator[ast.AST]:
-    """Child nodes in source order (`ast` field order, corrected where it differs from the source)."""
+    """Child nodes in source order (`ast` field order, corrected where it differs from the source): the step of
+    `preorder`. cstutil's `_children` is the same step of its `walk` over libcst's tree; neither tree's fields
+    name the other's children."""
     cls = node.__class__
     if cls is ast.IfExp:
         yield node.body
@@ -140,16 +147,22 @@ def name_of(node: ast.AST | None) -> str | None:
     return None
 
 
-def dotted_name(node: ast.AST) -> str | None:
-    """`torch.nn.functional.pad` -> "torch.nn.functional.pad"; None for anything not a plain dotted name."""
+def ast_dotted_name(node: ast.AST) -> str | None:
+    """`torch.nn.functional.pad` -> "torch.nn.functional.pad"; None for anything not a plain dotted name.
+
+    cstutil's `dotted_name` asks the same of a libcst node. Both stay: the rules read Python's AST and import no
+    libcst (transforms.scan), and the codemods ask it of nodes they build, which have no place in this parse; a
+    position look-up (`GraphCodemod.ast_of`) would also cost a codegen of the statement, for a question about a
+    name."""
     if node.__class__ is ast.Attribute:
-        base = dotted_name(node.value)
+        base = ast_dotted_name(node.value)
         return f"{base}.{node.attr}" if base else None
     return name_of(node)
 
 
-def torch_call_name(node: ast.AST) -> str | None:
-    """For a call like `torch.full(...)`, returns "full"; None when it is not a `torch.X` call."""
+def ast_torch_call_name(node: ast.AST) -> str | None:
+    """For a call like `torch.full(...)`, returns "full"; None when it is not a `torch.X` call. cstutil's
+    `torch_call_name` asks it of libcst's tree, for the reasons `ast_dotted_name` gives."""
     if node.__class__ is ast.Call:
         func = node.func
         if func.__class__ is ast.Attribute and func.value.__class__ is ast.Name and func.value.id == "torch":
@@ -158,23 +171,30 @@ def torch_call_name(node: ast.AST) -> str | None:
 
 
 def method_call_name(node: ast.AST) -> str | None:
-    """For `x.item()` returns "item"; None when the call is not an attribute call."""
+    """For `x.item()` returns "item"; None when the call is not an attribute call. The only one: the codemods
+    ask only whether a method is called under a node (cstutil's `contains_call`)."""
     if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute:
         return node.func.attr
     return None
 
 
 def is_position_param(param: ast.arg) -> bool:
-    """A parameter that carries a Python-int position (see POSITION_PARAM_NAMES)."""
+    """A parameter that carries a Python-int position (see POSITION_PARAM_NAMES). The parsed source's
+    `has_position_param` and `position_functions` use it too; cstutil's `position_params` answers for a libcst
+    function, whose parameters the codemods rewrite."""
     annotation = param.annotation
     if annotation is None:
         return is_position_name(param.arg, None)
     return is_position_name(param.arg, annotation.id if annotation.__class__ is ast.Name else "")
 
 
-def names_in(node: ast.AST) -> set[str]:
+def ast_names_in(node: ast.AST) -> set[str]:
     """Every bare name referenced anywhere under node (attribute and keyword names excluded; lambda
-    parameters and True/False/None included, as libcst has them)."""
+    parameters and True/False/None included, as libcst has them).
+
+    cstutil's `names_in` asks the same of libcst's tree, for the reasons `ast_dotted_name` gives: the codemods ask
+    it of the statements they build and rebuild. On a def, a class, an import or an
+    `except ... as` the two differ: libcst spells those names as `Name` nodes, `ast` as strings."""
     found: set[str] = set()
     stack = [node]
     while stack:

@@ -14,7 +14,8 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from graphmode.transforms.analysis.astutil import is_positional, method_call_name, names_in, statements, torch_call_name
+from graphmode.transforms.analysis.astutil import (ast_names_in, ast_torch_call_name, is_positional, method_call_name,
+                                                   statements)
 
 if TYPE_CHECKING:  # for a hint only: importing the rules here would be circular, as they import this module
     from graphmode.transforms.rules.base import SourceFile
@@ -55,7 +56,7 @@ def per_function(compute: Callable[[Function], T]) -> Callable[[Function], T]:
 
 def is_tensor_call(node: ast.AST) -> bool:
     """`torch.X(...)` (not one of NON_TENSOR_TORCH) or `x.sum()`-style reductions."""
-    name = torch_call_name(node)
+    name = ast_torch_call_name(node)
     if name is not None:
         return name not in NON_TENSOR_TORCH and not name.startswith(_NON_TENSOR_PREFIXES)
     return method_call_name(node) in REDUCTION_METHODS
@@ -180,7 +181,7 @@ def tensor_names_at(func: Function, line: int, candidates: Iterable[str]) -> fro
             if site is None or site.value is None:
                 memo[key] = False
             else:
-                names = {n for n in names_in(site.value) if n in sites and holds_tensor(n, site.line)}
+                names = {n for n in ast_names_in(site.value) if n in sites and holds_tensor(n, site.line)}
                 memo[key] = produces_tensor(site.value, names) or (site.augmented and holds_tensor(name, site.line))
         return memo[key]
 

@@ -196,4 +196,6 @@ def _same(a: list[cst.BaseStatement], b: list[cst.BaseStatement]) -> bool:
 
 
 def _normal(block: list[cst.BaseStatement]) -> list[str]:
+    # Printed and parsed again, not looked up in the chain's `ast` parse by position: the blocks compared hold
+    # statements built here (the write, the `if`s `_rebuild` gives new bodies), which have no position in the source.
     return [ast.dump(ast.parse(code_of(s.with_changes(leading_lines=())).strip())) for s in block]

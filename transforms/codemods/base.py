@@ -16,6 +16,7 @@ from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
+from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
 from graphmode.transforms.parsed import ParsedSource
@@ -171,6 +172,26 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
     def code_of_module(self, tree: cst.Module) -> str:
         """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
         return self.source.text if tree is self.source.module else tree.code
+
+    def ast_of(self, node: cst.CSTNode) -> ast.AST:
+        """What the chain's one `ast` parse of the text (`self.source.tree`) holds where the original `node` sits:
+        the function for a `FunctionDef`, the expression for an expression. A fact that transforms.analysis computes
+        on Python's AST (for the rules too) is read off it, not off a print of the node parsed again. Only for nodes
+        of the tree being transformed: a node a codemod built has no position (LookupError)."""
+        span = self.get_metadata(PositionProvider, node)
+        start, end = (span.start.line, span.start.column), (span.end.line, span.end.column)
+        if isinstance(node, cst.FunctionDef):  # libcst's ends after the body's last line break, `ast`'s before it
+            found = self.source.ast_node(start, None, FUNCTION_TYPES)
+        else:
+            found = self.source.ast_node(start, end, ast.expr)
+            if found is None and isinstance(node, (cst.Tuple, cst.GeneratorExp)):
+                # `ast` counts the parentheses around a tuple or a generator as its own (a call's, around a
+                # generator that is its one argument); libcst's position leaves them out.
+                found = self.source.ast_node_around(start, end, ast.Tuple if isinstance(node, cst.Tuple)
+                                                    else ast.GeneratorExp)
+        if found is None:
+            raise LookupError(f"no `ast` node at {start}-{end} for a {type(node).__name__}")
+        return found
 
     # -- recording -------------------------------------------------------------------------------
     def _lines(self, node: cst.CSTNode) -> tuple[int, int]:

@@ -19,9 +19,6 @@ tensor, `int` would no longer truncate and a list would no longer be a list.
 """
 from __future__ import annotations
 
-import ast
-import textwrap
-
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
@@ -79,8 +76,10 @@ class HostScalars(StepCodemod):
             if source is None:
                 conversion = _conversion(assigned[1]) if assigned else None
                 if conversion is not None:
-                    tensors = _tensor_names(original_node) if tensors is None else tensors
-                    if _is_tensor(conversion[1], tensors):
+                    # The rules' guess at which local names hold tensors (transforms.analysis.idioms), read off the
+                    # chain's `ast` parse of this function.
+                    tensors = tensor_names(self.ast_of(original_node)) if tensors is None else tensors
+                    if produces_tensor(self.ast_of(conversion[1]), tensors):
                         self.record_manual(stmt, f"`{assigned[0]} = {code_of(assigned[1]).strip()}` waits for the "
                                                  f"device and makes a Python {conversion[0]}; compute it in the eager "
                                                  "caller and pass it in, or keep working on the tensor")
@@ -144,12 +143,3 @@ def _conversion(value: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | N
         return "list", value.func.value
     return None
 
-
-def _tensor_names(function: cst.FunctionDef) -> frozenset[str]:
-    """The rules' guess at which local names hold tensors (transforms.analysis.idioms), on this function."""
-    tree = ast.parse(textwrap.dedent(code_of(function.with_changes(decorators=[]))))
-    return tensor_names(tree.body[0])
-
-
-def _is_tensor(expression: cst.BaseExpression, tensors: frozenset[str]) -> bool:
-    return produces_tensor(ast.parse(code_of(expression).strip(), mode="eval").body, tensors)

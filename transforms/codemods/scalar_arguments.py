@@ -18,8 +18,6 @@ left alone: `alpha=self.inv_norm_factor` is usually a Python float.
 """
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from graphmode.transforms.analysis.idioms import produces_tensor
@@ -98,7 +96,7 @@ class ScalarArguments(StepCodemod):
         moved = []
         for keyword, (position, operand_keyword) in _SCALED_OPERANDS[op].items():
             scale = next((a for a in args if a.keyword is not None and a.keyword.value == keyword), None)
-            if scale is None or _is_number(scale.value) or not self._is_tensor(scale.value):
+            if scale is None or _is_number(scale.value) or not self._is_tensor(original_node, keyword):
                 continue
             target = next((a for a in args if a.keyword is not None and a.keyword.value == operand_keyword), None)
             if target is None:
@@ -120,8 +118,11 @@ class ScalarArguments(StepCodemod):
                                         "operand it scales")
         return updated_node.with_changes(args=args)
 
-    def _is_tensor(self, value: cst.BaseExpression) -> bool:
-        """A host sync on the statement in the traced Decode says so; without a trace, a torch call building it."""
+    def _is_tensor(self, call: cst.Call, keyword: str) -> bool:
+        """Whether the call's `keyword=` argument is a tensor. A host sync on the statement in the traced Decode says
+        so; without a trace, a torch call building it, judged on the chain's `ast` parse of the original call (the
+        updated call's nodes have no position: a keyword is given once, so the original's argument is the same)."""
         if self.options.traced:
             return self._lines(self._statements[-1][0])[0] in self._synced
-        return produces_tensor(ast.parse(" ".join(code_of(value).split()), mode="eval").body)
+        value = next(a.value for a in call.args if a.keyword is not None and a.keyword.value == keyword)
+        return produces_tensor(self.ast_of(value))

@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from graphmode.transforms.codemods.base import GraphCodemod
-from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, is_position_param, torch_call_name
+from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, position_params, torch_call_name
 
 
 def _is_shifted_arange(call: cst.Call, name: str) -> bool:
@@ -101,7 +101,7 @@ class _PositionPlan(cst.CSTVisitor):
         return any(name == qualname or name.startswith(f"{qualname}.") for name in self._wanted)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        param = next((p for p in node.params.params if is_position_param(p) and self._changes(node, p)), None)
+        param = next((p for p in position_params(node) if self._changes(node, p)), None)
         if param is not None and param.default is not None:
             self.blocked.append((param, f"`{param.name.value}` has a default value; give callers a tensor by hand"))
             param = None

@@ -59,13 +59,6 @@ _TENSOR_LEFT = {"gt": cst.GreaterThan, "ge": cst.GreaterThanEqual}
 _TENSOR_RIGHT = {"gt": cst.LessThan, "ge": cst.LessThanEqual}
 
 
-def _one_line(test: cst.BaseExpression) -> str:
-    """The test as it reads, for a comment: a test written over several lines (its own comments inside) is put on
-    one, as Python's AST prints it; a comment cannot hold a line break."""
-    code = code_of(test).strip()
-    return code if "\n" not in code else ast.unparse(ast.parse(code, mode="eval"))
-
-
 def _value_calls(node: cst.CSTNode) -> list[cst.Call]:
     return [call for call in calls_in(node) if dotted_name(call.func) in _VALUE_TORCH or (
         isinstance(call.func, cst.Attribute) and call.func.attr.value in _VALUE_METHODS and not call.args)]
@@ -202,11 +195,17 @@ class TensorBranches(StepCodemod):
             return None
         limit = cst.Comparison(cst.parse_expression(f"{LIMIT}({module})"),
                                [cst.ComparisonTarget(_TENSOR_LEFT[op](), bound.deep_clone())])
-        self.record_edit(original, f"`if {_one_line(test)}:` tests `{LIMIT}({module})` first, which settles it "
+        self.record_edit(original, f"`if {self._one_line(test)}:` tests `{LIMIT}({module})` first, which settles it "
                                    "without reading the device")
         comment = cst.EmptyLine(indent=True, comment=cst.Comment(_LIMIT_COMMENT.format(limit=LIMIT)))
         return updated.with_changes(test=cst.BooleanOperation(limit, cst.And(), updated.test),
                                     leading_lines=[*updated.leading_lines, comment])
+
+    def _one_line(self, test: cst.BaseExpression) -> str:
+        """The original test as it reads, for a comment: a test written over several lines (its own comments inside)
+        is put on one, as Python's AST prints it (the chain's parse of it); a comment cannot hold a line break."""
+        code = code_of(test).strip()
+        return code if "\n" not in code else ast.unparse(self.ast_of(test))
 
     def _module_parameter(self, node: cst.CSTNode) -> str | None:
         """The name of the enclosing method's module (`self`), or None outside a method."""
@@ -241,7 +240,7 @@ class TensorBranches(StepCodemod):
                     "so the two sides may differ in shape, dtype or kind")
         name, value = assigned
         select = cst.parse_statement(f"{name} = torch.where({code_of(tensor)}, {code_of(value)}, {name})\n")
-        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(test=_one_line(node.test))))
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(test=self._one_line(node.test))))
         body = [h.with_changes(leading_lines=[]) for h in helpers] + [select]
         if static is not None:
             return node.with_changes(test=static, body=node.body.with_changes(body=body),

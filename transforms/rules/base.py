@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from graphmode.transforms.analysis.astutil import CHILD_FIELDS, FUNCTION_TYPES, dotted_name
+from graphmode.transforms.analysis.astutil import CHILD_FIELDS, FUNCTION_TYPES, ast_dotted_name
 from graphmode.transforms.findings import Finding
 
 # `not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored.
@@ -178,11 +178,11 @@ class SourceFile:
         if not (test.__class__ is ast.UnaryOp and test.op.__class__ is ast.Not):
             return False
         call = test.operand
-        if call.__class__ is ast.Call and dotted_name(call.func) == "isinstance" and len(call.args) == 2 \
-                and call.args[0].__class__ is ast.Name and dotted_name(call.args[1]) == "torch.Tensor":
+        if call.__class__ is ast.Call and ast_dotted_name(call.func) == "isinstance" and len(call.args) == 2 \
+                and call.args[0].__class__ is ast.Name and ast_dotted_name(call.args[1]) == "torch.Tensor":
             return True
         if not (call.__class__ is ast.Call and not call.args and not call.keywords
-                and dotted_name(call.func) in _GUARD_CALLS):
+                and ast_dotted_name(call.func) in _GUARD_CALLS):
             return False
         return self.code_of(test, node).replace(" ", "") in _GUARD_TEXTS
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import dotted_name, name_of, statements
+from graphmode.transforms.analysis.astutil import ast_dotted_name, name_of, statements
 from graphmode.transforms.analysis.idioms import keyword, string_value
 from graphmode.transforms.rules.base import SourceFile
 
@@ -16,13 +16,13 @@ def is_torch_compile(node: ast.AST) -> bool:
     if node.__class__ is not ast.Call:
         return False
     func = node.func
-    return func.__class__ is ast.Attribute and func.attr == "compile" and dotted_name(func) == "torch.compile"
+    return func.__class__ is ast.Attribute and func.attr == "compile" and ast_dotted_name(func) == "torch.compile"
 
 
 def backend_kind(value: ast.expr, file: SourceFile) -> str | None:
     """GE for `...get_npu_backend(...)` or "npu"; NPUGRAPH_EX for "npugraph_ex"; None otherwise."""
     if value.__class__ is ast.Call:
-        name = dotted_name(value.func)
+        name = ast_dotted_name(value.func)
         return GE if name is not None and name.split(".")[-1] == "get_npu_backend" else None
     text = string_value(value, file)
     if text == "npu":

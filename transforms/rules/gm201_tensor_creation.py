@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import torch_call_name
+from graphmode.transforms.analysis.astutil import ast_torch_call_name
 from graphmode.transforms.rules.base import Rule
 from graphmode.transforms.vocabulary import TENSOR_FACTORIES
 
@@ -61,6 +61,6 @@ class TensorCreatedInForward(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = torch_call_name(node)
+        name = ast_torch_call_name(node)
         if name in TENSOR_FACTORIES and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=name))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import arg_value, first_arg, name_of, torch_call_name
+from graphmode.transforms.analysis.astutil import arg_value, ast_torch_call_name, first_arg, name_of
 from graphmode.transforms.rules.base import Rule
 
 
@@ -79,5 +79,5 @@ class GrowingKVCache(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        if torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):
+        if ast_torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):
             self.report(node)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import is_position_param, name_of, names_in
+from graphmode.transforms.analysis.astutil import ast_names_in, is_position_param, name_of
 from graphmode.transforms.analysis.idioms import local_assignments, per_function
 from graphmode.transforms.rules.base import Rule
 
@@ -37,7 +37,7 @@ def position_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, st
             for value in values:
                 if not _int_arithmetic(value):
                     continue
-                hits = sorted(names_in(value) & found.keys())
+                hits = sorted(ast_names_in(value) & found.keys())
                 if hits:
                     found[name] = found[hits[0]]
                     changed = True
@@ -129,6 +129,6 @@ class PositionSlice(Rule):
         positions = position_names(scope)
         if not positions:
             return
-        hits = sorted({positions[n] for bound in bounds for n in names_in(bound) if n in positions})
+        hits = sorted({positions[n] for bound in bounds for n in ast_names_in(bound) if n in positions})
         if hits and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=hits[0]))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import names_in
+from graphmode.transforms.analysis.astutil import ast_names_in
 from graphmode.transforms.rules.base import Rule
 
 # Names that, in inference code, mean "how many new tokens" or "is this the prompt".
@@ -90,6 +90,6 @@ class ShapeBranch(Rule):
     def visit_If(self, node: ast.If) -> None:
         if not self.in_step_code(node) or _only_raises(node):
             return
-        hits = names_in(node.test) & (SEQUENCE_LENGTH_NAMES | PREFILL_FLAGS)
+        hits = ast_names_in(node.test) & (SEQUENCE_LENGTH_NAMES | PREFILL_FLAGS)
         if hits:
             self.report(node, self.MESSAGE.format(name=sorted(hits)[0]))

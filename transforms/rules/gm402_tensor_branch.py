@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import method_call_name, names_in, preorder, torch_call_name
+from graphmode.transforms.analysis.astutil import ast_names_in, ast_torch_call_name, method_call_name, preorder
 from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names_at
 from graphmode.transforms.rules.base import Rule
 
@@ -21,7 +21,7 @@ def _value_calls(test: ast.expr) -> list[ast.Call]:
     return [
         node for node in preorder(test, skip=(ast.Lambda,))
         if node.__class__ is ast.Call
-        and (method_call_name(node) in _VALUE_METHODS or torch_call_name(node) in _VALUE_TORCH)
+        and (method_call_name(node) in _VALUE_METHODS or ast_torch_call_name(node) in _VALUE_TORCH)
     ]
 
 
@@ -136,7 +136,7 @@ class TensorBranch(Rule):
         names: frozenset[str] = frozenset()
         if scope is not None:
             # What each name holds where it is tested; a `while` test also sees what its body binds.
-            read = names_in(test)
+            read = ast_names_in(test)
             names = tensor_names_at(scope, node.lineno, read)
             if node.__class__ is ast.While:
                 names |= tensor_names_at(scope, node.end_lineno + 1, read)

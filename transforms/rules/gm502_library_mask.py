@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import dotted_name
+from graphmode.transforms.analysis.astutil import ast_dotted_name
 from graphmode.transforms.rules.base import Rule
 from graphmode.transforms.vocabulary import LIBRARY_MASK_HELPERS
 
@@ -72,6 +72,6 @@ class LibraryMask(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = dotted_name(node.func)
+        name = ast_dotted_name(node.func)
         if name and name.rsplit(".", 1)[-1] in LIBRARY_MASK_HELPERS and self.in_step_code(node):
             self.report(node)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import dotted_name, name_of, torch_call_name
+from graphmode.transforms.analysis.astutil import ast_dotted_name, ast_torch_call_name, name_of
 from graphmode.transforms.analysis.idioms import keyword, positional_args
 from graphmode.transforms.rules.base import Rule
 
@@ -16,7 +16,7 @@ _DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_
 
 def _dropout_name(call: ast.Call) -> str | None:
     """`F.dropout`, `nn.functional.dropout`, `torch.nn.functional.dropout`, `torch.dropout` -> that text."""
-    name = dotted_name(call.func)
+    name = ast_dotted_name(call.func)
     if name is None or "." not in name:
         return None
     owner, _, op = name.rpartition(".")
@@ -38,7 +38,7 @@ def _training_off(call: ast.Call, name: str) -> bool:
     bare = name_of(value)
     if bare is not None:
         return bare == "False"
-    return dotted_name(value) == "self.training"
+    return ast_dotted_name(value) == "self.training"
 
 
 class RandomOps(Rule):
@@ -108,7 +108,7 @@ class RandomOps(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        op = torch_call_name(node)
+        op = ast_torch_call_name(node)
         if op in RANDOM_OPS:
             if self.in_step_code(node):
                 self.report(node, self.MESSAGE.format(name=op))

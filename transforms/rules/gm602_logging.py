@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import dotted_name
+from graphmode.transforms.analysis.astutil import ast_dotted_name
 from graphmode.transforms.rules.base import Rule
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
@@ -15,7 +15,7 @@ def _logging_call(call: ast.Call) -> str | None:
     """`logger.info` / `self.logger.warning` / `logging.debug` / `warnings.warn` -> that text."""
     if call.func.__class__ is not ast.Attribute:  # a bare name has no dot: not a logging call
         return None
-    name = dotted_name(call.func)
+    name = ast_dotted_name(call.func)
     if name is None:
         return None
     parts = name.split(".")

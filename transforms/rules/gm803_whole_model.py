@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import (FUNCTION_TYPES, arg_value, dotted_name, first_arg, is_positional,
+from graphmode.transforms.analysis.astutil import (FUNCTION_TYPES, arg_value, ast_dotted_name, first_arg, is_positional,
                                                    is_starred)
 from graphmode.transforms.analysis.astutil import name_of, statements
 from graphmode.transforms.analysis.idioms import has_positional, keyword
@@ -30,7 +30,7 @@ def _whole_model(target: ast.expr, functions: set[str]) -> bool:
 
 def _is_compile_decorator(decorator: ast.expr) -> bool:
     target = decorator.func if decorator.__class__ is ast.Call else decorator
-    return dotted_name(target) == "torch.compile"
+    return ast_dotted_name(target) == "torch.compile"
 
 
 class WholeModelCompiled(Rule):
@@ -112,7 +112,7 @@ class WholeModelCompiled(Rule):
                 self.report(node,
                             self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
         elif (
-            dotted_name(func.value) != "torch"
+            ast_dotted_name(func.value) != "torch"
             and not any(h in self.file.code_of(func.value, node).lower() for h in _ENTRY_HINTS)
             and not has_positional(node)
         ):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from graphmode.transforms.analysis.astutil import dotted_name
+from graphmode.transforms.analysis.astutil import ast_dotted_name
 from graphmode.transforms.analysis.idioms import int_value, string_value
 from graphmode.transforms.rules.base import Rule
 
@@ -66,7 +66,7 @@ class LowLimit(Rule):
     def visit_Assign(self, node: ast.Assign) -> None:
         """`torch._dynamo.config.recompile_limit = 4`."""
         for target in node.targets:
-            if target.__class__ is ast.Attribute and target.attr in DEFAULTS and dotted_name(target) is not None:
+            if target.__class__ is ast.Attribute and target.attr in DEFAULTS and ast_dotted_name(target) is not None:
                 self._check(target, target.attr, node.value, node)
 
     def visit_keyword(self, node: ast.keyword) -> None:
