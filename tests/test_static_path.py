@@ -139,3 +139,23 @@ def test_what_each_function_became():
 
 def test_nothing_changed_means_nothing_added():
     assert _split(ORIGINAL, ORIGINAL) == textwrap.dedent(ORIGINAL)
+
+
+def test_an_import_the_chain_trimmed_goes_back_whole_in_its_place_not_beside_it():
+    original = '''
+        from torch.nn.functional import gelu, silu
+
+
+        def act(x):
+            return gelu(x) + silu(x)
+        '''
+    adapted = '''
+        from torch.nn.functional import silu
+
+
+        def act(x):
+            return silu(x) * 2
+        '''
+    split = _split(original, adapted)
+    assert split.count("import") == 1 and "from torch.nn.functional import gelu, silu\n" in split
+    assert "def act_static(x):" in split and "return gelu(x) + silu(x)" in split

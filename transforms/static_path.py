@@ -344,17 +344,52 @@ def _put_back_statements(original: cst.Module, adapted: cst.Module) -> cst.Modul
     body = list(adapted.body)
     keys = [_key(stmt) for stmt in body]
     cursor = -1
+    changed = False
     for stmt in original.body:
         key = _key(stmt)
+        trimmed = _trimmed_import(stmt, body)
         if key in keys[cursor + 1:]:
             cursor = keys.index(key, cursor + 1)
         elif key in keys:
             cursor = max(cursor, keys.index(key))
+        elif trimmed is not None:
+            # The chain dropped some names of this import (only the original body reads them): the original import
+            # goes back in its place, not beside it, or the file would import the rest twice.
+            body[trimmed], keys[trimmed], changed = stmt, key, True
+            cursor = max(cursor, trimmed)
         else:
             body.insert(cursor + 1, stmt)
             keys.insert(cursor + 1, key)
             cursor += 1
-    return adapted.with_changes(body=body) if len(body) != len(adapted.body) else adapted
+            changed = True
+    return adapted.with_changes(body=body) if changed else adapted
+
+
+def _from_import(stmt: cst.BaseStatement) -> cst.ImportFrom | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom) \
+            and not isinstance(stmt.body[0].names, cst.ImportStar):
+        return stmt.body[0]
+    return None
+
+
+def _trimmed_import(stmt: cst.BaseStatement, body: list[cst.BaseStatement]) -> int | None:
+    """Where `body` holds `stmt`, a `from X import ...`, with fewer of its names (none other): its index, else None."""
+    imported = _from_import(stmt)
+    if imported is None:
+        return None
+    source = (len(imported.relative), code_of(imported.module) if imported.module is not None else "")
+    names = _imported_names(imported)
+    for index, other in enumerate(body):
+        candidate = _from_import(other)
+        if candidate is not None and (len(candidate.relative), code_of(candidate.module) if candidate.module
+                                      is not None else "") == source \
+                and _imported_names(candidate) < names:
+            return index
+    return None
+
+
+def _imported_names(imported: cst.ImportFrom) -> set[tuple[str, str | None]]:
+    return {(code_of(alias.name), code_of(alias.asname.name) if alias.asname else None) for alias in imported.names}
 
 
 def _key(stmt: cst.BaseStatement) -> str:

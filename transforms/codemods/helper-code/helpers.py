@@ -333,8 +333,10 @@ class GraphmodeStaticPath:
         becomes sequence `rows[i]` (a tensor of indices)."""
         for module in model.modules():
             if callable(getattr(module, "graphmode_resize", None)):
-                for name in ("k_cache", "v_cache"):
-                    buffer = getattr(module, name, None)
+                for buffer in (
+                    getattr(module, "k_cache", None),
+                    getattr(module, "v_cache", None),
+                ):
                     if buffer is not None and buffer.shape[0] >= rows.shape[0]:
                         buffer[: rows.shape[0]] = buffer.index_select(0, rows)
 
