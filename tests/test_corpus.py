@@ -227,7 +227,7 @@ def _new_lint(original: Path, adapted: Path) -> list[str]:
         new = findings(text, path.name) - findings(old, path.name)
         said += [f"{relative}: {code} {message} (x{count})" for (code, message), count in new.items()]
         said += [f"{relative}:{row}: longer than the original's {own_limit(old)} columns"
-                 for row in too_long(text, own_limit(old))]
+                 for row in too_long(text, own_limit(old), old)]
     return said
 
 

@@ -7,9 +7,11 @@ settles the branches only Prefill takes while it traces, and the graph holds Dec
     if seqlen > 1: ...             -> not traced (seqlen is 1 in Decode)
     if past_key_values is None: X  -> X traced (Decode passes no cache argument)
 
-No copy of `forward`'s body is made: a fix to `forward` is a fix to both entries. The branches are found (as gpt-fast's
-reader would find them) only to say in the design which ones Decode settles, and to see whether `forward` ends in
-`return logits, cache`, whose cache `decode` then leaves behind (`[0]`) once it lives in buffers.
+No copy of `forward`'s body is made (a fix to `forward` is a fix to both entries), except for a decorated `forward`
+(`@torch.inference_mode()`, Meta's reference code): called from `decode`, its decorator would go into the compiled
+graph, so there `decode` holds its body with those branches folded away. Otherwise the branches are found only to
+say in the design which ones Decode settles, and to see whether `forward` ends in `return logits, cache`, whose
+cache `decode` then leaves behind (`[0]`) once it lives in buffers.
 
 A `forward` whose parameters all have defaults (Hugging Face's `input_ids=None, position_ids=None, ...`)
 gets entries that call it by keyword instead: `forward(input_ids=..., position_ids=input_pos.unsqueeze(0),
@@ -261,6 +263,10 @@ class SplitDecode(GraphCodemod):
         signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
         slots = POSITION_TENSOR if positions else None
         call = f"self.forward({', '.join([*required, *(f'{name}={value}' for name, value in positions.items())])})"
+        if forward.decorators:
+            return _add_after_forward(updated_node, _copied_entries(forward, decode_body, omitted, positions, signature,
+                                                                    call, self._cache_in_buffers,
+                                                                    self.options.prefill_resets, slots))
         if settled:
             said = ("`forward` on one token per sequence, the optional arguments at their defaults: Dynamo settles "
                     "the branches only Prefill takes while it traces, so the graph holds Decode's path alone "
@@ -467,6 +473,52 @@ def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> c
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
             new_body += [entry.with_changes(leading_lines=blank) for entry in entries]
     return cls.with_changes(body=cls.body.with_changes(body=new_body))
+
+
+def _copied_entries(forward: cst.FunctionDef, decode_body: list[cst.BaseStatement], omitted: dict,
+                    positions: dict[str, str], signature: str, call: str, cache_in_buffers: bool,
+                    resets: tuple[str, ...], slots: str | None) -> list[cst.FunctionDef]:
+    """The entries of a decorated `forward` (`@torch.inference_mode()`): called from `decode`, its decorator would go
+    into the compiled graph with it (inference mode cannot be traced over the cache buffers: "Cannot set
+    version_counter for inference tensor"), so `decode` holds a copy of its body, the branches only Prefill takes
+    folded away, with the defaults it reads bound first."""
+    if cache_in_buffers:
+        decode_body = _return_logits_only(decode_body)
+    bindings = [cst.parse_statement(f"{name} = {cst.Module([]).code_for_node(default)}\n")
+                for name, default in omitted.items()
+                if name in names_in(cst.Module(body=decode_body)) and not _assigned_first(decode_body, name)]
+    bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
+                 if name != value and name in names_in(cst.Module(body=decode_body))]
+    decorators = ", ".join(f"`@{cst.Module([]).code_for_node(d.decorator)}`" for d in forward.decorators)
+    prefill, decode = _entry_methods(signature, call, "\n".join(fill_words(
+        f"The body of `forward` with the branches only Prefill takes folded away: called instead, `forward` would "
+        f"bring its decorators ({decorators}) into the compiled graph.", 88, 88)), "pass", resets, slots)
+    docstring = decode.body.body[0]
+    block = cst.With(items=[cst.WithItem(cst.parse_expression(_switch(slots)))],
+                     body=cst.IndentedBlock(body=[*bindings, *decode_body]))
+    return [prefill, decode.with_changes(body=decode.body.with_changes(body=[docstring, block]))]
+
+
+def _return_logits_only(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """`return logits, tuple(presents)` -> `return logits` when everything after the first value is the cache."""
+    if not _returns_logits_and_cache(body):
+        return body
+    last = body[-1]
+    comment = cst.EmptyLine(indent=True, comment=cst.Comment(
+        "# graphmode: the cache lives in buffers now; Decode returns the logits alone."))
+    return [*body[:-1], last.with_changes(body=[cst.Return(value=last.body[0].value.elements[0].value)],
+                                          leading_lines=[*last.leading_lines, comment])]
+
+
+def _assigned_first(body: list[cst.BaseStatement], name: str) -> bool:
+    """True when the first top-level statement mentioning `name` is a plain `name = ...`."""
+    for stmt in body:
+        if name not in names_in(stmt):
+            continue
+        return (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
+                and isinstance(stmt.body[0].targets[0].target, cst.Name)
+                and stmt.body[0].targets[0].target.value == name and name not in names_in(stmt.body[0].value))
+    return False
 
 
 _CACHE_WORDS = ("present", "past", "cache", "kv")
