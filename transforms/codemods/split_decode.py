@@ -251,14 +251,15 @@ class SplitDecode(GraphCodemod):
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward
-        # `decode` calls `forward`; the branches Decode settles (one token per sequence, the optional arguments at
-        # their defaults) are found only to say so, and to read the return Decode reaches.
+        # The branches Decode settles (one token per sequence, the optional arguments at their defaults): the design
+        # names them, the return Decode reaches is read from what is left, and a decorated forward's copy drops them.
         fold = _FoldBranches(_Facts(_sequence_length_names(body, required[0]), omitted))
         decode_body = list(forward.body.with_changes(body=body).visit(fold).body)
         folded = sorted(fold.folded, key=self._starts_at)
         settled = [cst.Module([]).code_for_node(node.test) for node in folded]
+        how = "folded out of the copy in `decode`" if forward.decorators else "`decode` settles while Dynamo traces it"
         for node, test in zip(folded, settled):
-            self.record_edit(node, f"branch `decode` settles while Dynamo traces it: {test}")
+            self.record_edit(node, f"branch {how}: {test}")
         self.record_insertion_after(forward, "`prefill` and `decode` entry points added")
         signature = ", ".join(["self", *required, *([POSITION_TENSOR] if positions else [])])
         slots = POSITION_TENSOR if positions else None
