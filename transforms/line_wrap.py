@@ -17,6 +17,8 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from graphmode.transforms.cstutil import is_docstring
+
 MIN_LIMIT = 79
 _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
 
@@ -217,15 +219,7 @@ def _reflowed(run: list[cst.EmptyLine], width: int) -> list[cst.EmptyLine]:
         if text.startswith("# graphmode:") or not paragraphs:
             paragraphs.append([])
         paragraphs[-1] += text.lstrip("#").split()
-    filled: list[str] = []
-    for words in paragraphs:
-        current = "#"
-        for word in words:
-            if len(current) + 1 + len(word) > width and current != "#":
-                filled.append(current)
-                current = "#"
-            current = f"{current} {word}"
-        filled.append(current)
+    filled = [f"# {line}".rstrip() for words in paragraphs for line in _fill(words, width - 2, width - 2) or [""]]
     template = run[0]
     return [template.with_changes(comment=cst.Comment(text)) for text in filled]
 
@@ -254,10 +248,9 @@ def _wrap_test(branch: cst.If | cst.While) -> cst.If | cst.While:
 def _docstring(owner: cst.FunctionDef | cst.ClassDef) -> cst.SimpleString | None:
     """The triple-quoted docstring of a function or class, or None."""
     body = owner.body.body if isinstance(owner.body, cst.IndentedBlock) else []
-    first = body[0] if body else None
-    if not (isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr)):
+    if not body or not is_docstring(body[0]):
         return None
-    value = first.body[0].value
+    value = body[0].body[0].value
     if isinstance(value, cst.SimpleString) and value.value.lstrip("rRuU")[:3] in ('"""', "'''"):
         return value
     return None
@@ -303,9 +296,15 @@ _WORDS = re.compile(r"\(added by graphmode\)\S*|`[^`]*`\S*|\S+")
 
 def fill_words(text: str, first_width: int, width: int) -> list[str]:
     """`text` in lines of at most `width` columns (`first_width` for the first), words (see _WORDS) whole."""
+    return _fill(_WORDS.findall(text), first_width, width)
+
+
+def _fill(words: list[str], first_width: int, width: int) -> list[str]:
+    """The words in lines of at most `width` columns (`first_width` for the first), greedily; a word longer than a
+    line gets a line of its own."""
     filled: list[str] = []
     current = ""
-    for word in _WORDS.findall(text):
+    for word in words:
         room = first_width if not filled else width
         if current and len(current) + 1 + len(word) > room:
             filled.append(current)
