@@ -188,9 +188,6 @@ class Evidence:
         for where, entry in self.lines.items():
             yield SourceLine(where.file, entry.statement or where.line), entry
 
-    def function_at(self, path: str, line: int) -> FunctionEvidence | None:
-        return self.functions.get(SourceLine(path, line))
-
     def origins(self) -> Iterator[tuple[SourceLine, LineEvidence, Growth]]:
         """Growing tensors that are causes, not consequences (every kind but `derived`)."""
         for where, entry in self.lines.items():
