@@ -17,11 +17,19 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     the traced run's evidence gives them."""
     # With batch buckets, the static buffers must hold the largest one.
     options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
-                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size))
+                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size),
+                      fused_ops=fused_ops_for(state.options.backend))
     if state.evidence:
         options = evidence_options(options, Evidence.from_dict(state.evidence))
     target = Path(state.options.target)
     return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def fused_ops_for(backend: str) -> str:
+    """The fused operators the fusions write for `backend` (its class says): torch_npu's under the NPU backends."""
+    from graphmode.runners.backends import BACKEND_NAMES, get  # the registry imports no torch
+
+    return get(backend).fused_ops if backend in BACKEND_NAMES and backend != "auto" else Options.fused_ops
 
 
 def evidence_options(options: Options, evidence: Evidence) -> Options:

@@ -50,6 +50,8 @@ class Backend:
     takes_compile_cache: ClassVar[bool] = False
     # The probe's stage 3 repeats an earlier stage for backends whose stage 2 already was the backend itself.
     backend_stage_same_as: ClassVar[str | None] = None
+    # Which fused operators the fusions write for this backend: "torch" (portable ops) or "npu" (torch_npu's).
+    fused_ops: ClassVar[str] = "torch"
 
     # -- what a subclass gives -----------------------------------------------------------------------
     def available(self) -> str | None:

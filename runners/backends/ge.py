@@ -22,6 +22,7 @@ class Ge(Backend):
     device = "npu"
     listing_order = 5
     takes_compile_cache = True
+    fused_ops = "npu"
     knobs = ("frozen_parameter", "tiling_schedule_optimize", "topology_sorting_strategy", "fields")
 
     def available(self) -> str | None:

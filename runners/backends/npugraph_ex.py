@@ -43,6 +43,7 @@ class NpugraphEx(Backend):
     auto_preference = 0
     auto_present = "an Ascend NPU is available"
     takes_compile_cache = True
+    fused_ops = "npu"
     knobs = ("frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager", "seq_lengths_as_list",
              "options")
 

@@ -61,6 +61,9 @@ class Options:
     # Branch tests the trace saw compare how far the positions reach with a Python int (`seq_len > limit`, the
     # tensor holding the last position or the count of positions): (file, first line of the statement, "gt" | "ge").
     position_tests: tuple[tuple[str, int, str], ...] = ()
+    # Which fused operators a fusion may write: "torch" (portable ops: `F.rms_norm`, `scaled_dot_product_attention`,
+    # one merged linear) for the CPU and CUDA backends, "npu" (torch_npu's fused kernels) for npugraph_ex and GE.
+    fused_ops: str = "torch"
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)
@@ -103,6 +106,9 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
     # The idiom lies inside one function and the rewrite changes only that function: a function whose own words
     # fail `idiom_in` is passed over (its body is neither walked nor rebuilt).
     IDIOM_IN_ONE_FUNCTION: ClassVar[bool] = False
+    # A fusion: it makes Decode do the same work in fewer kernels, not compile. Verify times Decode with and without
+    # the fusions the plan applied (an adaptation without them beside the one with them).
+    FUSION: ClassVar[bool] = False
     METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
     def __init__(self, context: CodemodContext, options: Options) -> None:
