@@ -23,12 +23,14 @@ OPTIONS = Options(entry_class="Model", max_seq_len=32)
 
 
 def options_for(case: Path) -> Options:
-    """The fixtures' options, with the traced run's evidence where the case has it."""
+    """The fixtures' options, with the traced run's evidence where the case has it. A case named `npu_*` is
+    adapted for an NPU backend: the fusions write torch_npu's fused operators."""
+    options = replace(OPTIONS, fused_ops="npu") if case.name.startswith("npu_") else OPTIONS
     listing = case.with_name(case.name.removesuffix(".in.py") + ".evidence.json")
     if not case.name.endswith(".in.py") or not listing.exists():
-        return OPTIONS
+        return options
     seen = json.loads(listing.read_text())
-    return replace(OPTIONS, traced=True,
+    return replace(options, traced=True,
                    evidence_caches=tuple((case.name, line, dim) for line, dim in seen.get("caches", [])),
                    position_lines=tuple((case.name, line) for line in seen.get("positions", [])),
                    host_sync_lines=tuple((case.name, line) for line in seen.get("host_syncs", [])),

@@ -4,9 +4,12 @@ from __future__ import annotations
 from graphmode.transforms.codemods.added_cache import AddedCache
 from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from graphmode.transforms.codemods.cache_object import CacheObject
+from graphmode.transforms.codemods.fused_attention import FusedAttention
+from graphmode.transforms.codemods.fused_rms_norm import FusedRMSNorm
 from graphmode.transforms.codemods.carried_cache import CarriedCache
 from graphmode.transforms.codemods.hoist_item import HoistItem
 from graphmode.transforms.codemods.host_scalars import HostScalars
+from graphmode.transforms.codemods.merged_projections import MergedProjections
 from graphmode.transforms.codemods.scalar_arguments import ScalarArguments
 from graphmode.transforms.codemods.sliced_kv_cache import SlicedKVCache
 from graphmode.transforms.codemods.sliced_tables import SlicedTables
@@ -20,10 +23,12 @@ from graphmode.transforms.codemods.tensor_branches import TensorBranches
 
 # Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
-# been rewritten. An MoE dispatch is given its static form first, so no other rewrite acts on host reads it replaces.
+# been rewritten. The fusions come after every rewrite that makes Decode compile: they act on the
+# static path's code as it will run. An MoE dispatch is given its static form first, so no other rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
-    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, SplitDecode,
+    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedRMSNorm,
+    FusedAttention, MergedProjections, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

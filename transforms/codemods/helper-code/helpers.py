@@ -462,3 +462,56 @@ def graphmode_position_limit(module):
     `count > bound` tested; where the limit is within the bound, the first part is a Python `False` and the compiled
     Decode never reads the device for the second."""
     return module.graphmode_static_state["max_seq_len"]
+
+
+# Inserted by merged_projections where one input goes through several linears of one module (q/k/v, gate/up).
+def graphmode_merged_linear(module, names, x, split=True):
+    """`getattr(module, name)(x)` for each of `names`, as one matmul over their weights stacked (added by
+    graphmode): `x` is read once, and one kernel replaces several. The outputs come back split in the order of
+    `names`, or whole with `split=False` (for a fused activation that takes both halves).
+
+    The stacked weight is built in eager code (Prefill), and the linears' own weights become views of it: the same
+    memory, so the model's state dict, its loading and its other callers see the parameters they always had, and a
+    checkpoint loaded later lands in the stacked weight too. Linears of another kind (quantised, adapters) are
+    called one by one, as written."""
+    linears = [getattr(module, name) for name in names]
+    if any(type(linear) is not torch.nn.Linear for linear in linears):
+        outputs = [linear(x) for linear in linears]
+        return outputs if split else torch.cat(outputs, dim=-1)
+    if not torch.compiler.is_compiling():
+        graphmode_stack_weights(module, names, linears)
+    weight, bias, sizes = module.graphmode_stacked[names]
+    out = torch.nn.functional.linear(x, weight, bias)
+    return out.split(sizes, dim=-1) if split else out
+
+
+def graphmode_stack_weights(module, names, linears):
+    """Stacks the linears' weights (and biases) once, and again whenever a weight no longer lies in the stack (the
+    model was moved or converted since), making each linear's weight a view of its rows (added by graphmode)."""
+    stacks = module.__dict__.setdefault("graphmode_stacked", {})
+    held = stacks.get(names)
+    sizes = [linear.weight.shape[0] for linear in linears]
+    if held is not None and all(
+        linear.weight.data_ptr() == part.data_ptr()
+        for linear, part in zip(linears, held[0].split(sizes))
+    ):
+        return
+    # Outside inference mode: the stack backs the parameters, which training may still use.
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        has_bias = all(linear.bias is not None for linear in linears)
+        bias = torch.cat([linear.bias for linear in linears]) if has_bias else None
+    if not has_bias and any(linear.bias is not None for linear in linears):
+        # Some linears have a bias, some not: zeros stand in for the missing ones.
+        with torch.inference_mode(False), torch.no_grad():
+            bias = torch.cat([
+                linear.bias if linear.bias is not None
+                else linear.weight.new_zeros(linear.weight.shape[0])
+                for linear in linears
+            ])
+    for linear, part in zip(linears, weight.split(sizes)):
+        linear.weight.data = part
+    if has_bias:
+        for linear, part in zip(linears, bias.split(sizes)):
+            linear.bias.data = part
+    stacks[names] = (weight, bias, sizes)

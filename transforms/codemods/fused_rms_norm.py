@@ -1,0 +1,260 @@
+"""Turns a hand-written RMSNorm into one fused normalisation.
+
+Recognises, in step code, the normalisation written out of elementwise ops
+
+    x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)          # or rsqrt(...) * x, x / torch.sqrt(...)
+
+with the mean of squares inline or bound to a name on an earlier line of the same body (`variance = ...`), and
+spelled `x.pow(2)`, `x ** 2`, `x * x`, `x.square()` or `torch.mean(x.pow(2), dim=-1, keepdim=True)`. The `x` of the
+squares must be the `x` that is scaled (the same code, `x.float()` both times).
+
+- Portable form (CPU and CUDA backends): `F.rms_norm(x, (x.shape[-1],), eps=eps)`, the same formula as one op.
+  The surrounding casts and the weight stay as they were. An unused mean-of-squares line goes.
+- NPU form (npugraph_ex, GE): `torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]`, which also applies the weight,
+  when the function then returns `self.weight * <the result, cast or not>` (either order) and that is the result's
+  only use; the weight is cast to `x`'s dtype, as the kernel wants gamma in its input's dtype. Otherwise the
+  portable form (torch_npu runs `rms_norm` too).
+
+Accumulation order: the fused kernel sums the squares in its own order, and the NPU form multiplies by the weight
+before the cast instead of after it; logits move by float rounding, which verification measures.
+"""
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from graphmode.transforms.codemods._fusion import NPU, functional_prefix, same_code, wants_torch_npu
+from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, self_attribute_name, \
+    single_assignment
+
+_CASTS = frozenset({"to", "type_as", "type", "float", "half", "bfloat16"})
+
+
+def _last_dim_mean(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`<squares>.mean(-1, keepdim=True)` or `torch.mean(<squares>, dim=-1, keepdim=True)` -> the squared tensor."""
+    if not isinstance(node, cst.Call):
+        return None
+    name = dotted_name(node.func)
+    if name == "torch.mean" and node.args:
+        operand, rest = node.args[0].value, node.args[1:]
+    elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "mean":
+        operand, rest = node.func.value, node.args
+    else:
+        return None
+    dims = [a.value for a in rest if a.keyword is None or a.keyword.value == "dim"]
+    keepdim = [a.value for a in rest if a.keyword is not None and a.keyword.value == "keepdim"]
+    if len(dims) != 1 or not _is_minus_one(dims[0]) or not (keepdim and m.matches(keepdim[0], m.Name("True"))):
+        return None
+    return _squared(operand)
+
+
+def _is_minus_one(node: cst.BaseExpression) -> bool:
+    return (isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+            and integer_value(node.expression) == 1)
+
+
+def _squared(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`t.pow(2)`, `t ** 2`, `t * t`, `t.square()`, `torch.square(t)` -> t."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        if node.func.attr.value == "pow" and len(node.args) == 1 and integer_value(node.args[0].value) == 2:
+            return node.func.value
+        if node.func.attr.value == "square" and not node.args:
+            return node.func.value
+    if isinstance(node, cst.Call) and dotted_name(node.func) == "torch.square" and len(node.args) == 1:
+        return node.args[0].value
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Power) and integer_value(node.right) == 2:
+            return node.left
+        if isinstance(node.operator, cst.Multiply) and same_code(node.left, node.right):
+            return node.left
+    return None
+
+
+def _unparenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+class FusedRMSNorm(StepCodemod):
+    NAME = "fused_rms_norm"
+    TITLE = "Compute a hand-written RMSNorm with one fused operator"
+    DESCRIPTION = (
+        "Replaces `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` (and its spellings) on the static path "
+        "with `F.rms_norm(x, (x.shape[-1],), eps=eps)` under the CPU and CUDA backends, or with "
+        "`torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]` (the weight folded in) under npugraph_ex and GE: "
+        "one kernel where there were five (square, mean, add, rsqrt, multiply) and their intermediates. The sum of "
+        "squares is accumulated in the kernel's order: logits move by float rounding."
+    )
+    SKILL = "fusion"
+    FIXES = frozenset()
+    FUSION = True
+    IDIOM_IN_ONE_FUNCTION = True
+
+    @classmethod
+    def idiom_in(cls, words, options) -> bool:
+        return "mean" in words and ("rsqrt" in words or "sqrt" in words)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
+        if not isinstance(updated_node.body, cst.IndentedBlock) or not self.in_step_code(original_node):
+            return updated_node
+        body = list(updated_node.body.body)
+        originals = list(original_node.body.body) if isinstance(original_node.body, cst.IndentedBlock) else []
+        if len(originals) != len(body):
+            return updated_node
+        changed = False
+        for index, stmt in enumerate(body):
+            found = self._norm_in(stmt, body[:index])
+            if found is None:
+                continue
+            norm, scaled, eps, means_line = found
+            new_stmt, tail = self._fused(stmt, norm, scaled, eps, body[index + 1:])
+            if new_stmt is None:
+                continue
+            self.record_edit(originals[index], "one fused RMSNorm operator")
+            body[index] = new_stmt
+            body[index + 1:] = tail
+            if means_line is not None and not any(means_line[0] in names_in(s) for s in body[index:]):
+                self.record_edit(originals[means_line[1]], "the mean of squares is computed inside the operator")
+                body[means_line[1]] = None
+            changed = True
+        if not changed:
+            return updated_node
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[s for s in body if s is not None]))
+
+    def _norm_in(self, stmt: cst.BaseStatement, earlier: list[cst.BaseStatement | None]):
+        """(the `x * rsqrt(...)` node, x, eps, (name, index) of the mean's own line or None) in `stmt`, if any."""
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return None
+        for node in _binary_operations(stmt):
+            parts = _scaled_and_rsqrt(node)
+            if parts is None:
+                continue
+            scaled, denominator = parts
+            if not (isinstance(denominator, cst.BinaryOperation) and isinstance(denominator.operator, cst.Add)):
+                continue
+            means, eps = denominator.left, denominator.right
+            squared, means_line = _last_dim_mean(means), None
+            if squared is None and isinstance(means, cst.Name):
+                squared, means_line = _bound_mean(means.value, earlier)
+            if squared is not None and same_code(squared, scaled):
+                return node, scaled, eps, means_line
+        return None
+
+    def _fused(self, stmt: cst.SimpleStatementLine, norm: cst.BinaryOperation, scaled: cst.BaseExpression,
+               eps: cst.BaseExpression, after: list[cst.BaseStatement | None]):
+        """The statement with the fused call in place of `norm`, and the statements after it (the NPU form may
+        rewrite the return that applies the weight)."""
+        if self.options.fused_ops == NPU:
+            folded = self._npu_with_weight(stmt, norm, scaled, eps, after)
+            if folded is not None:
+                return folded
+        prefix = functional_prefix(self.source.tree, self.context)
+        x = code_of(_unparenthesized(scaled))
+        call = cst.parse_expression(f"{prefix}.rms_norm({x}, ({_uncast(scaled)}.shape[-1],), "
+                                    f"eps={code_of(eps).strip()})")
+        return _commented(_replaced(stmt, norm, call), "one RMSNorm operator"), after
+
+    def _npu_with_weight(self, stmt, norm, scaled, eps, after):
+        """`name = <norm>` followed by `return self.weight * cast(name)` -> one npu_rms_norm call with the weight."""
+        assigned = single_assignment(stmt)
+        if assigned is None or assigned[1] is not norm and not same_code(assigned[1], norm):
+            return None
+        name = assigned[0]
+        rest = [s for s in after if s is not None]
+        if len(rest) != 1 or not m.matches(rest[0], m.SimpleStatementLine(body=[m.Return()])):
+            return None
+        returned = rest[0].body[0].value
+        parts = _weight_times(returned, name)
+        if parts is None:
+            return None
+        weight, result = parts
+        wants_torch_npu(self.context)
+        x = code_of(_unparenthesized(scaled))
+        dtype = "torch.float32" if _cast_name(scaled) == "float" else f"{x}.dtype"
+        call = cst.parse_expression(f"torch_npu.npu_rms_norm({x}, {code_of(weight).strip()}.to({dtype}), "
+                                    f"epsilon={code_of(eps).strip()})[0]")
+        new_return = rest[0].with_changes(body=[rest[0].body[0].with_changes(value=result)])
+        return (_commented(_replaced(stmt, norm, call), "one RMSNorm kernel, the weight applied in it"),
+                [new_return if s is rest[0] else s for s in after])
+
+
+def _binary_operations(node: cst.CSTNode) -> list[cst.BinaryOperation]:
+    from graphmode.transforms.cstutil import nodes_of_type
+
+    return nodes_of_type(node, cst.BinaryOperation)
+
+
+def _scaled_and_rsqrt(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """`x * torch.rsqrt(d)` / `torch.rsqrt(d) * x` / `x / torch.sqrt(d)` -> (x, d)."""
+    def root(call: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
+        if isinstance(call, cst.Call) and dotted_name(call.func) == f"torch.{name}" and len(call.args) == 1:
+            return _unparenthesized(call.args[0].value)
+        return None
+
+    if isinstance(node.operator, cst.Multiply):
+        for scaled, other in ((node.left, node.right), (node.right, node.left)):
+            denominator = root(other, "rsqrt")
+            if denominator is not None:
+                return scaled, denominator
+    if isinstance(node.operator, cst.Divide):
+        denominator = root(node.right, "sqrt")
+        if denominator is not None:
+            return node.left, denominator
+    return None
+
+
+def _bound_mean(name: str, earlier: list[cst.BaseStatement | None]) -> tuple[cst.BaseExpression | None, tuple]:
+    """The squared tensor of `name = <mean of squares>`, the last assignment to `name` before this line."""
+    for index in range(len(earlier) - 1, -1, -1):
+        assigned = single_assignment(earlier[index]) if earlier[index] is not None else None
+        if assigned is not None and assigned[0] == name:
+            squared = _last_dim_mean(assigned[1])
+            return (squared, (name, index)) if squared is not None else (None, None)
+        if earlier[index] is not None and name in names_in(earlier[index]):
+            return None, None
+    return None, None
+
+
+def _weight_times(returned: cst.BaseExpression | None, name: str):
+    """`self.w * cast(name)` or `cast(name) * self.w` (cast: none, or one `.to(...)`/`.type_as(...)`) ->
+    (self.w, cast(name))."""
+    if not (isinstance(returned, cst.BinaryOperation) and isinstance(returned.operator, cst.Multiply)):
+        return None
+    for weight, result in ((returned.left, returned.right), (returned.right, returned.left)):
+        if self_attribute_name(weight) is None:
+            continue
+        inner = result
+        if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in _CASTS:
+            inner = inner.func.value
+        if m.matches(inner, m.Name(name)):
+            return weight, _unparenthesized(result)
+    return None
+
+
+def _cast_name(node: cst.BaseExpression) -> str | None:
+    """`x.float()` -> "float", `x.to(torch.float32)` -> "to": the cast a tensor expression ends in, if any."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
+        return node.func.attr.value
+    return None
+
+
+def _uncast(node: cst.BaseExpression) -> str:
+    """The code of the tensor a cast is applied to (same shape), or of the expression itself."""
+    node = _unparenthesized(node)
+    return code_of(node.func.value) if _cast_name(node) is not None else code_of(node)
+
+
+def _commented(stmt: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:
+    comment = cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {why} (fused; was five elementwise ops)."))
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, comment])
+
+
+def _replaced(stmt: cst.CSTNode, old: cst.CSTNode, new: cst.BaseExpression) -> cst.CSTNode:
+    """`stmt` with the node `old` (by identity) replaced by `new`, keeping its parentheses."""
+    class _Swap(cst.CSTTransformer):
+        def on_leave(self, original_node, updated_node):
+            if original_node is old:
+                return new.with_changes(lpar=old.lpar, rpar=old.rpar) if old.lpar else new
+            return updated_node
+
+    return stmt.visit(_Swap())
