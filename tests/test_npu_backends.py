@@ -2,7 +2,7 @@
 
 Most tests need nothing but torch CPU. The `npu_api` tests check graphmode's NPU configuration
 against torch_npu 2.13.0's own config classes: they download the wheel (never install it), unpack
-only the npugraph_ex and torchair Python sources into a temporary folder, and import the real
+only the Python sources they need into a temporary folder (tests/torch_npu_wheel.py), and import the real
 classes in a subprocess with only that folder added to sys.path. torch_npu's C extension is never
 loaded, and nothing that is validated is stubbed.
 """
@@ -19,7 +19,6 @@ import textwrap
 import time
 import types
 import warnings
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,6 @@ from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, Compil
 from graphmode.runners.npu_config import (
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
-    TORCH_NPU_VERSION,
     NpuConfigError,
     apply_config_fields,
     check_ge_fields,
@@ -41,6 +39,7 @@ from graphmode.runners.npu_config import (
     npugraph_ex_options,
     task_queue_advice,
 )
+from torch_npu_wheel import torch_npu_tree
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -354,28 +353,11 @@ def test_compile_options_report_the_cache(tmp_path):
 
 # --- against the real torch_npu 2.13.0 classes (opt-in: pytest -m npu_api) ---------------------
 
-# npu/npugraph_ex/: torch.npu.npugraph_ex, whose inference.cache_compile is the public npugraph_ex cache.
-_NEEDED = ("torch_npu/dynamo/npugraph_ex/", "torch_npu/dynamo/torchair/", "torch_npu/npu/npugraph_ex/")
-
-
 @pytest.fixture(scope="module")
 def torch_npu_sources(tmp_path_factory) -> Path:
-    """torch_npu's dynamo/ folder (npugraph_ex and torchair .py files only), from the wheel."""
-    ready = os.environ.get("GRAPHMODE_TORCH_NPU_SRC")  # an already extracted wheel, to skip the download
-    if ready and (Path(ready) / "torch_npu" / "dynamo" / "npugraph_ex").is_dir():
-        return Path(ready) / "torch_npu" / "dynamo"
-    work = tmp_path_factory.mktemp("torch_npu_wheel")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-         "-d", str(work), f"torch-npu=={TORCH_NPU_VERSION}"], capture_output=True, text=True, timeout=600)
-    wheels = list(work.glob("torch_npu-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        pytest.skip(f"could not download torch-npu=={TORCH_NPU_VERSION}: {proc.stderr.strip()[-300:]}")
-    dest = tmp_path_factory.mktemp("torch_npu_src")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        wheel.extractall(dest, members=[n for n in wheel.namelist() if n.endswith(".py") and n.startswith(_NEEDED)])
-    wheels[0].unlink()
-    return dest / "torch_npu" / "dynamo"
+    """torch_npu's dynamo/ folder (npugraph_ex and torchair .py files only), from the wheel (tests/torch_npu_wheel.py:
+    downloaded once a test process, or GRAPHMODE_TORCH_NPU_SRC's already extracted tree)."""
+    return torch_npu_tree(tmp_path_factory) / "torch_npu" / "dynamo"
 
 
 # Runs in a fresh interpreter: argv[1] is torch_npu's extracted dynamo/ folder. Prints one JSON.
