@@ -19,11 +19,12 @@ from graphmode.transforms.codemods._new_positions import KEY_SLOTS
 from graphmode.transforms.codemods._slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS, MASK_ROWS
+from graphmode.transforms.codemods.merged_projections import HELPER as MERGED_LINEAR, STACKER
 from graphmode.transforms.codemods.split_decode import FITS, STATIC_PATH
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 
 INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
-            STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK)
+            STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK, MERGED_LINEAR, STACKER)
 
 
 def _load() -> ModuleType:
@@ -394,3 +395,71 @@ def test_padded_rows_hide_what_the_padding_mask_holds_0_for_only_inside_the_entr
     assert torch.equal(rows[0, 0, 0], causal[3]) and (rows[1, 0, 0, :2] == minimum).all()
     assert torch.equal(rows[1, 0, 0, 2:], causal[3, 2:])
     assert helpers.graphmode_padded_rows(model, causal, slots).shape == (1, 1, 1, 6)  # outside: no padding
+
+
+class _Projections(torch.nn.Module):
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8, bias=bias)
+        self.k = torch.nn.Linear(8, 4, bias=bias)
+        self.v = torch.nn.Linear(8, 4, bias=bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_merged_linear_gives_each_linears_output_and_keeps_the_parameters_they_were(bias):
+    torch.manual_seed(0)
+    module, x = _Projections(bias), torch.randn(2, 3, 8)
+    separate = [module.q(x), module.k(x), module.v(x)]
+    state = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    assert [tuple(t.shape) for t in merged] == [(2, 3, 8), (2, 3, 4), (2, 3, 4)]
+    for got, want in zip(merged, separate):
+        torch.testing.assert_close(got, want)
+    # The parameters are views of the stack: same names, same values, and the original path unchanged.
+    assert list(module.state_dict()) == list(state)
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, state[name])
+    stack = module.graphmode_stacked[("q", "k", "v")][0]
+    assert module.k.weight.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    whole = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x, split=False)
+    torch.testing.assert_close(whole, torch.cat(separate, dim=-1))
+
+
+def test_merged_linear_sees_weights_loaded_after_the_stack_was_built():
+    torch.manual_seed(0)
+    module, x = _Projections(True), torch.randn(1, 8)
+    helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    other = _Projections(True)
+    module.load_state_dict(other.state_dict())  # copies into the views, so into the stack
+    merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    torch.testing.assert_close(merged[1], other.k(x))
+
+
+def test_merged_linear_stacks_again_after_the_model_is_converted():
+    torch.manual_seed(0)
+    module, x = _Projections(False), torch.randn(1, 8)
+    helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    module.double()  # each parameter gets storage of its own: the stack no longer backs them
+    merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x.double())
+    assert merged[0].dtype == torch.float64
+    torch.testing.assert_close(merged[2], module.v(x.double()))
+
+
+def test_merged_linear_calls_linears_of_another_kind_one_by_one():
+    torch.manual_seed(0)
+    module, x = _Projections(False), torch.randn(1, 8)
+    module.k = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(8, 4, bias=False))
+    assert not hasattr(module, "graphmode_stacked")
+    merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    torch.testing.assert_close(merged[1], module.k(x))
+    assert not hasattr(module, "graphmode_stacked")
+
+
+def test_merged_linear_compiles_into_one_graph_after_an_eager_call():
+    torch.manual_seed(0)
+    module, x = _Projections(True), torch.randn(1, 1, 8)
+    helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)  # eager, as Prefill: builds the stack
+    compiled = torch.compile(lambda t: helpers.graphmode_merged_linear(module, ("q", "k", "v"), t),
+                             backend="eager", fullgraph=True)
+    for got, want in zip(compiled(x), [module.q(x), module.k(x), module.v(x)]):
+        torch.testing.assert_close(got, want)
