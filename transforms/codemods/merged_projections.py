@@ -97,15 +97,24 @@ class MergedProjections(StepCodemod):
         return module
 
     def _merged(self, method: cst.FunctionDef, linears: dict[str, tuple[str, str]]) -> cst.FunctionDef | None:
-        if not isinstance(method.body, cst.IndentedBlock):
+        """The method with the projections of one input merged in each block that has them (the body, or a
+        branch: `if config.pretraining_tp > 1: ... else: <the projections>`)."""
+        new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
+        for block in nodes_of_type(method, cst.IndentedBlock):
+            body = list(block.body)
+            groups = _groups(body, linears)
+            if groups:
+                # One merge per block: the projections of one input.
+                x, names, first = max(groups, key=lambda group: len(group[1]))
+                new_blocks[block] = block.with_changes(body=self._rewrite(body, x, names, first))
+        if not new_blocks:
             return None
-        body = list(method.body.body)
-        groups = _groups(body, linears)
-        if not groups:
-            return None
-        # One merge per method: the projections of one input (a second input's would be another module's job).
-        x, names, first = max(groups, key=lambda group: len(group[1]))
-        return method.with_changes(body=method.body.with_changes(body=self._rewrite(body, x, names, first)))
+
+        class _Swap(cst.CSTTransformer):
+            def leave_IndentedBlock(self, original, updated):
+                return new_blocks.get(original, updated)
+
+        return method.visit(_Swap())
 
     def _rewrite(self, body: list[cst.BaseStatement], x: str, names: tuple[str, ...], first: int):
         calls = {(name, x) for name in names}
