@@ -46,6 +46,9 @@ class WorkerResult:
     cpu_count: int = 0
     # Adapted side: {source path relative to the folder: line numbers} one eager Decode step runs.
     decode_lines: dict[str, list[int]] = field(default_factory=dict)
+    # With --count-ops: what one Decode step does, counted on its captured graph(s) (runners/decode_graph.py) and
+    # estimated from the model's config (runners/traffic.py); empty when not counted.
+    decode_graph: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

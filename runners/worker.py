@@ -39,6 +39,7 @@ import torch
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.batch_buckets import run_sweep
 from graphmode.runners.cli import WorkerFailure, call_user, run_main
+from graphmode.runners.decode_graph import capture_decode, inductor_kernels_after, inductor_kernels_before
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.env_info import environment
 from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
@@ -48,6 +49,7 @@ from graphmode.runners.memory import peak_memory
 from graphmode.runners.results import WorkerResult
 from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.timing import timed
+from graphmode.runners.traffic import config_traffic, read_config
 
 SIDES = ("original", "adapted")
 
@@ -60,6 +62,7 @@ class Trace:
     decode_ms: list[float] = field(default_factory=list)
     prefill_ms: float = 0.0
     generation: "Generation | None" = None
+    last_decode: tuple[torch.Tensor, Any] | None = None  # original side: the last step's (token, state), to count it
 
     def keep_logits(self, logits: torch.Tensor) -> torch.Tensor:
         # A copy: a CUDA-graph replay overwrites its output buffers on the next call.
@@ -83,6 +86,7 @@ def run_original(harness: ModuleType, model: torch.nn.Module, prompt: torch.Tens
     trace.keep_logits(logits)
     for _ in range(steps):
         token = trace.next_token(prompt.device)
+        trace.last_decode = (token, state)
         (logits, state), seconds = call_user("harness.decode", folder, lambda: timed(
             lambda: harness.decode(model, token, state), backend.synchronize))
         trace.decode_ms.append(seconds * 1e3)
@@ -140,10 +144,12 @@ class AdaptedRun:
     recompile_limit_hit: bool
     stance_failures: list[str]
     decode_lines: dict[str, list[int]] = field(default_factory=dict)  # lines of the sources one Decode runs
+    inductor_kernels: int | None = None  # kernels Inductor generated compiling Decode (counted when asked)
 
 
 def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
-                backend: Backend, folder: Path, compile_cache: str | None = None) -> AdaptedRun:
+                backend: Backend, folder: Path, compile_cache: str | None = None,
+                count_kernels: bool = False) -> AdaptedRun:
     require_entry_points(model, f"is {folder} an adapted folder?")
     device = prompt.device
     prompt_len = prompt.shape[1]
@@ -180,6 +186,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     limit_hit_raised = False
     warmup_s = 0.0
     graphs_at_warmup = 0
+    inductor_kernels = None
     with CompileWatch(root=folder) as watch:
         for step in range(steps):
             token = trace.next_token(device)
@@ -189,7 +196,10 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                 return timed(lambda: step_fn(token, input_pos), backend.synchronize)
 
             if step == 0:
+                if count_kernels:
+                    inductor_kernels_before()
                 out, seconds = call_user("compiled model.decode (warm-up)", folder, call)
+                inductor_kernels = inductor_kernels_after() if count_kernels else None
                 warmup_s = seconds
                 graphs_at_warmup = watch.graphs
                 watch.mark()  # from here on, every compiled graph is a recompile
@@ -231,7 +241,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
             fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
             graphs_at_warmup=graphs_at_warmup, graphs_after_warmup=watch.graphs,
             recompiles=watch.recompiles, recompile_limit_hit=watch.limit_hit or limit_hit_raised,
-            stance_failures=stance_failures, decode_lines=decode_lines)
+            stance_failures=stance_failures, decode_lines=decode_lines, inductor_kernels=inductor_kernels)
 
 
 def _reason_text(reason: SourceReason) -> str:
@@ -258,6 +268,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--npu-compile-cache", metavar="DIR|off",
                         help="adapted side: the folder for the backend's own compile cache (torch_npu's cache_compile "
                              "on the NPU backends; the others ignore it)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count what one Decode step does on its captured graph(s), after the timed steps: "
+                             "ops, ops per layer, bytes moved, Inductor's kernels (the record's decode_graph)")
     parser.add_argument("--partial-graph", action="store_true",
                         help="with --batch-buckets: compile with fullgraph=False (Decode has graph breaks)")
     return parser.parse_args(argv)
@@ -306,6 +319,48 @@ def _log_compiles_to(path: Path) -> None:
         logging.getLogger(name).addHandler(handler)
 
 
+def _inductor_based(backend: Backend) -> bool:
+    return backend.compile_options(True).get("backend") == "inductor"
+
+
+def model_config(model: torch.nn.Module) -> Any:
+    """The model's config object where it keeps one the traffic estimate can read (Hugging Face's `config`, Meta's
+    `params`, the `args` of ModelArgs-style code), else None."""
+    for name in ("config", "args", "params"):
+        config = getattr(model, name, None)
+        if config is not None and read_config(config) is not None:
+            return config
+    return None
+
+
+def count_decode(side: str, harness: ModuleType, model: torch.nn.Module, prompt: torch.Tensor, trace: Trace,
+                 limit: int, folder: Path) -> dict[str, Any]:
+    """The record's `decode_graph`: the last Decode step run again under the capture and counted. The original side
+    runs the harness's own decode on the state the last step got; the adapted side, model.decode at the last
+    step's position (rewriting the cache entry it wrote). A failure is recorded, not raised: the count is extra."""
+    device = prompt.device
+    last_position = prompt.shape[1] + len(trace.tokens) - 1
+    try:
+        with torch.inference_mode():
+            if side == "original":
+                token, state = trace.last_decode
+                count = capture_decode(lambda t, s: harness.decode(model, t, s), (token, state), model)
+            else:
+                token = trace.tokens[-1].to(device)
+                count = capture_decode(model.decode, (token, torch.tensor([last_position], device=device)), model)
+    except Exception as exc:  # noqa: BLE001 - any failure of user code or of the capture; the run itself stands
+        return {"error": describe_exception(exc, folder)}
+    result = count.to_dict()
+    result["inductor_kernels"] = None
+    parameter = next(model.parameters(), None)
+    # The KV length attention reads at the last step: the positions so far on the original side (its cache grows),
+    # the whole static cache on the adapted side (sized to the harness's MAX_SEQ_LEN).
+    kv_len = last_position + 1 if side == "original" else limit
+    result["config_traffic"] = config_traffic(model_config(model), batch=prompt.shape[0], kv_len=kv_len,
+                                              dtype_bytes=parameter.element_size() if parameter is not None else None)
+    return result
+
+
 def process_seconds() -> float | None:
     """Wall time since the OS started this process (interpreter start-up and imports included),
     from /proc (10 ms resolution); None where /proc is not there."""
@@ -350,7 +405,8 @@ def main(argv: list[str] | None = None) -> None:
             trace = run_original(harness, model, prompt, args.steps, backend, folder)
             adapted = None
         else:
-            adapted = run_adapted(model, prompt, args.steps, backend, folder, args.npu_compile_cache)
+            adapted = run_adapted(model, prompt, args.steps, backend, folder, args.npu_compile_cache,
+                                  count_kernels=args.count_ops and _inductor_based(backend))
             trace = adapted.trace
 
     generation = trace.generation
@@ -359,6 +415,11 @@ def main(argv: list[str] | None = None) -> None:
                             "(state left over from the first pass?)")
     parameter = next(model.parameters(), None)
     memory = peak_memory(backend.device)
+    # After every timed step, every logit and the peak memory are recorded: the capture resets Dynamo and runs a
+    # step again.
+    decode_graph = count_decode(args.side, harness, model, prompt, trace, limit, folder) if args.count_ops else {}
+    if adapted and "inductor_kernels" in decode_graph:
+        decode_graph["inductor_kernels"] = adapted.inductor_kernels
     result = WorkerResult(
         side=args.side,
         backend=backend.name if adapted else "eager",
@@ -380,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_mb=memory["peak_rss_mb"],
         peak_device_mb=memory["peak_device_mb"],
         compile_options=backend.compile_options(adapted.fullgraph, args.npu_compile_cache) if adapted else {},
+        decode_graph=decode_graph,
     )
     if adapted:
         result.graph_breaks = adapted.graph_breaks
