@@ -65,8 +65,10 @@ def test_codemod_fixture(case):
 @pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name[:-6]}")
 def test_second_run_changes_nothing(case):
     once = adapt_source(case.read_text(), case.name, None, options_for(case)).adapted
-    # A model that keeps no KV cache still recomputes the sequence through `forward`: a second trace says so too.
-    again = replace(OPTIONS, recomputes_sequence=options_for(case).recomputes_sequence)
+    # A model that keeps no KV cache still recomputes the sequence through `forward`: a second trace says so too;
+    # and the backend it is adapted for is the same one.
+    again = replace(OPTIONS, recomputes_sequence=options_for(case).recomputes_sequence,
+                    fused_ops=options_for(case).fused_ops)
     twice = adapt_source(once, case.name, None, again)
     cst.parse_module(once)
     assert twice.adapted == once and not twice.edits
