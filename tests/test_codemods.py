@@ -24,8 +24,10 @@ OPTIONS = Options(entry_class="Model", max_seq_len=32)
 
 def options_for(case: Path) -> Options:
     """The fixtures' options, with the traced run's evidence where the case has it. A case named `npu_*` is
-    adapted for an NPU backend: the fusions write torch_npu's fused operators."""
-    options = replace(OPTIONS, fused_ops="npu") if case.name.startswith("npu_") else OPTIONS
+    adapted for an NPU backend (the fusions write torch_npu's fused operators), `cpu_*` for a CPU one; every other
+    case for CUDA (every portable fusion)."""
+    prefix = case.name.split("_", 1)[0]
+    options = replace(OPTIONS, fused_ops=prefix) if prefix in ("npu", "cpu") else OPTIONS
     listing = case.with_name(case.name.removesuffix(".in.py") + ".evidence.json")
     if not case.name.endswith(".in.py") or not listing.exists():
         return options

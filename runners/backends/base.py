@@ -50,8 +50,9 @@ class Backend:
     takes_compile_cache: ClassVar[bool] = False
     # The probe's stage 3 repeats an earlier stage for backends whose stage 2 already was the backend itself.
     backend_stage_same_as: ClassVar[str | None] = None
-    # Which fused operators the fusions write for this backend: "torch" (portable ops) or "npu" (torch_npu's).
-    fused_ops: ClassVar[str] = "torch"
+    # Which fused operators the fusions write for this backend's hardware: "cpu", "cuda" (portable torch ops, less
+    # on CPU those that measure slower than Inductor's own fusion) or "npu" (torch_npu's).
+    fused_ops: ClassVar[str] = "cpu"
 
     # -- what a subclass gives -----------------------------------------------------------------------
     def available(self) -> str | None:

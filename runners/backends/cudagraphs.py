@@ -11,6 +11,7 @@ class CudaGraphs(Backend):
     name = "cudagraphs"
     summary = "Inductor with CUDA graph capture/replay (mode=reduce-overhead)"
     device = "cuda"
+    fused_ops = "cuda"
     listing_order = 3
     auto_preference = 1
     auto_present = "a CUDA GPU is available"

@@ -10,6 +10,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from graphmode.transforms.cstutil import code_of
 
 NPU = "npu"
+CPU = "cpu"
 
 
 def functional_prefix(tree: ast.Module, context: CodemodContext) -> str:

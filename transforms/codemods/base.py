@@ -61,9 +61,10 @@ class Options:
     # Branch tests the trace saw compare how far the positions reach with a Python int (`seq_len > limit`, the
     # tensor holding the last position or the count of positions): (file, first line of the statement, "gt" | "ge").
     position_tests: tuple[tuple[str, int, str], ...] = ()
-    # Which fused operators a fusion may write: "torch" (portable ops: `F.rms_norm`, `scaled_dot_product_attention`,
-    # one merged linear) for the CPU and CUDA backends, "npu" (torch_npu's fused kernels) for npugraph_ex and GE.
-    fused_ops: str = "torch"
+    # Which fused operators a fusion may write, for the hardware Decode runs on: "cuda" (portable torch ops:
+    # `F.rms_norm`, `scaled_dot_product_attention`, one merged linear), "cpu" (the same, less those that measure
+    # slower there than Inductor's own fusion) or "npu" (torch_npu's fused kernels, for npugraph_ex and GE).
+    fused_ops: str = "cuda"
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)
