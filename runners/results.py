@@ -46,6 +46,9 @@ class WorkerResult:
     cpu_count: int = 0
     # Adapted side: {source path relative to the folder: line numbers} one eager Decode step runs.
     decode_lines: dict[str, list[int]] = field(default_factory=dict)
+    # With --count-ops: one captured Decode step counted ({"ops", "ops_per_layer", "layers", "bytes_per_layer",
+    # "inductor_kernels", ...}); {} when not asked, and in older records.
+    decode_graph: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -260,6 +260,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "on the NPU backends; the others ignore it)")
     parser.add_argument("--partial-graph", action="store_true",
                         help="with --batch-buckets: compile with fullgraph=False (Decode has graph breaks)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count the ops of one captured Decode step into the record's decode_graph")
     return parser.parse_args(argv)
 
 
