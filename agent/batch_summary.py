@@ -51,6 +51,7 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
         return _relative(run_folder / name, out) if run_folder is not None and (run_folder / name).exists() else None
 
     problems = report.get("problems") or []
+    fusion = report.get("fusion") or {}
     if status == "timeout":
         problem = f"stopped after {target.target_timeout:g} s (target_timeout, or --timeout)"
     elif status == "stopped":
@@ -76,6 +77,9 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
         # The report's own verdict (runners.timing.speedup_unstable): too spread over the runs to quote.
         "decode_speedup_unstable": report.get("decode_speedup_unstable"),
         "runs": report.get("runs"),
+        # With fusions applied: Decode without them over Decode with them, timed in the same runs (None without).
+        "fusion_speedup": fusion.get("speedup", {}).get("median"),
+        "fusion_speedup_unstable": fusion.get("unstable") if fusion else None,
         "warmup_s": report.get("warmup_s"),
         "seconds": round(outcome.seconds, 1),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -214,6 +218,11 @@ def _markdown(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells(row)) + f" | {link} |")
     if any(row.get("decode_speedup_unstable") for row in rows):
         lines += ["", UNSTABLE_NOTE]
+    fused = [row for row in rows if row.get("fusion_speedup") is not None]
+    if fused:
+        lines += ["", "Fusions: Decode without them over Decode with them, timed in the same runs: " + ", ".join(
+            f"{row['name']} {row['fusion_speedup']:.2f}x" + (" unstable" if row.get("fusion_speedup_unstable") else "")
+            for row in fused) + "."]
     if summary["chart"]:
         lines += ["", f"![Decode speed-up per target]({summary['chart']})"]
     problems = [row for row in rows if row.get("problem")]

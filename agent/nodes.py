@@ -13,7 +13,7 @@ from graphmode.agent.diffs import change_diffs
 from graphmode.agent.errors import UserError
 from graphmode.agent.knowledge import skill
 from graphmode.agent.leftovers import merge_by_line
-from graphmode.agent.output import render, write_adapted_tree, write_atomic
+from graphmode.agent.output import remove_tree, render, write_adapted_tree, write_atomic
 from graphmode.agent.reporting import write_report
 from graphmode.agent.runtime_findings import with_runtime_findings
 from graphmode.agent.sources import declared_sources, read_source
@@ -131,7 +131,30 @@ def implement(state: RunState) -> dict:
     diff_path = run_dir / "changes.diff"
     write_atomic(diff_path, "".join(a.diff() for a in adaptations.values()))
     applied = [name for name in CODEMODS if any(name in a.applied for a in adaptations.values())]
-    return {"applied": applied, "adapted_dir": str(adapted_dir), "diff_path": str(diff_path)}
+    unfused_dir = _write_unfused(state, selected, fusions_of(applied))
+    return {"applied": applied, "adapted_dir": str(adapted_dir), "diff_path": str(diff_path),
+            "unfused_dir": str(unfused_dir) if unfused_dir else ""}
+
+
+UNFUSED_DIR = "adapted-unfused"
+
+
+def fusions_of(applied: list[str]) -> list[str]:
+    """The fusion codemods (FUSION = True) among `applied`, in chain order."""
+    return [name for name in applied if name in CODEMODS and CODEMODS[name].FUSION]
+
+
+def _write_unfused(state: RunState, selected: set[str], fusions: list[str]) -> Path | None:
+    """With fusions applied, the same selection without them in adapted-unfused/ (verify times Decode with and
+    without them); None, and no such folder left from an earlier run, when no fusion was applied."""
+    unfused_dir = Path(state.options.run_dir) / UNFUSED_DIR
+    if not fusions:
+        remove_tree(unfused_dir)
+        return None
+    adaptations = adapt_sources(state, selected - set(fusions))
+    write_adapted_tree(Path(state.options.target), unfused_dir,
+                       {a.path: a.adapted for a in adaptations.values() if a.changed})
+    return unfused_dir
 
 
 def verify(state: RunState) -> dict:
@@ -150,6 +173,9 @@ def verify(state: RunState) -> dict:
                 log_dir=Path(opts.run_dir) / "logs", runs=opts.runs, similarity=opts.similarity,
                 compile_cache=_compile_cache(state), batch_buckets=opts.batch_buckets or None,
                 timeout_s=opts.timeout_s, progress=progress.say,
+                # With fusions applied, a third side: the same adaptation without them, timed in the same runs.
+                unfused_dir=Path(state.unfused_dir) if state.unfused_dir else None,
+                fusions=fusions_of(state.applied),
             )
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left

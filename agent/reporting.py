@@ -10,6 +10,7 @@ from graphmode.agent.leftovers import mark_decode_runs
 from graphmode.agent.output import render, write_atomic
 from graphmode.agent.state import RunState
 from graphmode.runners.backends import get as get_backend
+from graphmode.transforms.codemods import CODEMODS
 
 CHART = "decode_ms_per_step.png"
 
@@ -135,4 +136,14 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "own_harness": v.own_harness,
         # The equivalence battery (added): rows {"name", "path", "status", "detail"}; part of the verdict.
         "battery": v.battery,
+        # With fusions applied (added; {} without): Decode with and without them in the same runs, the ops of one
+        # Decode step before (without) and after (with), and what each fusion does (`notes`).
+        "fusion": {**v.fusion, "notes": fusion_notes(v.fusion["applied"])} if v.fusion else {},
     }
+
+
+def fusion_notes(names: list[str]) -> dict[str, str]:
+    """What each applied fusion does, in its codemod's words (its DESCRIPTION; a name this graphmode does not know
+    is said to be so)."""
+    return {name: CODEMODS[name].DESCRIPTION if name in CODEMODS
+            else "no description: this graphmode has no codemod of that name" for name in names}

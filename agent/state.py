@@ -144,6 +144,9 @@ class Verification(Record):
     bucket_sweep: dict[str, Any] = Field(default_factory=dict)
     own_harness: dict[str, Any] = Field(default_factory=dict)
     battery: list[dict[str, Any]] = Field(default_factory=list)  # runners.battery rows; [] in older sessions
+    # The adaptation with and without its fusions, timed in the same run, and the ops each counted
+    # (runners.verify.fusion_figures); {} without fusions and in older sessions.
+    fusion: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def decode_speedup_unstable(self) -> bool:
@@ -209,6 +212,9 @@ class RunState(BaseModel):
     # implement
     applied: list[str] = Field(default_factory=list)  # codemods that changed at least one file
     adapted_dir: str = ""
+    # The same adaptation without the fusion codemods (adapted-unfused/), for verify to time against; "" when no
+    # fusion was applied, and in sessions saved before it (a defaulted field: the layout reads them as they were).
+    unfused_dir: str = ""
     diff_path: str = ""
 
     # verify / report

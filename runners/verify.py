@@ -8,6 +8,11 @@ one compared step by step. Tokens are compared for every step, logits step by st
 random models repeat tokens, so equal tokens alone prove little: lesson 7), and the
 compiled side must show no graph break, no recompile after warm-up and no hit limit.
 
+With fusions applied (codemods with FUSION = True), a third side runs in the same alternation: the adapted
+sources without the fusions, Decode compiled the same way. Its Decode time, set against the adapted side's, is the
+fusions' gain measured in the same run; run 1 of each side also counts the ops of one captured Decode step
+(the worker's --count-ops). The verdict stays the adapted side's against eager (VerifyResult.fusion says more).
+
 With batch buckets, one more graph-side process (runners/batch_buckets.py) pads the prompt to each
 bucket and checks the real rows against graph run 1; its per-bucket captures are expected and are
 kept apart from the recompiles above.
@@ -31,7 +36,7 @@ from graphmode.runners.results import WorkerResult
 from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.shared_cores import waits_given_up
 from graphmode.runners.subprocess_run import WorkerError, run_worker
-from graphmode.runners.timing import SPREAD, STEADY_FIGURES
+from graphmode.runners.timing import SPREAD, STEADY_FIGURES, speedup_unstable
 
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
@@ -116,6 +121,9 @@ class VerifyResult:
     # The equivalence battery (runners/battery.py): rows {"name", "path", "status", "detail"}, status "held",
     # "failed" or "n/a" (the original itself cannot run it). Part of the verdict: every row must hold or be n/a.
     battery: list[dict[str, Any]] = field(default_factory=list)
+    # With fusions applied: the adapted side against the same adaptation without them, and the ops each side's
+    # Decode step runs ({} without fusions; the layout is fusion_figures' docstring).
+    fusion: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -316,11 +324,14 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
 
 def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
               timeout_s: float, log_dir: Path | None,
-              compile_cache: Path | None, name: str | None = None) -> tuple[WorkerResult, torch.Tensor, float]:
+              compile_cache: Path | None, name: str | None = None,
+              count_ops: bool = False) -> tuple[WorkerResult, torch.Tensor, float]:
     name = name or run_name(side, run)
     out, logits = work / f"{name}.json", work / f"{name}.logits.pt"
     args = ["--side", side, "--folder", str(folder), "--steps", str(steps),
             "--backend", backend, "--out", str(out), "--logits", str(logits)]
+    if count_ops:
+        args.append("--count-ops")
     env = None
     if side == "adapted":
         args += ["--compile-log", str(work / f"{name}.compile.log"),
@@ -371,11 +382,14 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            logits_atol: float = DEFAULT_LOGITS_ATOL, runs: int = DEFAULT_RUNS,
            similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None,
            batch_buckets: list[int] | None = None,
-           progress: Callable[[str], None] | None = None) -> VerifyResult:
+           progress: Callable[[str], None] | None = None,
+           unfused_dir: Path | None = None, fusions: list[str] | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
     `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py).
+    `unfused_dir`: the same adaptation without the fusion codemods `fusions` (their names): a third side in
+    every run, timed against the adapted one (VerifyResult.fusion); it does not enter the verdict.
     `progress` hears which run starts and how long each took, one line each."""
     say = progress or (lambda _: None)
     if steps < MIN_STEPS:
@@ -387,20 +401,27 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         raise ValueError(f"the similarity threshold is a ratio in [0, 1] (got {similarity:g})")
     backend, reason = resolve(backend_name)  # fails fast, before any process starts
     original_dir, adapted_dir = Path(original_dir).resolve(), Path(adapted_dir).resolve()
+    unfused_dir = Path(unfused_dir).resolve() if unfused_dir is not None else None
     log_dir = Path(log_dir).resolve() if log_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="graphmode-verify-") as tmp:
         work = log_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         sides: dict[str, list[tuple[WorkerResult, torch.Tensor, float]]] = {"adapted": [], "original": []}
+        unfused: list[tuple[WorkerResult, torch.Tensor, float]] = []
+        unfused_error = None
         given_up = waits_given_up()
         for run in range(runs):
             # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
             for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
                 label = f"{'graph (adapted)' if side == 'adapted' else 'eager (original)'} run {run + 1} of {runs}"
                 say(f"{label}: running")
+                # Ops are counted once per side, in run 1.
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
-                                             compile_cache))
+                                             compile_cache, count_ops=run == 0 and unfused_dir is not None))
                 say(f"{label}: done in {sides[side][-1][2]:.1f} s")
+                if side == "adapted" and unfused_dir is not None and unfused_error is None:
+                    unfused_error = _run_unfused(unfused, run, runs, unfused_dir, backend.name, steps, work,
+                                                 timeout_s, log_dir, compile_cache, say)
         timed_beside_others = waits_given_up() - given_up
         say("the original harness against the adapted sources: running")
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
@@ -465,6 +486,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         similarity=ratio, similarity_threshold=similarity,
         graphs_after_warmup=max(r.graphs_after_warmup for r in adapted_runs),
         compile_logs=([f"{run_name('adapted', run)}.compile.log" for run in range(runs)]
+                      + [f"{run_name(UNFUSED, run)}.compile.log" for run in range(len(unfused))]
                       + ([f"{BUCKETS_RUN}.compile.log"] if sweep else [])) if log_dir else [],
         variables=_variables(original, adapted, backend.name, runs),
     )
@@ -483,4 +505,133 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     result.own_harness = own_harness
     result.battery = battery
     result.problems = _problems(result)
+    if unfused_dir is not None:
+        result.fusion = fusion_figures(result, list(fusions or []), unfused, eager_logits, graph_logits,
+                                       unfused_error, timed_beside_others)
     return result
+
+
+UNFUSED = "unfused"
+
+
+def _run_unfused(done: list[tuple[WorkerResult, torch.Tensor, float]], run: int, runs: int, folder: Path,
+                 backend: str, steps: int, work: Path, timeout_s: float, log_dir: Path | None,
+                 compile_cache: Path | None, say: Callable[[str], None]) -> str | None:
+    """One run of the third side, the adaptation without the fusions, appended to `done`; its error instead
+    (then no later run tries again). Its own compile cache: a sibling of the adapted side's would hold the same
+    model's caches under another hash, and the NPU backends' caches are per function."""
+    label = f"graph without the fusions (unfused) run {run + 1} of {runs}"
+    say(f"{label}: running")
+    cache = compile_cache / UNFUSED if compile_cache is not None else None
+    try:
+        done.append(_run_side("adapted", run, folder, backend, steps, work, timeout_s, log_dir, cache,
+                              name=run_name(UNFUSED, run), count_ops=run == 0))
+    except VerificationError as error:
+        say(f"{label}: failed")
+        return str(error)
+    say(f"{label}: done in {done[-1][2]:.1f} s")
+    return None
+
+
+# decode_graph keys of each WorkerResult: the original side's, and the adapted side's without and with the fusions.
+_COUNTED = ("ops", "ops_per_layer", "layers", "inductor_kernels")
+
+
+def fusion_figures(result: VerifyResult, fusions: list[str], unfused: list[tuple[WorkerResult, torch.Tensor, float]],
+                   eager_logits: torch.Tensor, graph_logits: torch.Tensor, error: str | None,
+                   timed_beside_others: int) -> dict[str, Any]:
+    """VerifyResult.fusion: "before" is the adaptation without the fusions, "after" with them (the verified one),
+    "original" the eager original; a figure nobody counted is None, and `missing` says why.
+
+    {"applied": [names], "ops_per_step" / "ops_per_layer" / "layers" / "bytes_per_layer":
+    {"original", "before", "after"}, "inductor_kernels": {"before", "after"},
+    "decode_ms": {"with", "without", "with_range": [min, max], "without_range": [min, max]} (median TPOT of each
+    side's runs, and their extremes), "speedup": {"median", "min", "max"} (without / with), "unstable",
+    "runs", "tokens": {"unfused_equal_eager", "fused_equal_unfused", "first_divergent_step"} (fused against
+    unfused), "logits_max_abs_diff": {"fused_vs_unfused", "unfused_vs_eager"}, "unfused": its Dynamo counts,
+    "missing": {figure: why}, "problems": what the fusions themselves broke (also failing the verdict already),
+    "error": why the side without fusions did not run (None when it did)}.
+    """
+    runs = [r for r, _, _ in unfused]
+    graphs = {"original": result.original.decode_graph, "before": runs[0].decode_graph if runs else {},
+              "after": result.adapted.decode_graph}
+    fusion: dict[str, Any] = {"applied": fusions}
+    for key, name in (("ops_per_step", "ops"), ("ops_per_layer", "ops_per_layer"), ("layers", "layers")):
+        fusion[key] = {side: graph.get(name) for side, graph in graphs.items()}
+    fusion["bytes_per_layer"] = {side: (graph.get("bytes_per_layer") or {}).get("total")
+                                 for side, graph in graphs.items()}
+    fusion["inductor_kernels"] = {side: graphs[side].get("inductor_kernels") for side in ("before", "after")}
+    with_tpots = result.figures["graph"]["tpot_ms"]["runs"]
+    without_tpots = [statistics.median(_steady(r)) for r in runs]
+    fusion["decode_ms"] = {
+        "with": statistics.median(with_tpots), "without": statistics.median(without_tpots) if runs else None,
+        "with_range": [min(with_tpots), max(with_tpots)],
+        "without_range": [min(without_tpots), max(without_tpots)] if runs else None}
+    fusion["speedup"] = {"median": fusion["decode_ms"]["without"] / fusion["decode_ms"]["with"],
+                         "min": min(without_tpots) / max(with_tpots),
+                         "max": max(without_tpots) / min(with_tpots)} if runs else {}
+    spread = [f for f in result.unstable_figures if f == "graph.tpot_ms"]
+    if runs and max(without_tpots) > SPREAD * min(without_tpots):
+        spread.append(f"{UNFUSED}.tpot_ms")
+    fusion["unstable"] = bool(runs) and (speedup_unstable(fusion["speedup"], spread) or timed_beside_others > 0)
+    fusion["runs"] = len(runs)
+    fusion["tokens"], fusion["logits_max_abs_diff"], fusion["unfused"] = {}, {}, {}
+    fusion["problems"] = []
+    if runs:
+        first, unfused_logits = runs[0], unfused[0][1]
+        fused_vs_unfused = _first_divergence(first.tokens, result.adapted.tokens)
+        unfused_vs_eager = _first_divergence(result.original.tokens, first.tokens)
+        fusion["tokens"] = {"unfused_equal_eager": unfused_vs_eager is None,
+                            "fused_equal_unfused": fused_vs_unfused is None,
+                            "first_divergent_step": fused_vs_unfused}
+        fusion["logits_max_abs_diff"] = {"fused_vs_unfused": _max_diff(graph_logits, unfused_logits),
+                                         "unfused_vs_eager": _max_diff(eager_logits, unfused_logits)}
+        fusion["unfused"] = {"graph_breaks": max(r.graph_breaks for r in runs),
+                             "recompiles": max(r.recompiles for r in runs),
+                             "graphs_after_warmup": max(r.graphs_after_warmup for r in runs),
+                             "warmup_s": statistics.median(r.warmup_s for r in runs)}
+        # The verdict is the fused side's: only when it already fails is a difference laid at the fusions' door.
+        if not result.tokens_equal and unfused_vs_eager is None:
+            fusion["problems"].append(f"the fusions change the tokens: without them the tokens equal eager's, with "
+                                      f"them they differ from Decode step {result.first_divergent_step}")
+    fusion["missing"] = _fusion_missing(fusion, graphs, result.backend, error, result.runs)
+    fusion["error"] = error
+    return fusion
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Largest absolute difference (NaN as inf); None when the shapes differ."""
+    if a.shape != b.shape:
+        return None
+    return float((a - b).abs().max().nan_to_num(nan=float("inf")))
+
+
+def _fusion_missing(fusion: dict[str, Any], graphs: dict[str, dict[str, Any]], backend: str,
+                    error: str | None, runs: int) -> dict[str, str]:
+    """Why a figure of the fusion table is missing, in a sentence per figure (only those with a gap)."""
+    missing = {}
+    if error is not None:
+        done = fusion["runs"]
+        missing["decode_ms"] = (f"measured without the fusions in {done} of {runs} run(s) only" if done else
+                                "not measured without the fusions") + f": that side failed: {error}"
+    if not any(graphs.values()):
+        missing["decode_graph"] = ("not counted: no worker recorded a Decode graph (a worker that does not count "
+                                   "ops, --count-ops)")
+        return missing
+    for figure in ("ops_per_step", "ops_per_layer", "layers", "bytes_per_layer", "inductor_kernels"):
+        gaps = [side for side, value in fusion[figure].items() if value is None]
+        if not gaps:
+            continue
+        uncounted = [side for side in gaps if not graphs[side]]
+        if uncounted:
+            why = ("that side failed" if error is not None and uncounted == ["before"]
+                   else "its worker recorded no Decode graph")
+            missing[figure] = f"not counted ({', '.join(uncounted)}): {why}"
+        elif figure == "inductor_kernels":
+            missing[figure] = (f"not counted: `{backend}` exposes no kernel count" if backend != "inductor"
+                               else "not counted: inductor reported no kernel count for the Decode graph")
+        elif figure == "bytes_per_layer":
+            missing[figure] = "not measured: the Decode graph gave no bytes per layer"
+        else:
+            missing[figure] = "not counted per layer: no repeated layer was recognised in the Decode graph"
+    return missing

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphmode.agent.reporting import write_report
+from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
 from graphmode.runners.cli import ERROR_PREFIX
@@ -23,6 +26,8 @@ from graphmode.runners.harness import HarnessError, load_harness, next_token_log
 from graphmode.runners.probe import probe
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.verify import VerificationError, verify
+from graphmode.transforms.codemods import Options
+from graphmode.transforms.pipeline import adapt_source
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,10 +270,23 @@ def test_probe_failure_is_a_one_line_error(tmp_path):
         probe(tmp_path, steps=2, timeout_s=120)
 
 
+# A fusion's name, as the fusion codemods will be called (none is in this chain yet: the report must say so).
+FUSION_NAME = "fused_rms_norm"
+
+
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory, adapted):
+    """The hand-adapted copy verified, with graphmode's own adaptation of the example as the side "without the
+    fusions": two adaptations of one model, so the third side's plumbing is tested for one more compile only."""
     logs = tmp_path_factory.mktemp("verify-logs")
-    return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs, runs=1), logs
+    unfused = tmp_path_factory.mktemp("adapted_unfused")
+    shutil.copy(EXAMPLE / "harness.py", unfused / "harness.py")
+    source = (EXAMPLE / "model.py").read_text()
+    adaptation = adapt_source(source, "model.py", None, Options(entry_class="Transformer", max_seq_len=64))
+    assert adaptation.changed and "split_decode" in adaptation.applied
+    (unfused / "model.py").write_text(adaptation.adapted)
+    return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs, runs=1,
+                  unfused_dir=unfused, fusions=[FUSION_NAME]), logs
 
 
 @pytest.mark.slow
@@ -303,6 +321,55 @@ def test_verify_result_is_json_and_timings_are_consistent(verified):
     assert data["decode_speedup"] == pytest.approx(
         data["eager"]["decode_ms_per_token"] / data["graph"]["decode_ms_per_token"])
     assert {p.name for p in logs.iterdir()} >= {"original.stderr.log", "adapted.stdout.log", "adapted.json"}
+
+
+@pytest.mark.slow
+def test_verify_times_decode_without_the_fusions_in_the_same_runs_and_the_report_shows_it(verified, tmp_path):
+    result, logs = verified
+    fusion = result.fusion
+    assert fusion["applied"] == [FUSION_NAME] and fusion["runs"] == 1 and fusion["error"] is None
+    ms = fusion["decode_ms"]
+    # "with" is the verified (adapted) side's median TPOT; "without" the third side's, from its own run.
+    assert ms["with"] == result.figures["graph"]["tpot_ms"]["median"] == result.graph.decode_ms_per_token
+    unfused_run = json.loads((logs / "unfused.json").read_text())
+    assert ms["without"] == statistics.median(unfused_run["decode_ms"][1:]) > 0
+    assert ms["with_range"] == [ms["with"], ms["with"]] and ms["without_range"] == [ms["without"], ms["without"]]
+    assert fusion["speedup"]["median"] == pytest.approx(ms["without"] / ms["with"])
+    assert fusion["unstable"] is False  # one run per side measures no spread
+    # Both adaptations choose eager's tokens; the verdict stays the adapted side's (the battery's problems only).
+    assert fusion["tokens"] == {"unfused_equal_eager": True, "fused_equal_unfused": True,
+                                "first_divergent_step": None}
+    assert fusion["logits_max_abs_diff"]["fused_vs_unfused"] <= result.logits_atol and fusion["problems"] == []
+    assert fusion["unfused"]["graph_breaks"] == 0 and fusion["unfused"]["recompiles"] == 0
+    assert all(p.startswith("equivalence battery: ") for p in result.problems)
+    # Its own run name and compile log, beside the adapted side's.
+    assert {"unfused.json", "unfused.compile.log", "unfused.stderr.log"} <= {p.name for p in logs.iterdir()}
+    assert result.compile_logs == ["adapted.compile.log", "unfused.compile.log"]
+    # Every count is keyed original / before / after; whatever the workers did not count is said to be missing.
+    for key in ("ops_per_step", "ops_per_layer", "layers", "bytes_per_layer"):
+        assert set(fusion[key]) == {"original", "before", "after"}
+    assert set(fusion["inductor_kernels"]) == {"before", "after"}
+    for key in ("ops_per_step", "ops_per_layer", "layers", "bytes_per_layer", "inductor_kernels"):
+        if None in fusion[key].values():
+            assert key in fusion["missing"] or "decode_graph" in fusion["missing"], key
+
+    state = RunState(session_id="fusion", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
+                     entry_class="Transformer", applied=[], adapted_dir=str(result.adapted_dir),
+                     baseline=Baseline(headline="not probed: this test is about the fusion figures", steps=8),
+                     verification=Verification.model_validate(result.to_dict()))
+    report = json.loads((write_report(state).parent / "report.json").read_text())
+    assert {"ops_per_step", "bytes_per_layer", "decode_ms", "applied", "notes"} <= set(report["fusion"])
+    assert report["fusion"]["decode_ms"]["with"] == ms["with"] and report["fusion"]["decode_ms"]["without"] == \
+        ms["without"]
+    assert set(report["fusion"]["ops_per_step"]) >= {"before", "after"}
+    assert set(report["fusion"]["bytes_per_layer"]) >= {"before", "after"}
+    text = (tmp_path / "run" / "report.md").read_text()
+    section = text.split("## Kernels and memory traffic")[1].split("\n## ")[0]
+    assert f"| {ms['without']:.3f} [{ms['without']:.3f}, {ms['without']:.3f}] |" in section
+    assert f"**{fusion['speedup']['median']:.2f}x**" in section
+    assert f"- `{FUSION_NAME}`: no description" in section  # no codemod of that name in this chain yet
+    assert all(why in section for why in fusion["missing"].values())
+    assert "graph without the fusions" in text.split("## Cases")[1]
 
 
 def test_verify_refuses_short_runs_and_unavailable_backends_before_running(adapted):
