@@ -6,6 +6,7 @@ from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, O
 from graphmode.transforms.codemods.cache_object import CacheObject
 from graphmode.transforms.codemods.fused_attention import FusedAttention
 from graphmode.transforms.codemods.fused_rms_norm import FusedRMSNorm
+from graphmode.transforms.codemods.fused_rotary import FusedRotary
 from graphmode.transforms.codemods.carried_cache import CarriedCache
 from graphmode.transforms.codemods.hoist_item import HoistItem
 from graphmode.transforms.codemods.host_scalars import HostScalars
@@ -28,7 +29,7 @@ from graphmode.transforms.codemods.tensor_branches import TensorBranches
 CHAIN: tuple[type[GraphCodemod], ...] = (
     StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
     CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedRMSNorm,
-    FusedAttention, MergedProjections, SplitDecode,
+    FusedAttention, MergedProjections, FusedRotary, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 
