@@ -194,7 +194,7 @@ class FusedAttention(StepCodemod):
         return options.fused_ops != CPU and "softmax" in words and ("matmul" in words or ":MatMult" in words) and "transpose" in words
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
-        if not self.in_step_code(original_node):
+        if self.options.fused_ops == CPU or not self.in_step_code(original_node):
             return updated_node
         function = self.ast_of(original_node)
         new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}

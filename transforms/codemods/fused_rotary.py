@@ -75,7 +75,7 @@ class FusedRotary(StepCodemod):
         return options.fused_ops == NPU and "cat" in words
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._rotations = _half_rotations(tree)
+        self._rotations = _half_rotations(tree) if self.options.fused_ops == NPU else frozenset()
         if not self._rotations:
             return tree
         return super().transform_module_impl(tree)
