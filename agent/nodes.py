@@ -1,6 +1,7 @@
 """One small function per workflow step. Each reads the state and returns the fields it changes."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -175,7 +176,7 @@ def verify(state: RunState) -> dict:
                 timeout_s=opts.timeout_s, progress=progress.say,
                 # With fusions applied, a third side: the same adaptation without them, timed in the same runs.
                 unfused_dir=Path(state.unfused_dir) if state.unfused_dir else None,
-                fusions=fusions_of(state.applied),
+                fusions=fusions_of(state.applied), full_config=full_config(Path(opts.target)),
             )
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left
@@ -184,6 +185,19 @@ def verify(state: RunState) -> dict:
     if isinstance(result, AdaptedNotRunnable):
         return {"verification": Verification(ran=False, problems=[str(result)])}
     return {"verification": Verification.model_validate(result.to_dict())}
+
+
+def full_config(target: Path) -> dict | None:
+    """The model's full-size config, where the target has one: a Hugging Face folder's config.json (copied into the
+    target as it was, before --tiny shrinks the model it builds), at the top or one folder down."""
+    for path in [target / "config.json", *sorted(target.glob("*/config.json"))]:
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(values, dict):
+            return values
+    return None
 
 
 def _why_no_entries(state: RunState) -> str | None:

@@ -216,3 +216,30 @@ def config_traffic(config: Any, batch: int = 1, kv_len: int | None = None, dtype
     width = dtype_bytes or sizes.dtype_bytes
     return {"sizes": sizes.to_dict(), "batch": batch, "kv_len": kv_len, "dtype_bytes": width,
             "fusions": sorted(set(fusions)), **layer_traffic(sizes, batch, kv_len, width, fusions)}
+
+
+def estimate_pair(sizes: Sizes, batch: int, kv_len: int | None, dtype_bytes: int | None,
+                  fusions: Iterable[str]) -> dict[str, Any]:
+    """The estimate for one set of sizes without the fusions ("before") and with those of `fusions` it models
+    ("after"), for the report: {"sizes", "batch", "kv_len", "dtype_bytes", "fusions", "before", "after"}."""
+    modelled = sorted(set(fusions) & set(FUSIONS))
+    kv_len = kv_len or sizes.max_seq_len or 1
+    width = dtype_bytes or sizes.dtype_bytes
+    return {"sizes": sizes.to_dict(), "batch": batch, "kv_len": kv_len, "dtype_bytes": width, "fusions": modelled,
+            "before": layer_traffic(sizes, batch, kv_len, width, ()),
+            "after": layer_traffic(sizes, batch, kv_len, width, modelled)}
+
+
+def estimates(as_run: Mapping[str, Any] | None, full_config: Any, fusions: Iterable[str]) -> dict[str, Any]:
+    """{"as_run": the pair for the sizes the worker read off the model it ran (its `config_traffic`), "full": the
+    pair for a full-size config (its own length limit as the cached length, the same batch), each None when not
+    known}."""
+    fusions = list(fusions)
+    run_pair = full_pair = None
+    if as_run and as_run.get("sizes"):
+        run_pair = estimate_pair(Sizes.from_dict(as_run["sizes"]), as_run["batch"], as_run["kv_len"],
+                                 as_run["dtype_bytes"], fusions)
+    full = read_config(full_config) if full_config is not None else None
+    if full is not None:
+        full_pair = estimate_pair(full, as_run["batch"] if as_run else 1, full.max_seq_len, full.dtype_bytes, fusions)
+    return {"as_run": run_pair, "full": full_pair}

@@ -37,6 +37,7 @@ from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.shared_cores import waits_given_up
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.timing import SPREAD, STEADY_FIGURES, speedup_unstable
+from graphmode.runners.traffic import estimates
 
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
@@ -383,13 +384,15 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            similarity: float = DEFAULT_SIMILARITY, compile_cache: Path | None = None,
            batch_buckets: list[int] | None = None,
            progress: Callable[[str], None] | None = None,
-           unfused_dir: Path | None = None, fusions: list[str] | None = None) -> VerifyResult:
+           unfused_dir: Path | None = None, fusions: list[str] | None = None,
+           full_config: dict[str, Any] | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
     `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py).
     `unfused_dir`: the same adaptation without the fusion codemods `fusions` (their names): a third side in
-    every run, timed against the adapted one (VerifyResult.fusion); it does not enter the verdict.
+    every run, timed against the adapted one (VerifyResult.fusion); it does not enter the verdict. `full_config`: the
+    model's full-size config (a config.json's values), for the bytes-per-layer estimate at the sizes it names.
     `progress` hears which run starts and how long each took, one line each."""
     say = progress or (lambda _: None)
     if steps < MIN_STEPS:
@@ -508,6 +511,9 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     if unfused_dir is not None:
         result.fusion = fusion_figures(result, list(fusions or []), unfused, eager_logits, graph_logits,
                                        unfused_error, timed_beside_others)
+        # The analytic estimate (runners/traffic.py) at the sizes run and at the full config's.
+        result.fusion["estimate"] = estimates(result.adapted.decode_graph.get("config_traffic"), full_config,
+                                              list(fusions or []))
     return result
 
 
