@@ -25,7 +25,8 @@ from graphmode.transforms.codemods.tensor_branches import TensorBranches
 # Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has
 # been rewritten. The fusions come after every rewrite that makes Decode compile: they act on the
-# static path's code as it will run. An MoE dispatch is given its static form first, so no other rewrite acts on host reads it replaces.
+# static path's code as it will run. An MoE dispatch is given its static form first, so no other
+# rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
     CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedRMSNorm,

@@ -140,8 +140,8 @@ def _softmax_of(value: cst.BaseExpression) -> str | None:
     others = [a for a in args if a.keyword is not None and a.keyword.value not in ("dim", "dtype")]
     if len(dims) != 1 or _int_of(dims[0]) not in (-1, 3) or others:
         return None
-    if isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) and operand.func.attr.value == "float" \
-            and not operand.args:
+    if isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) \
+            and operand.func.attr.value == "float" and not operand.args:
         operand = operand.func.value
     return operand.value if isinstance(operand, cst.Name) else None
 
@@ -191,7 +191,8 @@ class FusedAttention(StepCodemod):
         # Not on CPU: there Inductor fuses the hand-written chain into one softmax kernel, which at Decode sizes (one
         # query row) is faster than the CPU flash-attention kernel SDPA becomes (measured on the bundled example:
         # Decode 0.31-0.44 ms/token with it, 0.18-0.25 without).
-        return options.fused_ops != CPU and "softmax" in words and ("matmul" in words or ":MatMult" in words) and "transpose" in words
+        return (options.fused_ops != CPU and "softmax" in words and "transpose" in words
+                and ("matmul" in words or ":MatMult" in words))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if self.options.fused_ops == CPU or not self.in_step_code(original_node):
