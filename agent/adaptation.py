@@ -140,6 +140,28 @@ def plan_changes(adaptations: dict[str, FileAdaptation], findings: list[Finding]
     return plan
 
 
+def fusion_numbers(codemod: str, full_config: dict | None) -> str:
+    """A fusion's effect on one layer's Decode step by the memory-traffic model (runners/traffic.py), in a sentence
+    for the design: the ops it takes away, and at a full config's sizes the intermediate bytes; "" for a change
+    that is no fusion."""
+    from graphmode.runners.traffic import fusion_effect, read_config  # stdlib only, no torch
+
+    if not CODEMODS[codemod].FUSION:
+        return ""
+    sizes = read_config(full_config) if full_config is not None else None
+    effect = fusion_effect(codemod, sizes)
+    if effect is None:
+        return ("Estimated effect: not held by the memory-traffic model; the report counts the ops of the captured "
+                "Decode graph with and without it.")
+    text = f"Estimated effect per layer per Decode step (memory-traffic model): {effect['ops']} fewer ops"
+    if sizes is None:
+        return text + ("; the bytes need the model's sizes (no config.json in the target): the report estimates them "
+                       "at the sizes run.")
+    return (text + f"; at the full config's sizes (hidden {sizes.hidden}, {sizes.layers} layers, batch 1, "
+            f"{effect['kv_len']} cached positions) {effect['intermediates'] / 1024:.1f} KiB fewer intermediate bytes "
+            f"of {effect['total'] / 1024 ** 2:.1f} MiB the layer moves, weights included.")
+
+
 def _first_fixer(finding: Finding, adaptations: dict[str, FileAdaptation]) -> str | None:
     adaptation = adaptations.get(finding.path)
     return fixed_by(finding, adaptation.edits) if adaptation else None

@@ -8,7 +8,7 @@ from pathlib import Path
 from langgraph.types import interrupt
 
 from graphmode.agent import progress
-from graphmode.agent.adaptation import adapt_sources, plan_changes
+from graphmode.agent.adaptation import adapt_sources, fusion_numbers, plan_changes
 from graphmode.agent.choices import choice_problem, needs_of
 from graphmode.agent.diffs import change_diffs
 from graphmode.agent.errors import UserError
@@ -88,7 +88,9 @@ def design(state: RunState) -> dict:
     # keeps that function's original body beside the rewrite (planned.diff).
     diffs = change_diffs({a.path: a.static_diff() for a in adaptations.values() if a.changed},
                          {c.id: c.edits for c in plan})
-    plan = [c.model_copy(update={"diff": diffs.get(c.id, "")}) for c in plan]
+    config = full_config(Path(state.options.target))
+    plan = [c.model_copy(update={"diff": diffs.get(c.id, ""), "numbers": fusion_numbers(c.codemod, config)})
+            for c in plan]
     run_dir = Path(state.options.run_dir)
     planned = run_dir / "planned.diff"
     write_atomic(planned, "".join(file_diffs.values()))

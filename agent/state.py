@@ -184,6 +184,7 @@ class Change(BaseModel):
     edits: list[dict] = Field(default_factory=list)  # transforms.codemods.Edit as dicts, original lines
     fixes: list[int] = Field(default_factory=list)  # indexes into RunState.findings
     diff: str = ""  # the hunks of the planned diff its edits touch (agent.diffs), shown before approval
+    numbers: str = ""  # a fusion's estimated effect per layer (agent.adaptation.fusion_numbers), for the design
 
 
 class RunState(BaseModel):

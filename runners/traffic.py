@@ -243,3 +243,22 @@ def estimates(as_run: Mapping[str, Any] | None, full_config: Any, fusions: Itera
     if full is not None:
         full_pair = estimate_pair(full, as_run["batch"] if as_run else 1, full.max_seq_len, full.dtype_bytes, fusions)
     return {"as_run": run_pair, "full": full_pair}
+
+
+def fusion_effect(fusion: str, sizes: Sizes | None, batch: int = 1) -> dict[str, Any] | None:
+    """What one fusion takes away from one layer's Decode step by the model above: {"ops": fewer ops, and with
+    `sizes` "intermediates": fewer bytes, "total": the bytes the layer moves without it, "sizes", "batch",
+    "kv_len"}. None for a fusion the model does not hold. Without sizes the op count is that of a layer whose KV
+    heads are its query heads (grouped-query attention adds the repeat_kv copies to what the attention fuses)."""
+    if fusion not in FUSIONS:
+        return None
+    shape = sizes or Sizes(hidden=1, heads=1, kv_heads=1, head_dim=1, intermediate=1, layers=1, max_seq_len=1)
+    before, after = layer_steps(shape, batch), layer_steps(shape, batch, fusions=[fusion])
+    effect: dict[str, Any] = {"ops": len(before) - len(after)}
+    if sizes is not None:
+        kv_len = sizes.max_seq_len or 1
+        without = layer_traffic(sizes, batch, kv_len)
+        with_it = layer_traffic(sizes, batch, kv_len, fusions=[fusion])
+        effect.update(intermediates=without["intermediates"] - with_it["intermediates"], total=without["total"],
+                      sizes=sizes.to_dict(), batch=batch, kv_len=kv_len)
+    return effect
