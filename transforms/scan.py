@@ -82,10 +82,10 @@ def _fixers() -> dict[str, tuple[str, ...]]:
         codemod = next(s for s in module.body if isinstance(s, ast.ClassDef) and s.name == element.id)
         values = {target.id: stmt.value for stmt in codemod.body if isinstance(stmt, ast.Assign)
                   for target in stmt.targets if isinstance(target, ast.Name)}
-        fixes = values["FIXES"]  # `frozenset({"GM101", ...})`
-        if not (isinstance(fixes, ast.Call) and len(fixes.args) == 1 and not fixes.keywords):
+        fixes = values["FIXES"]  # `frozenset({"GM101", ...})`, or `frozenset()` for a fusion, which fixes none
+        if not (isinstance(fixes, ast.Call) and len(fixes.args) <= 1 and not fixes.keywords):
             raise ValueError(f"{element.id}.FIXES is not written `frozenset({{...}})`")
-        for code in ast.literal_eval(fixes.args[0]):
+        for code in ast.literal_eval(fixes.args[0]) if fixes.args else ():
             found.setdefault(code, []).append(ast.literal_eval(values["NAME"]))
     return {code: tuple(names) for code, names in found.items()}
 
