@@ -4,6 +4,7 @@ from __future__ import annotations
 from graphmode.transforms.codemods.added_cache import AddedCache
 from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from graphmode.transforms.codemods.cache_object import CacheObject
+from graphmode.transforms.codemods.fused_add_rms_norm import FusedAddRMSNorm
 from graphmode.transforms.codemods.fused_attention import FusedAttention
 from graphmode.transforms.codemods.fused_rms_norm import FusedRMSNorm
 from graphmode.transforms.codemods.fused_rotary import FusedRotary
@@ -29,8 +30,8 @@ from graphmode.transforms.codemods.tensor_branches import TensorBranches
 # rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
-    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedRMSNorm,
-    FusedAttention, MergedProjections, FusedRotary, SplitDecode,
+    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedAddRMSNorm,
+    FusedRMSNorm, FusedAttention, MergedProjections, FusedRotary, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

@@ -103,7 +103,7 @@ class FusedRMSNorm(StepCodemod):
             return updated_node
         changed = False
         for index, stmt in enumerate(body):
-            found = self._norm_in(stmt, body[:index])
+            found = _norm_in(stmt, body[:index])
             if found is None:
                 continue
             norm, scaled, eps, means_line = found
@@ -120,25 +120,6 @@ class FusedRMSNorm(StepCodemod):
         if not changed:
             return updated_node
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[s for s in body if s is not None]))
-
-    def _norm_in(self, stmt: cst.BaseStatement, earlier: list[cst.BaseStatement | None]):
-        """(the `x * rsqrt(...)` node, x, eps, (name, index) of the mean's own line or None) in `stmt`, if any."""
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            return None
-        for node in _binary_operations(stmt):
-            parts = _scaled_and_rsqrt(node)
-            if parts is None:
-                continue
-            scaled, denominator = parts
-            if not (isinstance(denominator, cst.BinaryOperation) and isinstance(denominator.operator, cst.Add)):
-                continue
-            means, eps = denominator.left, denominator.right
-            squared, means_line = _last_dim_mean(means), None
-            if squared is None and isinstance(means, cst.Name):
-                squared, means_line = _bound_mean(means.value, earlier)
-            if squared is not None and same_code(squared, scaled):
-                return node, scaled, eps, means_line
-        return None
 
     def _fused(self, stmt: cst.SimpleStatementLine, norm: cst.BinaryOperation, scaled: cst.BaseExpression,
                eps: cst.BaseExpression, after: list[cst.BaseStatement | None]):
@@ -176,6 +157,43 @@ class FusedRMSNorm(StepCodemod):
         new_return = rest[0].with_changes(body=[rest[0].body[0].with_changes(value=result)])
         return (_commented(_replaced(stmt, norm, call), "one RMSNorm kernel, the weight applied in it"),
                 [new_return if s is rest[0] else s for s in after])
+
+
+def _norm_in(stmt: cst.BaseStatement, earlier: list[cst.BaseStatement | None]):
+    """(the `x * rsqrt(...)` node, x, eps, (name, index) of the mean's own line or None) in `stmt`, if any."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    for node in _binary_operations(stmt):
+        parts = _scaled_and_rsqrt(node)
+        if parts is None:
+            continue
+        scaled, denominator = parts
+        if not (isinstance(denominator, cst.BinaryOperation) and isinstance(denominator.operator, cst.Add)):
+            continue
+        means, eps = denominator.left, denominator.right
+        squared, means_line = _last_dim_mean(means), None
+        if squared is None and isinstance(means, cst.Name):
+            squared, means_line = _bound_mean(means.value, earlier)
+        if squared is not None and same_code(squared, scaled):
+            return node, scaled, eps, means_line
+    return None
+
+
+def norm_parts(body: list[cst.BaseStatement]) -> tuple[str, str] | None:
+    """(weight, epsilon) attribute names of a `forward` body that is an RMSNorm returning `self.weight * <cast of
+    the normalised input>` with `self.eps` as its epsilon (`name = <norm>`, then `return`); None otherwise."""
+    for index, stmt in enumerate(body):
+        found = _norm_in(stmt, body[:index])
+        if found is None:
+            continue
+        norm, _, eps, _ = found
+        assigned, rest = single_assignment(stmt), body[index + 1:]
+        if assigned is None or assigned[1] is not norm or self_attribute_name(eps) is None or len(rest) != 1 \
+                or not m.matches(rest[0], m.SimpleStatementLine(body=[m.Return()])):
+            return None
+        parts = _weight_times(rest[0].body[0].value, assigned[0])
+        return (self_attribute_name(parts[0]), self_attribute_name(eps)) if parts is not None else None
+    return None
 
 
 def _binary_operations(node: cst.CSTNode) -> list[cst.BinaryOperation]:
