@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from graphmode.transforms.cstutil import code_of
+from graphmode.transforms.cstutil import code_of, names_in, nodes_of_type
 
 NPU = "npu"
 CPU = "cpu"
@@ -38,3 +39,26 @@ def wants_torch_npu(context: CodemodContext) -> None:
 
 def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return code_of(a).strip() == code_of(b).strip()
+
+
+def replaced(node: cst.CSTNode, replacements: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.CSTNode:
+    """`node` with each key of `replacements` (a node inside it, by identity) swapped for its value; an expression
+    keeps the parentheses around the one it stands in for."""
+    class _Swap(cst.CSTTransformer):
+        def on_leave(self, original_node, updated_node):
+            new = replacements.get(original_node)
+            if new is None:
+                return updated_node
+            if getattr(original_node, "lpar", None) and not getattr(new, "lpar", True):
+                return new.with_changes(lpar=original_node.lpar, rpar=original_node.rpar)
+            return new
+
+    return node.visit(_Swap())
+
+
+def assigned_names(stmt: cst.CSTNode) -> set[str]:
+    """The names a statement assigns, augmented assignments included."""
+    names: set[str] = set()
+    for node in [*nodes_of_type(stmt, cst.AssignTarget), *nodes_of_type(stmt, cst.AugAssign)]:
+        names |= names_in(node.target)
+    return names

@@ -25,10 +25,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import NPU, wants_torch_npu
+from graphmode.transforms.codemods._fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.fused_rms_norm import norm_parts
-from graphmode.transforms.cstutil import dotted_name, find_method, names_in, nodes_of_type, self_attribute_name, \
+from graphmode.transforms.cstutil import dotted_name, find_method, nodes_of_type, self_attribute_name, \
     single_assignment
 
 
@@ -122,7 +122,7 @@ class FusedAddRMSNorm(StepCodemod):
             comment = cst.EmptyLine(indent=True, comment=cst.Comment(
                 f"# graphmode: the residual add and `{norm}` in one kernel (fused)."))
             body[index] = fused.with_changes(leading_lines=[*stmt.leading_lines, comment])
-            body[at] = _swap(body[at], call, cst.Name(out))
+            body[at] = replaced(body[at], {call: cst.Name(out)})
             changed = True
         if not changed:
             return None
@@ -137,27 +137,10 @@ class FusedAddRMSNorm(StepCodemod):
                 norm = self_attribute_name(call.func)
                 if norm in norms and len(call.args) == 1 and m.matches(call.args[0].value, m.Name(total)):
                     return at, call, norm
-            if not isinstance(stmt, cst.SimpleStatementLine) or total in _assigned(stmt):
+            if not isinstance(stmt, cst.SimpleStatementLine) or total in assigned_names(stmt):
                 return None
         return None
 
 
-def _assigned(stmt: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
-    for node in nodes_of_type(stmt, cst.AssignTarget):
-        names |= names_in(node.target)
-    for node in nodes_of_type(stmt, cst.AugAssign):
-        names |= names_in(node.target)
-    return names
-
-
 def _code(node: cst.BaseExpression) -> str:
     return cst.Module(body=[]).code_for_node(node).strip()
-
-
-def _swap(stmt: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            return new if original_node is old else updated_node
-
-    return stmt.visit(_Swap())

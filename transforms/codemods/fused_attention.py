@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import CPU, NPU, functional_prefix, wants_torch_npu
+from graphmode.transforms.codemods._fusion import CPU, NPU, functional_prefix, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, none_test, nodes_of_type, \
     only_raises, single_assignment
@@ -203,14 +203,7 @@ class FusedAttention(StepCodemod):
             rebuilt = self._block(block, function)
             if rebuilt is not None:
                 new_blocks[block] = rebuilt
-        if not new_blocks:
-            return updated_node
-
-        class _Swap(cst.CSTTransformer):
-            def leave_IndentedBlock(self, original, updated):
-                return new_blocks.get(original, updated)
-
-        return original_node.visit(_Swap())
+        return replaced(original_node, new_blocks) if new_blocks else updated_node
 
     def _block(self, block: cst.IndentedBlock, function: ast.AST) -> cst.IndentedBlock | None:
         body = list(block.body)
@@ -356,18 +349,8 @@ def _with_fused(stmt: cst.SimpleStatementLine, product: cst.BaseExpression, fuse
     so the fused call reads as one call: [`attention = fused`, `out = attention.transpose(...)...`]."""
     assigned = single_assignment(stmt)
     if assigned is not None and _bare(assigned[1]) is product or assigned is not None and assigned[1] is product:
-        return [_replace_node(stmt, product, fused)]
+        return [replaced(stmt, {product: fused})]
     taken = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
     name = next(n for n in ("attention", "attn", "graphmode_attention") if n not in taken)
     first = cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=fused)])
-    return [first, _replace_node(stmt, product, cst.Name(name)).with_changes(leading_lines=[])]
-
-
-def _replace_node(stmt: cst.CSTNode, old: cst.CSTNode, new: cst.BaseExpression) -> cst.CSTNode:
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            if original_node is old:
-                return new.with_changes(lpar=old.lpar, rpar=old.rpar) if getattr(old, "lpar", None) else new
-            return updated_node
-
-    return stmt.visit(_Swap())
+    return [first, replaced(stmt, {product: cst.Name(name)}).with_changes(leading_lines=[])]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import NPU, functional_prefix, same_code, wants_torch_npu
+from graphmode.transforms.codemods._fusion import NPU, functional_prefix, replaced, same_code, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, self_attribute_name, \
     single_assignment
@@ -133,7 +133,7 @@ class FusedRMSNorm(StepCodemod):
         x = code_of(_unparenthesized(scaled))
         call = cst.parse_expression(f"{prefix}.rms_norm({x}, ({_uncast(scaled)}.shape[-1],), "
                                     f"eps={code_of(eps).strip()})")
-        return _commented(_replaced(stmt, norm, call), "one RMSNorm operator"), after
+        return _commented(replaced(stmt, {norm: call}), "one RMSNorm operator"), after
 
     def _npu_with_weight(self, stmt, norm, scaled, eps, after):
         """`name = <norm>` followed by `return self.weight * cast(name)` -> one npu_rms_norm call with the weight."""
@@ -155,7 +155,7 @@ class FusedRMSNorm(StepCodemod):
         call = cst.parse_expression(f"torch_npu.npu_rms_norm({x}, {code_of(weight).strip()}.to({dtype}), "
                                     f"epsilon={code_of(eps).strip()})[0]")
         new_return = rest[0].with_changes(body=[rest[0].body[0].with_changes(value=result)])
-        return (_commented(_replaced(stmt, norm, call), "one RMSNorm kernel, the weight applied in it"),
+        return (_commented(replaced(stmt, {norm: call}), "one RMSNorm kernel, the weight applied in it"),
                 [new_return if s is rest[0] else s for s in after])
 
 
@@ -265,14 +265,3 @@ def _uncast(node: cst.BaseExpression) -> str:
 def _commented(stmt: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:
     comment = cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {why} (fused; was five elementwise ops)."))
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, comment])
-
-
-def _replaced(stmt: cst.CSTNode, old: cst.CSTNode, new: cst.BaseExpression) -> cst.CSTNode:
-    """`stmt` with the node `old` (by identity) replaced by `new`, keeping its parentheses."""
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            if original_node is old:
-                return new.with_changes(lpar=old.lpar, rpar=old.rpar) if old.lpar else new
-            return updated_node
-
-    return stmt.visit(_Swap())

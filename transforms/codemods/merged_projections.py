@@ -22,11 +22,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import NPU, wants_torch_npu
+from graphmode.transforms.codemods._fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, dotted_name, find_method, names_in, nodes_of_type, \
+from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, \
     self_attribute_name
 
 HELPER = "graphmode_merged_linear"
@@ -107,14 +107,7 @@ class MergedProjections(StepCodemod):
                 # One merge per block: the projections of one input.
                 x, names, first = max(groups, key=lambda group: len(group[1]))
                 new_blocks[block] = block.with_changes(body=self._rewrite(body, x, names, first))
-        if not new_blocks:
-            return None
-
-        class _Swap(cst.CSTTransformer):
-            def leave_IndentedBlock(self, original, updated):
-                return new_blocks.get(original, updated)
-
-        return method.visit(_Swap())
+        return replaced(method, new_blocks) if new_blocks else None
 
     def _rewrite(self, body: list[cst.BaseStatement], x: str, names: tuple[str, ...], first: int):
         calls = {(name, x) for name in names}
@@ -125,7 +118,7 @@ class MergedProjections(StepCodemod):
             self.record_edit(body[index], f"`{gate}` and `{up}` in one matmul, SiLU and product in one kernel")
             fused = cst.parse_expression(
                 f'torch_npu.npu_swiglu({HELPER}(self, ("{gate}", "{up}"), {x}, split=False), dim=-1)')
-            rewritten = _swap(body[index], {product: fused})
+            rewritten = replaced(body[index], {product: fused})
             return [*body[:index], _commented(rewritten, "gate and up in one matmul, SiLU(gate) * up in one kernel"),
                     *body[index + 1:]]
         outputs = {name: f"{name}_out" for name in names}
@@ -138,10 +131,10 @@ class MergedProjections(StepCodemod):
                 new_body.append(_commented(merged.with_changes(leading_lines=stmt.leading_lines),
                                            f"{', '.join(names)} in one matmul over their stacked weights"))
                 stmt = stmt.with_changes(leading_lines=[])
-            replaced = {call: cst.Name(outputs[name]) for call, name in _calls(stmt, calls)}
-            if replaced:
+            swaps = {call: cst.Name(outputs[name]) for call, name in _calls(stmt, calls)}
+            if swaps:
                 self.record_edit(body[index], "outputs of the merged matmul")
-                stmt = _swap(stmt, replaced)
+                stmt = replaced(stmt, swaps)
             new_body.append(stmt)
         return new_body
 
@@ -199,7 +192,7 @@ def _groups(body: list[cst.BaseStatement], linears: dict[str, tuple[str, str]]) 
                         and isinstance(call.args[0].value, cst.Name):
                     x = call.args[0].value.value
                     seen.setdefault((x, versions.get(x, 0)), []).append((name, index))
-        for assigned in _assigned_names(stmt):
+        for assigned in assigned_names(stmt):
             versions[assigned] = versions.get(assigned, 0) + 1
     groups = []
     for (x, _), uses in seen.items():
@@ -214,23 +207,6 @@ def _groups(body: list[cst.BaseStatement], linears: dict[str, tuple[str, str]]) 
             continue
         groups.append((x, tuple(kind), min(index for name, index in uses if name in kind)))
     return groups
-
-
-def _assigned_names(stmt: cst.BaseStatement) -> set[str]:
-    names: set[str] = set()
-    for node in nodes_of_type(stmt, cst.AssignTarget):
-        names |= names_in(node.target)
-    for node in nodes_of_type(stmt, cst.AugAssign):
-        names |= names_in(node.target)
-    return names
-
-
-def _swap(stmt: cst.CSTNode, replacements: dict[cst.CSTNode, cst.CSTNode]) -> cst.CSTNode:
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            return replacements.get(original_node, updated_node)
-
-    return stmt.visit(_Swap())
 
 
 def _commented(stmt: cst.BaseStatement, why: str) -> cst.BaseStatement:
