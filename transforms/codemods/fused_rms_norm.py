@@ -108,9 +108,10 @@ class FusedRMSNorm(StepCodemod):
                 continue
             norm, scaled, eps, means_line = found
             new_stmt, tail = self._fused(stmt, norm, scaled, eps, body[index + 1:])
-            if new_stmt is None:
-                continue
             self.record_edit(originals[index], "one fused RMSNorm operator")
+            for offset, (old, new) in enumerate(zip(body[index + 1:], tail), start=index + 1):
+                if new is not old:  # the NPU form's return, which no longer applies the weight
+                    self.record_edit(originals[offset], "the weight is applied inside the operator")
             body[index] = new_stmt
             body[index + 1:] = tail
             if means_line is not None and not any(means_line[0] in names_in(s) for s in body[index:]):
