@@ -27,8 +27,10 @@ def test_every_finding_is_fixed_by_the_chain():
     findings = scan_source(source, "model.py")
     assert {f.code for f in findings} == {"GM201", "GM302", "GM401", "GM501"}
     result = adapt_source(source, "model.py", None, OPTIONS)
+    # Then the fusions (OPTIONS: CUDA's, every portable one): the norm, the attention and the projections.
     assert result.applied == ["hoist_item", "sliced_tables", "static_mask", "sliced_kv_cache",
-                              "static_positions", "split_decode"]
+                              "static_positions", "fused_rms_norm", "fused_attention", "merged_projections",
+                              "split_decode"]
     assert not result.manual
     assert [f for f in findings if fixed_by(f, result.edits) is None] == []
     assert {fixed_by(f, result.edits) for f in findings if f.code == "GM302"} == {"sliced_tables", "sliced_kv_cache"}

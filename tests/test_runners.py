@@ -26,7 +26,7 @@ from graphmode.runners.harness import HarnessError, load_harness, next_token_log
 from graphmode.runners.probe import probe
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.verify import VerificationError, verify
-from graphmode.transforms.codemods import Options
+from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -270,19 +270,21 @@ def test_probe_failure_is_a_one_line_error(tmp_path):
         probe(tmp_path, steps=2, timeout_s=120)
 
 
-# A fusion's name, as the fusion codemods will be called (none is in this chain yet: the report must say so).
+# A fusion codemod: the report lists it with its own words.
 FUSION_NAME = "fused_rms_norm"
 
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory, adapted):
-    """The hand-adapted copy verified, with graphmode's own adaptation of the example as the side "without the
-    fusions": two adaptations of one model, so the third side's plumbing is tested for one more compile only."""
+    """The hand-adapted copy verified, with graphmode's own adaptation of the example without its fusions as the
+    side "without the fusions": two adaptations of one model, so the third side's plumbing is tested for one more
+    compile only."""
     logs = tmp_path_factory.mktemp("verify-logs")
     unfused = tmp_path_factory.mktemp("adapted_unfused")
     shutil.copy(EXAMPLE / "harness.py", unfused / "harness.py")
     source = (EXAMPLE / "model.py").read_text()
-    adaptation = adapt_source(source, "model.py", None, Options(entry_class="Transformer", max_seq_len=64))
+    adaptation = adapt_source(source, "model.py", {name for name, codemod in CODEMODS.items() if not codemod.FUSION},
+                              Options(entry_class="Transformer", max_seq_len=64))
     assert adaptation.changed and "split_decode" in adaptation.applied
     (unfused / "model.py").write_text(adaptation.adapted)
     return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs, runs=1,
@@ -367,7 +369,7 @@ def test_verify_times_decode_without_the_fusions_in_the_same_runs_and_the_report
     section = text.split("## Kernels and memory traffic")[1].split("\n## ")[0]
     assert f"| {ms['without']:.3f} [{ms['without']:.3f}, {ms['without']:.3f}] |" in section
     assert f"**{fusion['speedup']['median']:.2f}x**" in section
-    assert f"- `{FUSION_NAME}`: no description" in section  # no codemod of that name in this chain yet
+    assert f"- `{FUSION_NAME}`: {CODEMODS[FUSION_NAME].DESCRIPTION}" in section
     assert all(why in section for why in fusion["missing"].values())
     assert "graph without the fusions" in text.split("## Cases")[1]
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from graphmode.transforms.codemods import CODEMODS
+
 pexpect = pytest.importorskip("pexpect")
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
@@ -28,6 +30,12 @@ def _spawn(*args: str, home: Path, cwd: Path):
     env = {**os.environ, "GRAPHMODE_HOME": str(home), "COLUMNS": "200", "TERM": "xterm", "PAGER": "cat"}
     return pexpect.spawn(sys.executable, ["-m", "graphmode.agent.cli", *args], env=env, cwd=str(cwd), encoding="utf-8",
                          timeout=600, dimensions=(50, 200), preexec_fn=_as_at_a_terminal)
+
+
+def _change_ids(design: Path, *codemods: str) -> set[str]:
+    """The ids the design gives the changes of these codemods (ids follow the chain, so they move as it grows)."""
+    text = design.read_text()
+    return {re.search(rf"### (C\d+)\. [^\n]*\(`{name}`\)", text).group(1) for name in codemods}
 
 
 def _finish(child) -> int:
@@ -58,17 +66,20 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
-    child.sendline("d C4")  # one change's diff, through the pager
+    design = out / "legacy_llm" / "design.md"
+    cache, = _change_ids(design, "static_kv_cache")
+    needs = _change_ids(design, "static_mask", "static_positions", "split_decode")
+    child.sendline(f"d {cache}")  # one change's diff, through the pager
     child.expect(r"\+\+\+ b/model\.py")
     child.expect(r"self\.kv_cache\.update")
     child.expect("Apply which changes")
-    child.sendline("C4")  # the cache alone needs the positions, the mask and the entry points
+    child.sendline(cache)  # the cache alone needs the positions, the mask and the entry points
     child.expect(r"need[s]? (C\d(, C\d)*) too\. Add")
-    assert set(child.match.group(1).split(", ")) == {"C3", "C5", "C6"}
-    # The design (and the table above the question, from the same function) listed the same needs for C4.
-    section = (out / "legacy_llm" / "design.md").read_text().split("### C4.")[1].split("### C5.")[0]
+    assert set(child.match.group(1).split(", ")) == needs
+    # The design (and the table above the question, from the same function) listed the same needs for the cache.
+    section = design.read_text().split(f"### {cache}.")[1].split("\n### ")[0]
     listed = re.search(r"\*\*Needs:\*\* (C\d(?:, C\d)*)", section).group(1)
-    assert set(listed.split(", ")) == {"C3", "C5", "C6"}
+    assert set(listed.split(", ")) == needs
     child.sendline("no")  # nothing is added or dropped behind the person's back: the question comes again
     child.expect("Apply which changes")
     child.sendline("all")
@@ -85,14 +96,17 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
     child = _spawn("adapt", str(target), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
-    child.sendline("d C2")
+    entries, = _change_ids(tmp_path / "out" / "static_ready" / "design.md", "split_decode")
+    child.sendline(f"d {entries}")
     child.expect(r"def decode\(self")
     child.expect("Apply which changes")
-    child.sendline("C2")
+    child.sendline(entries)
     child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")
     assert _finish(child) == 0
     report = json.loads((tmp_path / "out" / "static_ready" / "report.json").read_text())
-    assert report["changes_applied"] == ["split_decode"] and report["changes_declined"] == ["hoist_item"]
+    # Declined with the assert rewrite: the fusions the model's norm and projections would get.
+    assert report["changes_applied"] == ["split_decode"] and report["changes_declined"][0] == "hoist_item"
+    assert all(CODEMODS[name].FUSION for name in report["changes_declined"][1:])
 
 
 @pytest.mark.slow

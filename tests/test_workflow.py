@@ -69,12 +69,22 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert Path(cache["dir"]) == run / "compile-cache" and any((run / "compile-cache").iterdir())
     assert cache["first_run_warmup_s"] > 0 and cache["saved_s"] is not None
     assert (run / "decode_ms_per_step.png").read_bytes()[:4] == b"\x89PNG"
-    assert report["compile_logs"] == ["logs/adapted.compile.log", "logs/adapted.run2.compile.log"]
+    assert report["compile_logs"] == ["logs/adapted.compile.log", "logs/adapted.run2.compile.log",
+                                      "logs/unfused.compile.log", "logs/unfused.run2.compile.log"]
     assert all((run / log).is_file() for log in report["compile_logs"])
+    # The example's norm and projections are fused (not its attention, on CPU); the adaptation without them was
+    # timed in the same runs, and the captured Decode step runs fewer ops with them, in every layer.
+    fusion = report["fusion"]
+    assert fusion["applied"] == ["fused_rms_norm", "merged_projections"] and fusion["runs"] == 2
+    assert fusion["ops_per_step"]["after"] < fusion["ops_per_step"]["before"]
+    assert fusion["ops_per_layer"]["after"] < fusion["ops_per_layer"]["before"] and fusion["layers"]["after"] == 2
+    assert fusion["decode_ms"]["with"] > 0 and fusion["decode_ms"]["without"] > 0
+    assert fusion["tokens"]["fused_equal_unfused"] and fusion["estimate"]["as_run"]["sizes"]["hidden"] == 128
     text = (run / "report.md").read_text()
     assert "Result: verified" in text and "not wired in yet" not in text
     for heading in ("## Fixed variables", "## Steady state", "## Start-up cost", "## Output validation",
-                    "## Limits of this conclusion", "](decode_ms_per_step.png)", "](logs/adapted.compile.log)"):
+                    "## Limits of this conclusion", "](decode_ms_per_step.png)", "](logs/adapted.compile.log)",
+                    "## Kernels and memory traffic"):
         assert heading in text, heading
     assert "C1." in (run / "design.md").read_text()
     assert "+++ b/model.py" in (run / "changes.diff").read_text()
