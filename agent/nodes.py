@@ -123,6 +123,16 @@ def confirm(state: RunState) -> dict:
     return {"approved": [c.id for c in state.plan if c.id in chosen]}
 
 
+def after_confirm(state: RunState) -> str:
+    """The step after confirmation: the report alone when every planned change was declined (an empty
+    adaptation has nothing to verify); implement otherwise, also when nothing was planned (a model may already
+    have its entry points)."""
+    return "report" if state.plan and not state.approved else "implement"
+
+
+DECLINED_ALL = "every planned change was declined: nothing was adapted, so nothing was verified"
+
+
 def implement(state: RunState) -> dict:
     """Applies the approved codemods to copies of the sources; the originals are never touched."""
     selected = {c.codemod for c in state.plan if c.id in (state.approved or [])}  # closed under needs (confirm)
@@ -233,5 +243,10 @@ def _compile_cache(state: RunState) -> Path | None:
 
 
 def report(state: RunState) -> dict:
-    """The test report (agent.reporting): what was measured, and what is left for a person."""
+    """The test report (agent.reporting): what was measured, and what is left for a person; with every change
+    declined, that nothing was adapted or verified."""
+    if state.verification is None and after_confirm(state) == "report":
+        verification = Verification(ran=False, problems=[DECLINED_ALL])
+        return {"verification": verification,
+                "report_path": str(write_report(state.model_copy(update={"verification": verification})))}
     return {"report_path": str(write_report(state))}

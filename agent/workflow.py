@@ -1,4 +1,5 @@
-"""The workflow graph: analyze -> design -> confirm -> implement -> verify -> report.
+"""The workflow graph: analyze -> design -> confirm -> implement -> verify -> report, and confirm -> report when a
+person declines every planned change.
 
 `confirm` interrupts until a person answers (unless --yes); the SQLite checkpointer keeps the
 session, so `graphmode resume <id>` can finish it in a later process.
@@ -28,10 +29,14 @@ def build_graph(checkpointer):
     graph = StateGraph(RunState)
     for name in STEPS:
         graph.add_node(name, getattr(nodes, name))
-    graph.add_edge(START, STEPS[0])
-    for before, after in zip(STEPS, STEPS[1:]):
-        graph.add_edge(before, after)
-    graph.add_edge(STEPS[-1], END)
+    graph.add_edge(START, "analyze")
+    graph.add_edge("analyze", "design")
+    graph.add_edge("design", "confirm")
+    # Every planned change declined: nothing to implement or verify, straight to the report that says so.
+    graph.add_conditional_edges("confirm", nodes.after_confirm, ["implement", "report"])
+    graph.add_edge("implement", "verify")
+    graph.add_edge("verify", "report")
+    graph.add_edge("report", END)
     return graph.compile(checkpointer=checkpointer)
 
 

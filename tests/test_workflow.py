@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from graphmode.agent import nodes
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 
 
@@ -175,16 +177,19 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     design = (out / EXAMPLE.name / "design.md").read_text()
     c3_needs = re.search(r"\*\*Needs:\*\* (C\d(?:, C\d)*)", design.split("### C3.")[1].split("### C4.")[0]).group(1)
     assert f"C3 needs {c3_needs};" in needs.stderr
-    # Declining everything is a choice: the adapted model then has no entries, and the report says why (exit 1).
+    # Declining everything is a choice: the workflow goes from confirmation straight to the report, which says that
+    # nothing was adapted or verified (exit 1); no empty implement or verify runs.
     resumed = graphmode("resume", session, "--reject-all", home=home, cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert "Not verified" in resumed.stdout and "Traceback" not in resumed.stderr + resumed.stdout
+    assert not re.search(r"^\W*(implement|verify) \(", resumed.stdout, re.M), resumed.stdout
+    assert not (out / EXAMPLE.name / "adapted").exists()
     report = json.loads((out / EXAMPLE.name / "report.json").read_text())
     assert report["passed"] is False and report["ran"] is False
-    assert "model.prefill raised" in report["problems"][0] or "no prefill or decode" in report["problems"][0]
+    assert report["problems"] == [nodes.DECLINED_ALL]
     assert "static_positions" in report["changes_declined"]
     text = (out / EXAMPLE.name / "report.md").read_text()
-    assert "could not be run" in text and "Declined:" in text
+    assert "every planned change was declined" in text and "Declined:" in text
 
 
 @pytest.mark.slow
