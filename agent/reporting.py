@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from graphmode.agent.chart import decode_chart
+from graphmode.agent.declined import declined_causes
 from graphmode.agent.knowledge import skill
 from graphmode.agent.leftovers import mark_decode_runs
 from graphmode.agent.output import render, write_atomic
@@ -82,6 +83,8 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
     eager, graph = v.eager, v.graph
     traced = bool(v.adapted.get("decode_lines"))
     return {
+        # Failures on lines a declined change would have rewritten (agent.declined), named with that change.
+        "declined_causes": declined_causes(state),
         "graph_breaks": v.graph_breaks,
         "recompiles": v.recompiles,
         "tokens_equal": v.tokens_equal,
