@@ -37,6 +37,11 @@ def wants_torch_npu(context: CodemodContext) -> None:
     AddImportsVisitor.add_needed_import(context, "torch_npu")
 
 
+def bare(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without the parentheses around it (code and matching see through them)."""
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
 def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return code_of(a).strip() == code_of(b).strip()
 

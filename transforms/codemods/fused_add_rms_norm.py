@@ -28,7 +28,7 @@ import libcst.matchers as m
 from graphmode.transforms.codemods._fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.fused_rms_norm import norm_parts
-from graphmode.transforms.cstutil import dotted_name, find_method, nodes_of_type, self_attribute_name, \
+from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, self_attribute_name, \
     single_assignment
 
 
@@ -116,9 +116,9 @@ class FusedAddRMSNorm(StepCodemod):
             wants_torch_npu(self.context)
             self.record_edit(method.body.body[index], f"the add and `self.{norm}` in one torch_npu kernel")
             self.record_edit(method.body.body[at], f"`self.{norm}` of the sum from the fused kernel")
-            fused = cst.parse_statement(
-                f"{out}, _, {total} = torch_npu.npu_add_rms_norm({_code(add.left)}, {_code(add.right)}, "
-                f"self.{norm}.{weight}, self.{norm}.{eps})\n")
+            left, right = code_of(add.left).strip(), code_of(add.right).strip()
+            fused = cst.parse_statement(f"{out}, _, {total} = torch_npu.npu_add_rms_norm({left}, {right}, "
+                                        f"self.{norm}.{weight}, self.{norm}.{eps})\n")
             comment = cst.EmptyLine(indent=True, comment=cst.Comment(
                 f"# graphmode: the residual add and `{norm}` in one kernel (fused)."))
             body[index] = fused.with_changes(leading_lines=[*stmt.leading_lines, comment])
@@ -140,7 +140,3 @@ class FusedAddRMSNorm(StepCodemod):
             if not isinstance(stmt, cst.SimpleStatementLine) or total in assigned_names(stmt):
                 return None
         return None
-
-
-def _code(node: cst.BaseExpression) -> str:
-    return cst.Module(body=[]).code_for_node(node).strip()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import CPU, NPU, functional_prefix, replaced, wants_torch_npu
+from graphmode.transforms.codemods._fusion import CPU, NPU, bare, functional_prefix, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, none_test, nodes_of_type, \
     only_raises, single_assignment
@@ -97,15 +97,11 @@ def _scores(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpr
         if isinstance(value.operator, cst.Divide) and isinstance(value.right, cst.BinaryOperation):
             scale = f"1 / ({divisor})"
         value = value.left
-    operands = _matmul_operands(_bare(value))
+    operands = _matmul_operands(bare(value))
     if operands is None:
         return None
     key = _transposed_key(operands[1])
     return (operands[0], key, scale) if key is not None else None
-
-
-def _bare(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
 
 
 def _masking(stmt: cst.BaseStatement, scores: str) -> tuple[cst.BaseExpression, str] | None:
@@ -303,7 +299,7 @@ class FusedAttention(StepCodemod):
         return not (self.options.fused_ops == NPU and chain.dropout is not None)
 
     def _fused_call(self, chain: _Chain) -> cst.BaseExpression:
-        q, k, v = (code_of(_bare(x)).strip() for x in (chain.q, chain.k, chain.v))
+        q, k, v = (code_of(bare(x)).strip() for x in (chain.q, chain.k, chain.v))
         scale = chain.scale or "1.0"
         if self.options.fused_ops == NPU:
             wants_torch_npu(self.context)
@@ -337,7 +333,7 @@ def _product_in(stmt: cst.BaseStatement, probs: str, inline_softmax: bool = Fals
         operands = _matmul_operands(node)
         if operands is None or probs in names_in(operands[1]):
             continue
-        left = _bare(operands[0])
+        left = bare(operands[0])
         if (_softmax_of(left) == probs) if inline_softmax else m.matches(left, m.Name(probs)):
             return node, operands[1]
     return None
@@ -348,7 +344,7 @@ def _with_fused(stmt: cst.SimpleStatementLine, product: cst.BaseExpression, fuse
     """`out = probs @ v` -> [`out = fused`]; a product inside a longer expression gets a line of its own first,
     so the fused call reads as one call: [`attention = fused`, `out = attention.transpose(...)...`]."""
     assigned = single_assignment(stmt)
-    if assigned is not None and _bare(assigned[1]) is product or assigned is not None and assigned[1] is product:
+    if assigned is not None and bare(assigned[1]) is product or assigned is not None and assigned[1] is product:
         return [replaced(stmt, {product: fused})]
     taken = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
     name = next(n for n in ("attention", "attn", "graphmode_attention") if n not in taken)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import NPU, functional_prefix, replaced, same_code, wants_torch_npu
+from graphmode.transforms.codemods._fusion import NPU, bare, functional_prefix, replaced, same_code, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, self_attribute_name, \
-    single_assignment
+from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, nodes_of_type, \
+    self_attribute_name, single_assignment
 
 _CASTS = frozenset({"to", "type_as", "type", "float", "half", "bfloat16"})
 
@@ -69,10 +69,6 @@ def _squared(node: cst.BaseExpression) -> cst.BaseExpression | None:
         if isinstance(node.operator, cst.Multiply) and same_code(node.left, node.right):
             return node.left
     return None
-
-
-def _unparenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
 
 
 class FusedRMSNorm(StepCodemod):
@@ -131,7 +127,7 @@ class FusedRMSNorm(StepCodemod):
             if folded is not None:
                 return folded
         prefix = functional_prefix(self.source.tree, self.context)
-        x = code_of(_unparenthesized(scaled))
+        x = code_of(bare(scaled))
         call = cst.parse_expression(f"{prefix}.rms_norm({x}, ({_uncast(scaled)}.shape[-1],), "
                                     f"eps={code_of(eps).strip()})")
         return _commented(replaced(stmt, {norm: call}), "one RMSNorm operator"), after
@@ -151,7 +147,7 @@ class FusedRMSNorm(StepCodemod):
             return None
         weight, result = parts
         wants_torch_npu(self.context)
-        x = code_of(_unparenthesized(scaled))
+        x = code_of(bare(scaled))
         dtype = "torch.float32" if _cast_name(scaled) == "float" else f"{x}.dtype"
         call = cst.parse_expression(f"torch_npu.npu_rms_norm({x}, {code_of(weight).strip()}.to({dtype}), "
                                     f"epsilon={code_of(eps).strip()})[0]")
@@ -198,8 +194,6 @@ def norm_parts(body: list[cst.BaseStatement]) -> tuple[str, str] | None:
 
 
 def _binary_operations(node: cst.CSTNode) -> list[cst.BinaryOperation]:
-    from graphmode.transforms.cstutil import nodes_of_type
-
     return nodes_of_type(node, cst.BinaryOperation)
 
 
@@ -207,7 +201,7 @@ def _scaled_and_rsqrt(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cs
     """`x * torch.rsqrt(d)` / `torch.rsqrt(d) * x` / `x / torch.sqrt(d)` -> (x, d)."""
     def root(call: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
         if isinstance(call, cst.Call) and dotted_name(call.func) == f"torch.{name}" and len(call.args) == 1:
-            return _unparenthesized(call.args[0].value)
+            return bare(call.args[0].value)
         return None
 
     if isinstance(node.operator, cst.Multiply):
@@ -246,7 +240,7 @@ def _weight_times(returned: cst.BaseExpression | None, name: str):
         if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in _CASTS:
             inner = inner.func.value
         if m.matches(inner, m.Name(name)):
-            return weight, _unparenthesized(result)
+            return weight, bare(result)
     return None
 
 
@@ -259,7 +253,7 @@ def _cast_name(node: cst.BaseExpression) -> str | None:
 
 def _uncast(node: cst.BaseExpression) -> str:
     """The code of the tensor a cast is applied to (same shape), or of the expression itself."""
-    node = _unparenthesized(node)
+    node = bare(node)
     return code_of(node.func.value) if _cast_name(node) is not None else code_of(node)
 
 

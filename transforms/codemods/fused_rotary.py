@@ -20,7 +20,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._fusion import NPU, same_code, wants_torch_npu
+from graphmode.transforms.codemods._fusion import NPU, bare, same_code, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, nodes_of_type
 
@@ -51,7 +51,7 @@ def _half_rotations(module: cst.Module) -> frozenset[str]:
 
 
 def _product(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    node = bare(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
         return node.left, node.right
     return None
