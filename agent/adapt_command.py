@@ -43,6 +43,7 @@ def run_adapt(args: argparse.Namespace) -> int:
     options = RunOptions(target=str(target.folder), run_dir=str(target.run_dir), backend=backend.name,
                          steps=args.steps, runs=args.runs, similarity=args.similarity,
                          compile_cache=args.compile_cache, batch_buckets=buckets, auto_approve=args.yes,
+                         rounds=args.rounds,
                          timeout_s=args.timeout, hf=target.hf_summary(), sources=target.sources,
                          interpreter=interpreter.to_dict(),
                          python=interpreter.path if interpreter.path != sys.executable else None)
@@ -121,7 +122,7 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
         target = target_folder(args.path)
         if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
             raise UserError(f"--out {args.out}: the output must be outside the target folder")
-    for key in ("steps", "runs", "similarity", "timeout"):
+    for key in ("steps", "runs", "similarity", "timeout", "rounds"):
         problem = SETTINGS[key].problem(getattr(args, key))
         if problem:
             raise UserError(f"{SETTINGS[key].flag} {getattr(args, key):g}: {problem}")

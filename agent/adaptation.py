@@ -13,16 +13,31 @@ from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
 
 
 def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
-    """Every file of the target through the codemods (`selected`: only these; None: all), with the options
-    the traced run's evidence gives them."""
-    # With batch buckets, the static buffers must hold the largest one.
-    options = Options(max_seq_len=state.max_seq_len, entry_class=state.entry_class,
-                      max_batch_size=max(state.options.batch_buckets, default=Options.max_batch_size),
-                      fused_ops=fused_ops_for(state.options.backend))
+    """Every file of the target through the codemods (`selected`: only these; None: all but those a bisection
+    dropped), with the parameters of the session (a person's revisions over what analyze found) and the options
+    the traced run's evidence gives them, with what later rounds' adapted runs added to it."""
+    values = parameter_values(state)
+    options = Options(max_seq_len=values["max_seq_len"], entry_class=values["entry_class"],
+                      max_batch_size=values["max_batch_size"], fused_ops=values["fused_ops"])
     if state.evidence:
         options = evidence_options(options, Evidence.from_dict(state.evidence))
+    seen = state.repair_evidence.get("host_sync_lines", [])
+    if seen:  # the adapted run read the host where the original's trace never went (agent.repair)
+        options = replace(options, traced=True, host_sync_lines=tuple(sorted(
+            {*options.host_sync_lines, *((file, line) for file, line in seen)})))
+    if selected is None:
+        selected = set(CODEMODS) - {d["codemod"] for d in state.dropped}
     target = Path(state.options.target)
     return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
+
+
+def parameter_values(state: RunState) -> dict:
+    """The parameters the codemods are built with (agent.revisions): a person's revision, else what analyze found.
+    With batch buckets the static buffers hold the largest one."""
+    found = {"max_seq_len": state.max_seq_len, "entry_class": state.entry_class,
+             "max_batch_size": max(state.options.batch_buckets, default=Options.max_batch_size),
+             "fused_ops": fused_ops_for(state.options.backend)}
+    return {**found, **state.revisions}
 
 
 def fused_ops_for(backend: str) -> str:
@@ -164,4 +179,10 @@ def fusion_numbers(codemod: str, full_config: dict | None) -> str:
 
 def _first_fixer(finding: Finding, adaptations: dict[str, FileAdaptation]) -> str | None:
     adaptation = adaptations.get(finding.path)
-    return fixed_by(finding, adaptation.edits) if adaptation else None
+    if adaptation is None:
+        return None
+    # Seen failing in an earlier round's adapted run: the change that rewrites the line is its repair.
+    if finding.source == "adapted":
+        return next((e.codemod for e in sorted(adaptation.edits, key=lambda e: list(CODEMODS).index(e.codemod))
+                     if e.start_line <= finding.line <= e.end_line), None)
+    return fixed_by(finding, adaptation.edits)

@@ -77,6 +77,10 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
         # The report's own verdict (runners.timing.speedup_unstable): too spread over the runs to quote.
         "decode_speedup_unstable": report.get("decode_speedup_unstable"),
         "runs": report.get("runs"),
+        # Design -> verify rounds the target took (agent.repair; None before one was reported), and what a
+        # bisection left out.
+        "rounds": len(report["rounds"]) if report.get("rounds") else None,
+        "dropped": [d["codemod"] for d in report.get("dropped") or []],
         # With fusions applied: Decode without them over Decode with them, timed in the same runs (None without).
         "fusion_speedup": fusion.get("speedup", {}).get("median"),
         "fusion_speedup_unstable": fusion.get("unstable") if fusion else None,
@@ -178,8 +182,8 @@ def write_summary(manifest: Manifest, rows: list[dict[str, Any]], conditions: li
     return summary
 
 
-COLUMNS = ("target", "status", "findings", "fixed automatically", "left for a person", "graph breaks", "recompiles",
-           "tokens equal", "Decode speed-up", "warm-up s", "time s")
+COLUMNS = ("target", "status", "rounds", "findings", "fixed automatically", "left for a person", "graph breaks",
+           "recompiles", "tokens equal", "Decode speed-up", "warm-up s", "time s")
 
 
 def cells(row: dict[str, Any]) -> list[str]:
@@ -188,7 +192,7 @@ def cells(row: dict[str, Any]) -> list[str]:
         return "" if value is None else form.format(value)
 
     tokens = row.get("tokens_equal")
-    return [row["name"], row["status"].replace("_", " "), number(row.get("findings")),
+    return [row["name"], row["status"].replace("_", " "), number(row.get("rounds")), number(row.get("findings")),
             number(row.get("fixed_automatically")), number(row.get("manual_items")), number(row.get("graph_breaks")),
             number(row.get("recompiles")), "" if tokens is None else ("yes" if tokens else "no"),
             speedup_text(row), number(row.get("warmup_s"), "{:.1f}"),
@@ -223,6 +227,10 @@ def _markdown(summary: dict[str, Any]) -> str:
         lines += ["", "Fusions: Decode without them over Decode with them, timed in the same runs: " + ", ".join(
             f"{row['name']} {row['fusion_speedup']:.2f}x" + (" unstable" if row.get("fusion_speedup_unstable") else "")
             for row in fused) + "."]
+    dropped = [row for row in rows if row.get("dropped")]
+    if dropped:
+        lines += ["", "Left out after a bisection found they change the tokens: " + ", ".join(
+            f"{row['name']} ({', '.join(f'`{name}`' for name in row['dropped'])})" for row in dropped) + "."]
     if summary["chart"]:
         lines += ["", f"![Decode speed-up per target]({summary['chart']})"]
     problems = [row for row in rows if row.get("problem")]

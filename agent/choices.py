@@ -43,3 +43,10 @@ def choice_problem(plan: list[Change], chosen: list[str]) -> str | None:
         fixed = [c.id for c in plan if c.id in set(chosen) | set(missing)]
         return f"{why}; approve {','.join(fixed)} instead"
     return None
+
+
+def proposed_choice(plan: list[Change], declined: list[str]) -> list[str]:
+    """Every change but those of the codemods a person declined in an earlier round, and those that need one of
+    them: what a later round proposes, and what a --yes round applies (it never adds back what a person declined)."""
+    left_out = {c.id for c in plan if c.codemod in declined}
+    return [c.id for c in plan if c.id not in left_out and not left_out & set(needs_of(plan, c.id))]

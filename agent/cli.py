@@ -2,7 +2,8 @@
 
     graphmode adapt PATH [--yes] [--backend NAME] [--out DIR] [--runs N] [--batch-buckets 1,2,4,8]
                                                                 design, confirm, implement, verify, report
-    graphmode resume ID [--approve C1,C3 | --reject-all]        finish a session stopped at confirmation
+    graphmode resume ID [--approve C1,C3 | --reject-all | --revise C4.max_seq_len=4096]
+                                                                finish a session stopped at confirmation
     graphmode sessions                                          list sessions
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
     graphmode fix PATH... [--diff] [--jobs N] [--out DIR]       the rewrites alone: adapted copies and diffs
@@ -74,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     adapt.add_argument("--compile-cache", default=None, metavar="DIR|off", help=help_with_default("compile_cache"))
     adapt.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help=help_with_default("timeout"))
     adapt.add_argument("--batch-buckets", metavar="1,2,4,8", help=help_with_default("batch_buckets"))
+    adapt.add_argument("--rounds", type=int, default=None, help=help_with_default("rounds"))
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -82,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     choice = resume.add_mutually_exclusive_group()
     choice.add_argument("--approve", help="comma-separated change ids to apply, e.g. C1,C3")
     choice.add_argument("--reject-all", action="store_true", help="apply nothing (verification then shows why)")
+    choice.add_argument("--revise", action="append", metavar="C4.max_seq_len=4096",
+                        help="change a parameter a planned change is built with (the design lists each change's: "
+                             "max_seq_len, max_batch_size, entry_class, fused_ops) and make the design again; the "
+                             "session stops for confirmation of the new design. Repeat it for several")
 
     commands.add_parser("sessions", help="list sessions and where they stand")
 

@@ -8,17 +8,20 @@ from pathlib import Path
 from langgraph.types import interrupt
 
 from graphmode.agent import progress
-from graphmode.agent.adaptation import adapt_sources, fusion_numbers, plan_changes
-from graphmode.agent.choices import choice_problem, needs_of
+from graphmode.agent.adaptation import adapt_sources, evidence_caches, evidence_cache_writes, fusion_numbers, \
+    parameter_values, plan_changes
+from graphmode.agent.choices import choice_problem, needs_of, proposed_choice
 from graphmode.agent.diffs import change_diffs
 from graphmode.agent.errors import UserError
 from graphmode.agent.knowledge import skill
 from graphmode.agent.leftovers import merge_by_line
 from graphmode.agent.output import remove_tree, render, write_adapted_tree, write_atomic
 from graphmode.agent.reporting import write_report
+from graphmode.agent.revisions import PARAMETERS, parameters_of, traced_dims
 from graphmode.agent.runtime_findings import with_runtime_findings
 from graphmode.agent.sources import declared_sources, read_source
 from graphmode.agent.state import Baseline, RunState, Verification
+from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import CODEMODS
 from graphmode.transforms.rules import scan_source
 
@@ -99,24 +102,48 @@ def design(state: RunState) -> dict:
 
     # The releases the model runs on: those of the target's interpreter, checked and described when the run began.
     interpreter = state.options.interpreter or own_interpreter().to_dict()
-    write_atomic(path, render(
+    evidence = Evidence.from_dict(state.evidence) if state.evidence else None
+    caches = (evidence_caches(evidence), evidence_cache_writes(evidence)) if evidence else ((), ())
+    text = render(
         "design.md.j2", state=state, plan=plan, findings=state.findings, manual=manual, skill=skill,
         fixed={i: change.id for change in plan for i in change.fixes}, interpreter=interpreter,
         needs={change.id: needs_of(plan, change.id) for change in plan},
-        transformers=interpreter["transformers"],
-    ))
-    return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned)}
+        transformers=interpreter["transformers"], values=parameter_values(state), parameters=PARAMETERS,
+        shown={change.id: parameters_of(change) for change in plan},
+        dims={change.id: traced_dims(change, *caches) for change in plan},
+        proposed=proposed_choice(plan, state.declined) if state.round > 1 else None,
+        last_round=state.rounds[-1] if state.rounds else None,
+    )
+    write_atomic(path, text)
+    # Every design is kept: a revision or a repair round writes a new one beside the earlier ones.
+    kept = run_dir / "designs" / f"design-{len(state.designs) + 1}.md"
+    write_atomic(kept, text)
+    return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned),
+            "designs": [*state.designs, str(kept)], "revising": False}
 
 
 def confirm(state: RunState) -> dict:
-    """Waits for a person's choice (or takes every change with --yes). The command line checks a choice before
-    the session sees it (agent.session_commands, agent.terminal_session); this is the last guard: an inconsistent
-    choice is refused, never trimmed."""
+    """Waits for a person's answer (or, with --yes, takes every change but what a person declined in an earlier
+    round). The command line checks an answer before the session sees it (agent.session_commands,
+    agent.terminal_session)."""
     if state.options.auto_approve:
+        return take_answer(state, "proposed")
+    return take_answer(state, interrupt({"design": state.design_path, "changes": [[c.id, c.title] for c in state.plan],
+                                         "round": state.round, "offers": state.offers}))
+
+
+def take_answer(state: RunState, answer) -> dict:
+    """The fields an answer at confirmation changes: "all", "proposed" (agent.choices.proposed_choice), a list of
+    ids, or {"revise": {parameter: value}} (design runs again with the new values). The last guard: an
+    inconsistent choice is refused, never trimmed."""
+    if isinstance(answer, dict):
+        return {"revisions": {**state.revisions, **answer["revise"]}, "revising": True, "approved": None}
+    if answer == "all":
         chosen = [c.id for c in state.plan]
+    elif answer == "proposed":
+        chosen = proposed_choice(state.plan, state.declined)
     else:
-        answer = interrupt({"design": state.design_path, "changes": [[c.id, c.title] for c in state.plan]})
-        chosen = [c.id for c in state.plan] if answer == "all" else list(answer or [])
+        chosen = list(answer or [])
     problem = choice_problem(state.plan, chosen)
     if problem:
         raise UserError(problem)
@@ -124,9 +151,11 @@ def confirm(state: RunState) -> dict:
 
 
 def after_confirm(state: RunState) -> str:
-    """The step after confirmation: the report alone when every planned change was declined (an empty
-    adaptation has nothing to verify); implement otherwise, also when nothing was planned (a model may already
-    have its entry points)."""
+    """The step after confirmation: design again after a revision; the report alone when every planned change
+    was declined (an empty adaptation has nothing to verify); implement otherwise, also when nothing was planned
+    (a model may already have its entry points)."""
+    if state.revising:
+        return "design"
     return "report" if state.plan and not state.approved else "implement"
 
 
@@ -199,6 +228,40 @@ def verify(state: RunState) -> dict:
     return {"verification": Verification.model_validate(result.to_dict())}
 
 
+def after_verify(state: RunState) -> str:
+    """A verified model goes to the report; a failed verification to the repair, which decides whether another
+    round can fix it."""
+    return "report" if state.verification is not None and state.verification.passed else "repair"
+
+
+def repair(state: RunState) -> dict:
+    """Maps the failed verification to the original's lines and plans the next round (agent.repair): the evidence
+    the adapted run revealed, a declined change offered again, a change that alters the tokens (bisected) left out.
+    Without a next round, it records why."""
+    from graphmode.agent.repair import bisect_applied, plan_repair, round_record, tokens_differ
+
+    v = state.verification
+    bisect = v is not None and v.ran and tokens_differ(v) and state.round < state.options.rounds
+    fix = plan_repair(state, _user_code(lambda: bisect_applied(state), state.options.python) if bisect else None)
+    record = round_record(state, fix.repairs, fix.outcome)
+    # What a person declined stays out of later --yes rounds, unless they took it back in this one.
+    declined = sorted(({*state.declined} - {*record.approved}) | {*record.declined})
+    update = {"rounds": [*state.rounds, record], "declined": declined}
+    if not fix.another_round:
+        return update
+    evidence = dict(state.repair_evidence)
+    if fix.host_sync_lines:
+        evidence["host_sync_lines"] = [*evidence.get("host_sync_lines", []), *fix.host_sync_lines]
+    return {**update, "round": state.round + 1, "verification": None, "approved": None, "offers": fix.offers,
+            "dropped": [*state.dropped, fix.dropped] if fix.dropped else state.dropped, "repair_evidence": evidence,
+            "findings": [*state.findings, *fix.findings]}
+
+
+def after_repair(state: RunState) -> str:
+    """Design again when the repair opened a new round, else the report."""
+    return "design" if state.verification is None else "report"
+
+
 def full_config(target: Path) -> dict | None:
     """The model's full-size config, where the target has one: a Hugging Face folder's config.json (copied into the
     target as it was, before --tiny shrinks the model it builds), at the top or one folder down."""
@@ -243,10 +306,17 @@ def _compile_cache(state: RunState) -> Path | None:
 
 
 def report(state: RunState) -> dict:
-    """The test report (agent.reporting): what was measured, and what is left for a person; with every change
-    declined, that nothing was adapted or verified."""
+    """The test report (agent.reporting): every round, what was measured, and what is left for a person; with
+    every change declined, that nothing was adapted or verified."""
+    from graphmode.agent.repair import round_record
+
+    update: dict = {}
     if state.verification is None and after_confirm(state) == "report":
-        verification = Verification(ran=False, problems=[DECLINED_ALL])
-        return {"verification": verification,
-                "report_path": str(write_report(state.model_copy(update={"verification": verification})))}
-    return {"report_path": str(write_report(state))}
+        update["verification"] = Verification(ran=False, problems=[DECLINED_ALL])
+    finished = state.model_copy(update=update)
+    if not state.rounds or state.rounds[-1].number != state.round:  # verified, or declined: the repair never ran
+        outcome = "verified" if finished.verification.passed else \
+            (finished.verification.problems or ["not verified"])[0]
+        update["rounds"] = [*state.rounds, round_record(finished, [], outcome)]
+        finished = state.model_copy(update=update)
+    return {**update, "report_path": str(write_report(finished))}

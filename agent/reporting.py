@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from graphmode.agent.chart import decode_chart
-from graphmode.agent.declined import declined_causes
+from graphmode.agent.failures import declined_causes
 from graphmode.agent.knowledge import skill
 from graphmode.agent.leftovers import mark_decode_runs
 from graphmode.agent.output import render, write_atomic
@@ -69,6 +69,10 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
         # of it (added).
         "baseline": {k: getattr(state.baseline, k) for k in ("graph_breaks", "recompiles", "recompile_limit_hit",
                                                         "crash", "measured_with", "headline")},
+        # Every round of design -> verify (added; agent.repair): its design, choice, verdict, repairs and outcome;
+        # the fields above are the last round's. `dropped`: the changes a bisection left out, with its trials.
+        "rounds": [r.model_dump() for r in state.rounds],
+        "dropped": state.dropped,
     }
 
 
@@ -83,7 +87,7 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
     eager, graph = v.eager, v.graph
     traced = bool(v.adapted.get("decode_lines"))
     return {
-        # Failures on lines a declined change would have rewritten (agent.declined), named with that change.
+        # Failures on lines a declined change would have rewritten (agent.failures), named with that change.
         "declined_causes": declined_causes(state),
         "graph_breaks": v.graph_breaks,
         "recompiles": v.recompiles,

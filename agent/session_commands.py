@@ -33,9 +33,9 @@ def run_resume(args: argparse.Namespace) -> int:
             console.print(f"session {args.session} has finished; its report: {state.report_path}")
             return 0
         if "confirm" not in snapshot.next:  # interrupted (Ctrl-C) in another step: carry on from there
-            if args.approve is not None or args.reject_all:
+            if args.approve is not None or args.reject_all or args.revise:
                 raise UserError(f"session {args.session} stopped before confirmation (at {', '.join(snapshot.next)}); "
-                                "resume it without --approve/--reject-all, then choose")
+                                "resume it without --approve/--reject-all/--revise, then choose")
             with run_folder_lock(Path(state.options.run_dir), args.session):
                 return drive(graph, None, args.session, interactive=sys.stdin.isatty())
         if args.approve is not None:
@@ -49,15 +49,41 @@ def run_resume(args: argparse.Namespace) -> int:
                                 f"design: {state.design_path})")
         elif args.reject_all:
             answer = []
+        elif args.revise:
+            answer = {"revise": _revisions(args, state)}
         elif sys.stdin.isatty():
             answer = ask(state)
+        elif state.round > 1:  # a later round: what a person declined before stays out unless chosen by id
+            from graphmode.agent.choices import proposed_choice
+
+            proposed = proposed_choice(state.plan, state.declined)
+            console.print(f"round {state.round}: approving {', '.join(proposed) or 'nothing'} of "
+                          f"{state.design_path} (what you declined before stays out; --approve to choose)")
+            answer = "proposed"
         else:
             console.print(f"approving all {len(state.plan)} changes of {state.design_path}")
             answer = "all"
         if answer is None:
             return EXIT_STOPPED
         with run_folder_lock(Path(state.options.run_dir), args.session):
-            return drive(graph, Command(resume=answer), args.session, interactive=False)
+            # At a terminal, a later confirmation (a revised design, a repair round) is asked there too.
+            return drive(graph, Command(resume=answer), args.session, interactive=sys.stdin.isatty())
+
+
+def _revisions(args: argparse.Namespace, state) -> dict:
+    """--revise C4.max_seq_len=4096 ... as {parameter: value}, each checked against the design before the session
+    sees it."""
+    from graphmode.agent.revisions import parse_revision
+
+    values = {}
+    for text in args.revise:
+        try:
+            name, value = parse_revision(state.plan, text)
+        except ValueError as error:
+            raise UserError(f"--revise {error} (session {args.session} is unchanged; the design: "
+                            f"{state.design_path})") from None
+        values[name] = value
+    return values
 
 
 def run_sessions() -> int:

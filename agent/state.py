@@ -40,6 +40,9 @@ class RunOptions(BaseModel):
     # then sized for the largest.
     batch_buckets: list[int] = Field(default_factory=list)
     auto_approve: bool = False
+    # The most design -> verify rounds (agent.repair): a failed verification is repaired and verified again while
+    # rounds are left.
+    rounds: int = default("rounds")
     timeout_s: float = default("timeout")  # the most one worker process (evidence, probe, each verify run) may take
     # `--hf`: what the user named and how graphmode built it (agent.hf_target.HFTarget.summary()); None otherwise.
     hf: dict[str, Any] | None = None
@@ -53,7 +56,7 @@ class RunOptions(BaseModel):
     @model_validator(mode="after")
     def _within_bounds(self) -> "RunOptions":
         for key, value in (("steps", self.steps), ("runs", self.runs), ("similarity", self.similarity),
-                           ("timeout", self.timeout_s)):
+                           ("timeout", self.timeout_s), ("rounds", self.rounds)):
             problem = SETTINGS[key].problem(value)
             if problem:
                 raise ValueError(f"{key} = {value!r} {problem}")
@@ -187,6 +190,29 @@ class Change(BaseModel):
     numbers: str = ""  # a fusion's estimated effect per layer (agent.adaptation.fusion_numbers), for the design
 
 
+class Round(BaseModel):
+    """One finished round of design -> confirm -> implement -> verify, as the reports tell it (agent.repair)."""
+
+    number: int
+    design_path: str  # that round's design document, kept beside the latest (design.md)
+    approved: list[str] = Field(default_factory=list)  # codemods
+    declined: list[str] = Field(default_factory=list)  # codemods a person (not a --yes run) left out
+    applied: list[str] = Field(default_factory=list)
+    revisions: dict[str, Any] = Field(default_factory=dict)  # the parameters as a person revised them
+    # The verification's verdict in short (None when it did not run: `problems` says why).
+    passed: bool | None = None
+    problems: list[str] = Field(default_factory=list)
+    tokens_equal: bool | None = None
+    first_divergent_step: int | None = None
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    decode_speedup: float | None = None
+    # What the repair found and did after it: {"kind": "evidence" | "declined" | "applied" | "dropped" | "kept",
+    # "path", "line" (the original's), "adapted_line", "codemod", "change", "what"}; [] after the last round.
+    repairs: list[dict[str, Any]] = Field(default_factory=list)
+    outcome: str = ""  # one sentence: verified, repaired into round N+1, or why it stopped
+
+
 class RunState(BaseModel):
     schema_version: int = SCHEMA_VERSION
     session_id: str
@@ -209,6 +235,23 @@ class RunState(BaseModel):
     design_path: str = ""
     planned_diff_path: str = ""  # every change applied, as one diff (planned.diff beside design.md)
     approved: list[str] | None = None  # change ids; None until confirmed
+    # Design rounds (agent.repair): which this is, and the finished ones before it. `designs` lists every design
+    # document written, revisions at confirmation included.
+    round: int = 1
+    rounds: list[Round] = Field(default_factory=list)
+    designs: list[str] = Field(default_factory=list)
+    # A person's revised parameters (agent.revisions: max_seq_len, max_batch_size, entry_class, fused_ops), and
+    # whether confirm just took a revision (then design runs again before anything is applied).
+    revisions: dict[str, Any] = Field(default_factory=dict)
+    revising: bool = False
+    # Codemods left out of every later design: those a person declined (a --yes round never adds them back) and
+    # those a bisection found to change the tokens ({"codemod", "round", "why"}).
+    declined: list[str] = Field(default_factory=list)
+    dropped: list[dict[str, Any]] = Field(default_factory=list)
+    # What the adapted runs showed that the original's traced run did not: evidence lines for the codemods' options
+    # ({"host_sync_lines": [[file, line], ...]}), and the declined changes behind a failure, to offer again.
+    repair_evidence: dict[str, list] = Field(default_factory=dict)
+    offers: list[dict[str, Any]] = Field(default_factory=list)
 
     # implement
     applied: list[str] = Field(default_factory=list)  # codemods that changed at least one file

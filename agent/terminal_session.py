@@ -36,11 +36,13 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
     from langgraph.types import Command
 
     from graphmode.agent.progress import listening
-    from graphmode.agent.workflow import STEPS, saved_state
+    from graphmode.agent.revisions import parameters_of
+    from graphmode.agent.workflow import saved_state
 
     while True:
         started = time.perf_counter()
-        with console.status("working…") as status, listening(_progress_listener(status)):
+        now = {"step": "working", "since": started}  # the step running, for its progress lines
+        with console.status("working…") as status, listening(_progress_listener(status, now)):
             for update in graph.stream(payload, config, stream_mode="updates"):
                 for step, change in update.items():
                     if step == "__interrupt__":
@@ -49,9 +51,8 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
                     console.print(f"[green]✓[/] {step} ({elapsed:.1f} s): {_describe(step, change or {})}",
                                   soft_wrap=True)
                     started = time.perf_counter()
-                    following = STEPS.index(step) + 1
-                    if following < len(STEPS):
-                        status.update(f"{STEPS[following]}…")
+                    now.update(step=_next_step(step, change or {}), since=started)
+                    status.update(f"{now['step']}…")
         snapshot = graph.get_state(config)
         state = saved_state(session, snapshot.values)
         if not snapshot.next:
@@ -60,11 +61,22 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
         answer = ask(state) if interactive else None
         if answer is None:
             console.print(f"\nDesign document: {state.design_path}")
+            if state.round > 1:
+                console.print(f"Round {state.round}: {state.rounds[-1].outcome}", soft_wrap=True)
             console.print(f"Stopped for confirmation. Session: [bold]{session}[/]")
-            console.print(f"  apply every change:  graphmode resume {session}")
+            console.print(f"  apply every change:  graphmode resume {session}" if state.round == 1 else
+                          f"  apply the proposed:  graphmode resume {session}")
+            offered = _offered_choice(state)
+            if offered:
+                console.print(f"  add what you declined, which is behind a failure: graphmode resume {session} "
+                              f"--approve {offered}")
             if len(state.plan) > 1:
                 console.print(f"  choose changes:      graphmode resume {session} --approve {_example_choice(state)}")
             console.print(f"  apply nothing:       graphmode resume {session} --reject-all")
+            if any(parameters_of(c) for c in state.plan):
+                example = next(c for c in state.plan if parameters_of(c))
+                console.print(f"  revise a parameter:  graphmode resume {session} --revise "
+                              f"{example.id}.{parameters_of(example)[0]}=VALUE")
             return EXIT_STOPPED
         payload = Command(resume=answer)
 
@@ -93,31 +105,56 @@ def _example_choice(state: RunState) -> str:
     return ",".join(unmet_needs(state.plan, [last]) + [last])
 
 
-def _progress_listener(status):
-    """Where a long step's lines go: the spinner's text at a terminal (with the time since its first line, which
-    the step says as it begins), else one printed line per finished run."""
-    began: list[float] = []
+def _next_step(step: str, change: dict) -> str:
+    """The step that follows `step`, as far as its update tells (for the spinner and the progress lines)."""
+    if step == "verify":
+        verification = change.get("verification")
+        return "report" if verification is not None and verification.passed else "repair"
+    if step == "repair":
+        return "design" if "round" in change else "report"  # a new round changes the round number
+    if step == "confirm":
+        return "design" if change.get("revising") else "implement"
+    return {"analyze": "design", "design": "confirm", "implement": "verify"}.get(step, "…")
 
+
+def _offered_choice(state: RunState) -> str:
+    """The proposed choice with the declined changes behind a failure added (a later round), as --approve's value;
+    "" when nothing is offered."""
+    from graphmode.agent.choices import proposed_choice
+
+    offered = {o["codemod"] for o in state.offers}
+    if not offered:
+        return ""
+    return ",".join(proposed_choice(state.plan, [d for d in state.declined if d not in offered]))
+
+
+def _progress_listener(status, now: dict):
+    """Where a long step's lines go: the spinner's text at a terminal (with the time since the step began), else
+    one printed line per finished run."""
     def listen(line: str) -> None:
-        began[:] = began or [time.perf_counter()]
-        elapsed = time.perf_counter() - began[0]
+        elapsed = time.perf_counter() - now["since"]
         if console.is_terminal:
-            status.update(f"verify: {line} ({elapsed:.0f} s in)")
+            status.update(f"{now['step']}: {line} ({elapsed:.0f} s in)")
         elif not line.endswith(": running"):
-            console.print(f"  verify: {line} ({elapsed:.0f} s in)", soft_wrap=True)
+            console.print(f"  {now['step']}: {line} ({elapsed:.0f} s in)", soft_wrap=True)
     return listen
 
 
 def ask(state: RunState):
-    """Asks which changes to apply. Returns 'all', a list of ids, or None to stop here."""
-    from graphmode.agent.choices import needs_of, unmet_needs
+    """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
+    or None to stop here."""
+    from graphmode.agent.adaptation import parameter_values
+    from graphmode.agent.choices import needs_of, proposed_choice, unmet_needs
+    from graphmode.agent.revisions import parameters_of, parse_revision
 
+    values = parameter_values(state)
     table = Table(title=f"Planned changes (details: {state.design_path})")
-    for column in ("id", "change", "files", "fixes", "needs"):
+    for column in ("id", "change", "files", "fixes", "needs", "parameters"):
         table.add_column(column)
     for change in state.plan:
         table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
-                      ", ".join(needs_of(state.plan, change.id)))
+                      ", ".join(needs_of(state.plan, change.id)),
+                      ", ".join(f"{name}={values[name]}" for name in parameters_of(change)))
     # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
     total = sum(change.diff.count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:
@@ -125,13 +162,33 @@ def ask(state: RunState):
     console.print(table)
     console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
+    console.print("Revise a parameter: `e C3 max_seq_len=4096` (the design is made again with it)")
+    default = "all"
+    if state.round > 1:
+        added = _offer_declined(state)
+        if added is None:
+            return None
+        proposed = proposed_choice(state.plan, [d for d in state.declined if d not in added])
+        default = ",".join(proposed)
+        console.print(f"Round {state.round}: {state.rounds[-1].outcome}. Proposed: {default or 'nothing'} "
+                      "(Enter takes it)", soft_wrap=True)
     while True:
         try:
-            reply = console.input("Apply which changes? [bold]all[/], none, ids (C1,C3), d \\[ids] for diffs, "
-                                  "or later: ").strip().lower()
+            reply = console.input(f"Apply which changes? [bold]{'all' if default == 'all' else 'proposed'}[/], "
+                                  "all, none, ids (C1,C3), d \\[ids] for diffs, e ID NAME=VALUE, or later: ").strip()
         except EOFError:  # Ctrl-D: the same as "later"
             console.print()
             return None
+        if reply.lower().startswith("e "):
+            try:
+                name, value = parse_revision(state.plan, reply[2:])
+            except ValueError as error:
+                console.print(f"[yellow]{error}[/]", soft_wrap=True)
+                continue
+            return {"revise": {name: value}}
+        reply = reply.lower()
+        if reply in ("", "y", "yes", "proposed", "p") and default != "all":
+            return [part for part in default.split(",") if part]
         if reply in ("all", "a", "y", "yes", ""):
             return "all"
         if reply in ("none", "n", "no"):
@@ -166,6 +223,28 @@ def ask(state: RunState):
             return [c.id for c in state.plan if c.id in set(chosen) | set(missing)]
 
 
+def _offer_declined(state: RunState) -> list[str] | None:
+    """Round 2 on: each change the person declined that is behind a failure of the last round, named with it, and
+    the question whether to add it. The codemods added (a list), or None for "later"."""
+    from graphmode.agent.repair import by_change, offer_sentence
+
+    added = []
+    for offers in by_change(state.offers).values():
+        change = next((c for c in state.plan if c.codemod == offers[0]["codemod"]), None)
+        if change is None:
+            continue
+        console.print(f"{offer_sentence(offers)} in round {state.round - 1}: it would {change.title[0].lower()}"
+                      f"{change.title[1:]} ({change.id} in this round's design).", soft_wrap=True)
+        try:
+            answer = console.input(f"Add {change.id}? yes/[bold]no[/]: ").strip().lower()
+        except EOFError:
+            console.print()
+            return None
+        if answer in ("y", "yes"):
+            added.append(change.codemod)
+    return added
+
+
 def _finish(state: RunState) -> int:
     v = state.verification
     console.print(f"\nReport: [bold]{state.report_path}[/]")
@@ -186,6 +265,9 @@ def _describe(step: str, change: dict) -> str:
         return f"{len(change.get('plan', []))} changes planned, {len(change.get('manual', []))} items for a person " \
                f"-> {change.get('design_path')}"
     if step == "confirm":
+        if change.get("revising"):
+            return "revised " + ", ".join(f"{name}={value}" for name, value in change["revisions"].items()) + \
+                ": the design is made again"
         return "approved " + (", ".join(change.get("approved") or []) or "nothing")
     if step == "implement":
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
@@ -197,6 +279,9 @@ def _describe(step: str, change: dict) -> str:
                 f"{v.recompiles}, Decode {v.eager.decode_ms_per_token:.3f} -> "
                 f"{v.graph.decode_ms_per_token:.3f} ms/token (warm-up {v.graph.warmup_s:.1f} s), "
                 f"median of {v.runs} run(s) per side" + _describe_buckets(v.bucket_sweep))
+    if step == "repair":
+        record = change["rounds"][-1]
+        return f"round {record.number}: {record.outcome}"
     if step == "report":
         return str(change.get("report_path"))
     return ""

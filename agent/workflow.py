@@ -1,5 +1,9 @@
-"""The workflow graph: analyze -> design -> confirm -> implement -> verify -> report, and confirm -> report when a
-person declines every planned change.
+"""The workflow graph: analyze -> design -> confirm -> implement -> verify -> report, with three loops back:
+
+- confirm -> design when a person revises a change's parameters (agent.revisions);
+- confirm -> report when a person declines every planned change (nothing to implement or verify);
+- verify -> repair -> design when verification failed and the repair found something another round can fix
+  (agent.repair), while --rounds allows; repair -> report otherwise.
 
 `confirm` interrupts until a person answers (unless --yes); the SQLite checkpointer keeps the
 session, so `graphmode resume <id>` can finish it in a later process.
@@ -20,9 +24,10 @@ from graphmode.agent.home import sessions_db  # here too: the commands that run 
 from graphmode.agent.state import SCHEMA_VERSION, RunState
 
 STATE_MODULE = "graphmode.agent.state"
-STATE_CLASSES = ("RunState", "RunOptions", "Baseline", "Verification", "SideFigures", "ManualItem", "Change")
+STATE_CLASSES = ("RunState", "RunOptions", "Baseline", "Verification", "SideFigures", "ManualItem", "Change",
+                 "Round")
 
-STEPS = ("analyze", "design", "confirm", "implement", "verify", "report")
+STEPS = ("analyze", "design", "confirm", "implement", "verify", "repair", "report")
 
 
 def build_graph(checkpointer):
@@ -32,10 +37,10 @@ def build_graph(checkpointer):
     graph.add_edge(START, "analyze")
     graph.add_edge("analyze", "design")
     graph.add_edge("design", "confirm")
-    # Every planned change declined: nothing to implement or verify, straight to the report that says so.
-    graph.add_conditional_edges("confirm", nodes.after_confirm, ["implement", "report"])
+    graph.add_conditional_edges("confirm", nodes.after_confirm, ["design", "implement", "report"])
     graph.add_edge("implement", "verify")
-    graph.add_edge("verify", "report")
+    graph.add_conditional_edges("verify", nodes.after_verify, ["repair", "report"])
+    graph.add_conditional_edges("repair", nodes.after_repair, ["design", "report"])
     graph.add_edge("report", END)
     return graph.compile(checkpointer=checkpointer)
 

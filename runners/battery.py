@@ -23,7 +23,8 @@ import torch
 
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.cli import run_main
-from graphmode.runners.harness import load_harness, logits_of, max_seq_len, next_token_logits, size_static_path
+from graphmode.runners.harness import load_harness, logits_of, next_token_logits, size_static_path, \
+    static_length
 from graphmode.runners.verify import DEFAULT_LOGITS_ATOL as DEFAULT_ATOL
 
 HELD, FAILED, NOT_APPLICABLE = "held", "failed", "n/a"
@@ -129,7 +130,8 @@ class Battery:
         self.original_harness, self.original = original_harness, original.eval()
         self.adapted_harness, self.adapted = adapted_harness, adapted.eval()
         self.prompt = original_harness.make_prompt().to(backend.device)
-        self.max_seq_len = max_seq_len(adapted_harness)
+        # The sized length: the static path's (a revision at confirmation may have made it other than the harness's).
+        self.max_seq_len = static_length(adapted, adapted_harness)
         size_static_path(self.adapted, adapted_harness, self.prompt.shape[0])
         self.backend, self.atol = backend, atol
 

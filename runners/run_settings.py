@@ -66,6 +66,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the prompt to each, checks the real rows are unchanged and reports each bucket's captures, warm-up and "
             "memory", _positive_sizes),
     Setting("yes", False, (bool,), "true or false", "approve every planned change without asking"),
+    Setting("rounds", 2, (int,), "a whole number",
+            "the most design -> verify rounds: after a failed verification, graphmode maps each failure to the "
+            "original's lines, plans what the adapted run revealed, drops a change that alters the tokens (found by "
+            "bisecting the applied changes) and verifies again; 1 = no repair round",
+            lambda v: None if 1 <= v <= 5 else "must be between 1 and 5"),
 )}
 
 

@@ -346,6 +346,26 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
     return WorkerResult.from_dict(json.loads(out.read_text())), torch.load(logits), seconds
 
 
+def matches_original(folder: Path, backend: str, steps: int, reference_tokens: list[list[int]],
+                     reference_logits: torch.Tensor | None, work: Path, name: str, timeout_s: float,
+                     log_dir: Path | None, atol: float = DEFAULT_LOGITS_ATOL) -> tuple[bool | None, str]:
+    """One graph run of the adaptation in `folder` (a bisection's trial) against the original's tokens and logits:
+    whether it gives them (None: it did not run), and a one-line detail."""
+    try:
+        result, logits, _ = _run_side("adapted", 0, Path(folder).resolve(), backend, steps, work, timeout_s, log_dir,
+                                      None, name=name)
+    except VerificationError as error:
+        return None, f"did not run: {error}"
+    first = _first_divergence(reference_tokens, result.tokens)
+    if first is not None:
+        return False, f"tokens differ from Decode step {first}"
+    if reference_logits is not None and logits.shape == reference_logits.shape:
+        worst = float((logits - reference_logits).abs().max().nan_to_num(nan=float("inf")))
+        if worst > atol:
+            return False, f"logits differ by up to {worst:.3g} (tolerance {atol:g})"
+    return True, "the original's tokens"
+
+
 OWN_HARNESS_RUN = "own-harness"
 BATTERY_RUN = "battery"
 

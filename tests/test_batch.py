@@ -186,6 +186,8 @@ def test_a_batch_killed_half_way_resumes_skipping_what_finished_and_lists_every_
                           ("decode_speedup_unstable", "decode_speedup_unstable")):
         assert legacy[field] == figures[source], field
     assert 0 < legacy["fixed_automatically"] <= legacy["findings"]
+    # Verified in its first round: the summary gives each target's rounds (the report's), and nothing bisected out.
+    assert legacy["rounds"] == len(figures["rounds"]) == 1 and legacy["dropped"] == []
     for kind in ("report", "design", "diff"):
         assert (out / legacy[kind]).is_file(), kind
     assert (out / "summary.md").read_text().count("| legacy_llm |") == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from test_fusion_report import _designed, _state
 
 from graphmode.agent import nodes
-from graphmode.agent.declined import declined_causes
+from graphmode.agent.failures import declined_causes
 from graphmode.agent.reporting import write_report
 from graphmode.agent.sources import read_source
 

@@ -148,3 +148,35 @@ def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
     while _workers_of(home) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _workers_of(home) == []
+
+
+@pytest.mark.slow
+def test_a_declined_change_behind_a_failure_is_named_and_offered_in_the_next_round(tmp_path):
+    """The person declines the host-check hoist; Decode then breaks its graph at the assert it would have moved.
+    The repair names that change with the line, and the second round asks whether to add it: yes verifies."""
+    out = tmp_path / "out"
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+                   home=tmp_path / "home", cwd=tmp_path)
+    child.expect("Apply which changes")
+    design = out / "legacy_llm" / "design.md"
+    hoist, = _change_ids(design, "hoist_item")
+    others = [c for c in re.findall(r"^### (C\d+)\. ", design.read_text(), re.M) if c != hoist]
+    child.sendline(",".join(others))
+    assert_line = next(n for n, text in enumerate((EXAMPLE / "model.py").read_text().splitlines(), start=1)
+                       if "assert tokens.max().item()" in text)
+    child.expect(rf"{hoist} \(`hoist_item`\), which you declined, rewrites model\.py:{assert_line}, where the "
+                 r"adapted Decode broke its graph(?: and recompiled)? in round 1")
+    child.expect(rf"Add {hoist}\? ")
+    child.sendline("yes")
+    child.expect("Round 2: repaired into round 2")
+    child.expect("Apply which changes")
+    child.sendline("")  # the proposed choice: the person's round-1 choice with the change they just added
+    child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")
+    assert _finish(child) == 0
+    run = out / "legacy_llm"
+    first, second = json.loads((run / "report.json").read_text())["rounds"]
+    assert first["declined"] == ["hoist_item"] and first["passed"] is False
+    assert {"kind": "declined", "change": hoist, "line": assert_line}.items() <= first["repairs"][0].items()
+    assert "hoist_item" in second["approved"] and second["declined"] == [] and second["passed"] is True
+    text = (run / "report.md").read_text()
+    assert f"`model.py:{assert_line}`: {hoist} (`hoist_item`), declined by a person, rewrites this line" in text

@@ -152,9 +152,23 @@ def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     # A mistyped id is refused before the session sees it, and leaves the session as it was.
     mistyped = graphmode("resume", session, "--approve", "C9", home=home, cwd=tmp_path)
     assert mistyped.returncode == 2 and "no change C9" in mistyped.stderr and "Traceback" not in mistyped.stderr
+    # A revision at confirmation, checked the same way, makes the design again; the session stops for it.
+    cache = re.search(r"### (C\d+)\. [^\n]*\(`static_kv_cache`\)", design).group(1)
+    wrong = graphmode("resume", session, "--revise", f"{cache}.max_seq_len=lots", home=home, cwd=tmp_path)
+    assert wrong.returncode == 2 and "not a positive whole number" in wrong.stderr and "unchanged" in wrong.stderr
+    revised = graphmode("resume", session, "--revise", f"{cache}.max_seq_len=48", home=home, cwd=tmp_path)
+    assert revised.returncode == 4, revised.stdout + revised.stderr
+    assert "revised max_seq_len=48" in revised.stdout and f"graphmode resume {session}" in revised.stdout
+    assert "`max_seq_len` = `48` (revised)" in (run / "design.md").read_text()
+    assert (run / "designs" / "design-1.md").read_text() == design  # the first design is kept
     resumed = graphmode("resume", session, home=home, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert json.loads((run / "report.json").read_text())["tokens_equal"] is True
+    report = json.loads((run / "report.json").read_text())
+    # The static path holds the revised length (the harness's MAX_SEQ_LEN stays 64; verify's 8 + 32 positions fit),
+    # and the model verifies, the battery's sized-length rows at 48.
+    assert report["tokens_equal"] is True and report["rounds"][0]["revisions"] == {"max_seq_len": 48}
+    assert "GRAPHMODE_MAX_SEQ_LEN = 48" in (run / "adapted" / "model.py").read_text()
+    assert any("the last slot of 48" in row["name"] for row in report["battery"])
 
     again = graphmode("resume", session, home=home, cwd=tmp_path)
     assert again.returncode == 0 and "has finished" in again.stdout
@@ -194,10 +208,11 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
 
 @pytest.mark.slow
 def test_the_choice_the_hint_suggests_verifies(tmp_path, home):
-    """The subset graphmode itself suggests must give a model that runs: here it verifies."""
+    """The subset graphmode itself suggests must give a model that runs: here it gives the original's tokens (one
+    round: the repair would otherwise stop to offer what the subset left out, tests/test_terminal.py)."""
     out = tmp_path / "out"
-    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
-                        home=home, cwd=tmp_path)
+    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--rounds", "1",
+                        "--out", str(out), home=home, cwd=tmp_path)
     session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
     hint = re.search(r"--approve (\S+)", stopped.stdout).group(1)
     resumed = graphmode("resume", session, "--approve", hint, home=home, cwd=tmp_path)

@@ -241,6 +241,7 @@ class _Apply(cst.CSTTransformer):
 
 class AddedCache(GraphCodemod):
     NAME = "added_cache"
+    SIZES_BUFFERS = True
     TITLE = "Add a static KV cache to a model that keeps none"
     DESCRIPTION = (
         f"The model recomputes the whole sequence every step. On the static path, every attention module writes "

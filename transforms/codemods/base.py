@@ -107,6 +107,9 @@ class GraphCodemod(Codemod, cst.CSTTransformer):
     # The idiom lies inside one function and the rewrite changes only that function: a function whose own words
     # fail `idiom_in` is passed over (its body is neither walked nor rebuilt).
     IDIOM_IN_ONE_FUNCTION: ClassVar[bool] = False
+    # Its output holds buffers sized by the static length and batch (GRAPHMODE_MAX_SEQ_LEN, GRAPHMODE_MAX_BATCH_SIZE):
+    # the design shows those parameters on it, and a person may revise them (agent.revisions).
+    SIZES_BUFFERS: ClassVar[bool] = False
     # A fusion: it makes Decode do the same work in fewer kernels, not compile. Verify times Decode with and without
     # the fusions the plan applied (an adaptation without them beside the one with them).
     FUSION: ClassVar[bool] = False

@@ -260,6 +260,7 @@ class _Plan:
 
 class CacheObject(GraphCodemod):
     NAME = "cache_object"
+    SIZES_BUFFERS = True
     TITLE = "Replace the cache object by preallocated buffers and a mask built once"
     DESCRIPTION = (
         "Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "

@@ -204,6 +204,7 @@ class _Plan:
 
 class CarriedCache(GraphCodemod):
     NAME = "carried_cache"
+    SIZES_BUFFERS = True
     TITLE = "Replace the tuple KV cache grown with torch.cat by buffers written in place"
     DESCRIPTION = (
         "Where attention grows a cache passed in and out of `forward` with `torch.cat` (seen doing so at run time, "

@@ -101,6 +101,7 @@ def _sized_zeros(call: cst.Call, dim: int) -> cst.Call | None:
 
 class SlicedKVCache(BufferCodemod):
     NAME = "sliced_kv_cache"
+    SIZES_BUFFERS = True
     TITLE = "Write module-held KV caches in place at the position tensor"
     DESCRIPTION = (
         "Registers the key/value caches the attention module holds (`self.cache_k = torch.zeros(...)`) as "

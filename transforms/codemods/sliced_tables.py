@@ -80,6 +80,7 @@ def _length_args(table: cst.BaseExpression) -> list[cst.Arg]:
 
 class SlicedTables(BufferCodemod):
     NAME = "sliced_tables"
+    SIZES_BUFFERS = True
     TITLE = "Select precomputed table rows by the position tensor"
     DESCRIPTION = (
         "Replaces `self.table[start_pos : start_pos + n]` (a rotary table precomputed in `__init__`, sliced by the "

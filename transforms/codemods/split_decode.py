@@ -139,6 +139,7 @@ class _FoldBranches(cst.CSTTransformer):
 
 class SplitDecode(GraphCodemod):
     NAME = "split_decode"
+    SIZES_BUFFERS = True
     TITLE = "Split Prefill and Decode entry points"
     DESCRIPTION = (
         "Adds `prefill(...)`, which stays eager, and `decode(...)`, one token per sequence with the optional "

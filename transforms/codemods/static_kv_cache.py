@@ -71,6 +71,7 @@ def size_in_init(init: cst.FunctionDef | None, candidates: tuple[str, ...]) -> s
 
 class StaticKVCacheCodemod(BufferCodemod):
     NAME = "static_kv_cache"
+    SIZES_BUFFERS = True
     TITLE = "Preallocate the KV cache and write it in place"
     DESCRIPTION = (
         f"Replaces the cache grown with `torch.cat` by a `{CACHE_CLASS}` module holding "

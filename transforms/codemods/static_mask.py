@@ -52,6 +52,7 @@ from graphmode.transforms.vocabulary import SAME_FILE_MASK_HELPERS
 
 class StaticMask(BufferCodemod):
     NAME = "static_mask"
+    SIZES_BUFFERS = True
     TITLE = "Pre-build the causal mask as a buffer"
     DESCRIPTION = (
         "Replaces the causal mask built on every call (`torch.full` + `triu`, often only when the input is "

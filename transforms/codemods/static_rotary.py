@@ -80,6 +80,7 @@ def _buffer_name(table: cst.BaseExpression, taken: set[str], position: int) -> s
 
 class StaticRotary(BufferCodemod):
     NAME = "static_rotary"
+    SIZES_BUFFERS = True
     TITLE = "Build position tables once, at the maximum length"
     DESCRIPTION = (
         "Moves a table built from `torch.arange(length)` on every call (rotary cos/sin) into `__init__`, "
