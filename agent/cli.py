@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     adapt.add_argument("--compile-cache", default=None, metavar="DIR|off", help=help_with_default("compile_cache"))
     adapt.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help=help_with_default("timeout"))
     adapt.add_argument("--batch-buckets", metavar="1,2,4,8", help=help_with_default("batch_buckets"))
-    adapt.add_argument("--rounds", type=int, default=None, help=help_with_default("rounds"))
+    adapt.add_argument("--rounds", type=int, default=None, metavar="N", help=help_with_default("rounds"))
 
     resume = commands.add_parser("resume", help="continue a session that stopped at confirmation",
                                  description="Continues a session. Without --approve or --reject-all it asks at a "
@@ -86,8 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     choice.add_argument("--reject-all", action="store_true", help="apply nothing (verification then shows why)")
     choice.add_argument("--revise", action="append", metavar="C4.max_seq_len=4096",
                         help="change a parameter a planned change is built with (the design lists each change's: "
-                             "max_seq_len, max_batch_size, entry_class, fused_ops) and make the design again; the "
-                             "session stops for confirmation of the new design. Repeat it for several")
+                             "max_seq_len, max_batch_size, entry_class, fused_ops) and make the design again, to be "
+                             "confirmed as the first was (asked at a terminal, else the session stops again). Repeat "
+                             "it for several")
 
     commands.add_parser("sessions", help="list sessions and where they stand")
 

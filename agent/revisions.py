@@ -11,11 +11,15 @@ are shown beside them, as evidence (a trace is revised by running it again, not 
 """
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from graphmode.agent.state import Change
+from graphmode.agent.errors import UserError
+from graphmode.agent.sources import read_source
+from graphmode.agent.state import Change, RunState
 from graphmode.transforms.codemods import CODEMODS
 
 
@@ -77,9 +81,11 @@ def traced_dims(change: Change, evidence_caches: list, evidence_cache_writes: li
             if any(e["path"] == file and e["start_line"] <= line <= e["end_line"] for e in change.edits)]
 
 
-def parse_revision(plan: list[Change], text: str) -> tuple[str, Any]:
+def parse_revision(plan: list[Change], text: str, classes: set[str] | None = None,
+                   backend_ops: str | None = None) -> tuple[str, Any]:
     """`C4.max_seq_len=4096` or `C4 max_seq_len=4096` -> ("max_seq_len", 4096); ValueError with what is wrong
-    and what would be right."""
+    and what would be right. `classes`: the classes the sources define (an entry class must be one of them);
+    `backend_ops`: the fused operators the session's backend runs (torch_npu's only under an NPU backend)."""
     head, sep, value = text.strip().partition("=")
     change_id, _, name = head.strip().replace(" ", ".", 1).partition(".")
     change_id, name, value = change_id.strip().upper(), name.strip(), value.strip()
@@ -94,6 +100,26 @@ def parse_revision(plan: list[Change], text: str) -> tuple[str, Any]:
         has = f"its parameters: {', '.join(own)}" if own else "it has no parameter to revise"
         raise ValueError(f"{text!r}: {change_id} (`{change.codemod}`) is not built with {name}; {has}")
     try:
-        return name, PARAMETERS[name].parse(value)
+        parsed = PARAMETERS[name].parse(value)
     except ValueError as error:
         raise ValueError(f"{text!r}: {name} {error}") from None
+    if name == "entry_class" and classes is not None and parsed not in classes:
+        raise ValueError(f"{text!r}: no class {parsed} in the sources (they define "
+                         f"{', '.join(sorted(classes)) or 'none'})")
+    if name == "fused_ops" and parsed == "npu" and backend_ops not in (None, "npu"):
+        raise ValueError(f"{text!r}: torch_npu's operators run only under an NPU backend (npugraph_ex, ge); this "
+                         f"session's backend runs {backend_ops}'s")
+    return name, parsed
+
+
+def source_classes(state: RunState) -> set[str]:
+    """The classes the target's sources define (any depth), read without running anything; files that cannot be
+    read or parsed add none."""
+    found: set[str] = set()
+    for relative in state.sources:
+        try:
+            tree = ast.parse(read_source(Path(state.options.target), relative))
+        except (UserError, SyntaxError, ValueError):
+            continue
+        found |= {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    return found

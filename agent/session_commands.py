@@ -73,12 +73,13 @@ def run_resume(args: argparse.Namespace) -> int:
 def _revisions(args: argparse.Namespace, state) -> dict:
     """--revise C4.max_seq_len=4096 ... as {parameter: value}, each checked against the design before the session
     sees it."""
-    from graphmode.agent.revisions import parse_revision
+    from graphmode.agent.adaptation import fused_ops_for
+    from graphmode.agent.revisions import parse_revision, source_classes
 
     values = {}
     for text in args.revise:
         try:
-            name, value = parse_revision(state.plan, text)
+            name, value = parse_revision(state.plan, text, source_classes(state), fused_ops_for(state.options.backend))
         except ValueError as error:
             raise UserError(f"--revise {error} (session {args.session} is unchanged; the design: "
                             f"{state.design_path})") from None

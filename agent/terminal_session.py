@@ -145,7 +145,7 @@ def ask(state: RunState):
     or None to stop here."""
     from graphmode.agent.adaptation import parameter_values
     from graphmode.agent.choices import needs_of, proposed_choice, unmet_needs
-    from graphmode.agent.revisions import parameters_of, parse_revision
+    from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
 
     values = parameter_values(state)
     table = Table(title=f"Planned changes (details: {state.design_path})")
@@ -181,7 +181,7 @@ def ask(state: RunState):
             return None
         if reply.lower().startswith("e "):
             try:
-                name, value = parse_revision(state.plan, reply[2:])
+                name, value = parse_revision(state.plan, reply[2:], source_classes(state), values["fused_ops"])
             except ValueError as error:
                 console.print(f"[yellow]{error}[/]", soft_wrap=True)
                 continue

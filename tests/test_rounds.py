@@ -20,7 +20,7 @@ from graphmode.agent import nodes
 from graphmode.agent.bisection import bisect_changes
 from graphmode.agent.choices import proposed_choice
 from graphmode.agent.repair import plan_repair
-from graphmode.agent.revisions import parameters_of, parse_revision
+from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
 from graphmode.agent.state import Change
 
 TARGETS = Path(__file__).parent / "fixtures" / "targets"
@@ -28,6 +28,15 @@ TARGETS = Path(__file__).parent / "fixtures" / "targets"
 
 def _line_of(path: Path, text: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), start=1) if text in line)
+
+
+def _adapted_with_yes(tmp_path: Path, target: str) -> tuple[Path, dict]:
+    """`graphmode adapt TARGET --yes` with the default --rounds; it must verify. The run folder and its report."""
+    out = tmp_path / "out"
+    done = graphmode("adapt", str(TARGETS / target), "--yes", "--backend", "aot_eager", "--runs", "1",
+                     "--out", str(out), home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out / target, json.loads((out / target / "report.json").read_text())
 
 
 def _chain(*codemods: str, needs: dict[str, list[str]] | None = None) -> list[Change]:
@@ -77,6 +86,12 @@ def test_a_revision_names_a_parameter_its_change_is_built_with():
     assert parse_revision(plan, "C2.max_seq_len=4096") == ("max_seq_len", 4096)
     assert parse_revision(plan, "c4 entry_class=Model") == ("entry_class", "Model")
     assert parse_revision(plan, "C3.fused_ops=npu") == ("fused_ops", "npu")
+    # An entry class the sources do not define, and torch_npu's operators under a backend that cannot run them.
+    with pytest.raises(ValueError, match="no class Modle in the sources"):
+        parse_revision(plan, "C4.entry_class=Modle", {"Model", "Block"}, "cpu")
+    with pytest.raises(ValueError, match="only under an NPU backend"):
+        parse_revision(plan, "C3.fused_ops=npu", {"Model"}, "cuda")
+    assert parse_revision(plan, "C3.fused_ops=npu", {"Model"}, "npu") == ("fused_ops", "npu")
     for text, said in (("C2.max_seq_len=-1", "not a positive whole number"), ("C9.max_seq_len=8", "no change C9"),
                        ("C1.max_seq_len=8", "it has no parameter to revise"), ("C2.max_seq_len", "CHANGE.PARAMETER"),
                        ("C3.fused_ops=tpu", "one of cpu, cuda, npu"), ("C2.fused_ops=npu", "its parameters:")):
@@ -95,6 +110,7 @@ def test_a_later_round_proposes_everything_but_what_a_person_declined_and_what_n
 
 def test_a_revision_designs_again_with_the_new_value(tmp_path):
     state = _designed(tmp_path)
+    assert {"Transformer", "Attention", "RMSNorm"} <= source_classes(state)  # what an entry_class revision may name
     cache = next(c for c in state.plan if c.codemod == "static_kv_cache")
     revised = state.model_copy(update=nodes.take_answer(state, {"revise": {"max_seq_len": 96}}))
     assert revised.revising and nodes.after_confirm(revised) == "design"
@@ -134,12 +150,7 @@ def test_a_failure_behind_a_declined_change_is_offered_again_but_never_re_added_
 
 @pytest.mark.slow
 def test_a_hazard_only_the_adapted_run_reveals_is_planned_in_a_second_round(tmp_path):
-    out, home = tmp_path / "out", tmp_path / "home"
-    done = graphmode("adapt", str(TARGETS / "hidden_branch"), "--yes", "--backend", "aot_eager", "--runs", "1",
-                     "--out", str(out), home=home, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run = out / "hidden_branch"
-    report = json.loads((run / "report.json").read_text())
+    run, report = _adapted_with_yes(tmp_path, "hidden_branch")
     baddbmm = _line_of(TARGETS / "hidden_branch" / "model.py", "alpha=self.inv_norm")
     first, second = report["rounds"]
     assert first["passed"] is False and first["graph_breaks"] > 0 and "scalar_arguments" not in first["applied"]
@@ -158,11 +169,7 @@ def test_a_hazard_only_the_adapted_run_reveals_is_planned_in_a_second_round(tmp_
 
 @pytest.mark.slow
 def test_a_change_that_changes_the_tokens_is_bisected_and_left_out(tmp_path):
-    out, home = tmp_path / "out", tmp_path / "home"
-    done = graphmode("adapt", str(TARGETS / "hooked_projection"), "--yes", "--backend", "aot_eager", "--runs", "1",
-                     "--out", str(out), home=home, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads((out / "hooked_projection" / "report.json").read_text())
+    run, report = _adapted_with_yes(tmp_path, "hooked_projection")
     first, second = report["rounds"]
     assert first["tokens_equal"] is False and "merged_projections" in first["applied"]
     dropped, = report["dropped"]
@@ -171,5 +178,5 @@ def test_a_change_that_changes_the_tokens_is_bisected_and_left_out(tmp_path):
     assert dropped["trials"] and all(t["differs"] is False for t in dropped["trials"] if "C4" not in t["changes"])
     assert second["passed"] and "merged_projections" not in second["applied"] and report["tokens_equal"]
     assert "merged_projections" not in report["changes_applied"]
-    text = (out / "hooked_projection" / "report.md").read_text()
+    text = (run / "report.md").read_text()
     assert "Left out after round 1: `merged_projections`" in text and "changes the tokens" in text

@@ -82,10 +82,21 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     assert set(listed.split(", ")) == needs
     child.sendline("no")  # nothing is added or dropped behind the person's back: the question comes again
     child.expect("Apply which changes")
+    # A revision of a parameter the cache is built with: a wrong one is said and asked again, a right one makes the
+    # design again, and the question comes back over it.
+    child.sendline(f"e {cache} max_seq_len=0")
+    child.expect("not a positive whole number")
+    child.expect("Apply which changes")
+    child.sendline(f"e {cache} max_seq_len=48")
+    child.expect("revised max_seq_len=48: the design is made again")
+    child.expect(r"max_seq_len=48")  # the table's parameters column
+    child.expect("Apply which changes")
     child.sendline("all")
     child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")  # rich colours the word at a terminal
     assert _finish(child) == 0
     assert (out / "legacy_llm" / "planned.diff").read_text() == (out / "legacy_llm" / "changes.diff").read_text()
+    assert "GRAPHMODE_MAX_SEQ_LEN = 48" in (out / "legacy_llm" / "adapted" / "model.py").read_text()
+    assert len(list((out / "legacy_llm" / "designs").glob("design-*.md"))) == 2
 
 
 @pytest.mark.slow
