@@ -135,8 +135,10 @@ def test_a_failure_behind_a_declined_change_is_offered_again_but_never_re_added_
     assert [o["change"] for o in repair.offers] == [hoist.id] and not repair.host_sync_lines
     assert repair.another_round and f"{hoist.id} (`hoist_item`), which you declined" in repair.outcome
     # The round's record says what the person declined; the next round proposes all but it.
+    assert nodes.after_verify(failed) == "repair"
     update = nodes.repair(failed)
     assert update["round"] == 2 and update["declined"] == ["hoist_item"] and update["verification"] is None
+    assert nodes.after_repair(failed.model_copy(update=update)) == "design"
     assert [r["kind"] for r in update["rounds"][0].repairs] == ["declined"]
     second = failed.model_copy(update={**update, "options": failed.options.model_copy(update={"auto_approve": True})})
     assert hoist.id not in nodes.confirm(second)["approved"]
@@ -146,6 +148,9 @@ def test_a_failure_behind_a_declined_change_is_offered_again_but_never_re_added_
     # With no round left, the repair says why it stops.
     last = failed.model_copy(update={"options": failed.options.model_copy(update={"rounds": 1})})
     assert plan_repair(last, None).outcome == "not verified; no round left (--rounds 1)"
+    stopped = nodes.repair(last)
+    assert "round" not in stopped and nodes.after_repair(last.model_copy(update=stopped)) == "report"
+    assert stopped["rounds"][-1].outcome == "not verified; no round left (--rounds 1)"
 
 
 @pytest.mark.slow
