@@ -53,7 +53,8 @@ def plan_repair(state: RunState, bisection: Bisection | None) -> Repair:
     known = {tuple(pair) for pair in state.repair_evidence.get("host_sync_lines", [])}
     if state.evidence:
         known |= set(host_sync_lines(Evidence.from_dict(state.evidence)))
-    said: set[tuple[str, int]] = set()
+    # A line an earlier round's adapted run already made a finding of is not said again.
+    said = {(f.path, f.line) for f in state.findings if f.source == "adapted"}
     for failure in mapped_failures(state):
         where = (failure["path"], failure["line"])
         entry = {key: failure[key] for key in ("what", "reason", "path", "line", "adapted_line", "change", "codemod")}
