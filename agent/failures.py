@@ -17,10 +17,10 @@ from graphmode.transforms.pipeline import original_to_adapted
 
 
 def mapped_failures(state: RunState) -> list[dict]:
-    """[{"what": "graph break" | "recompile", "reason", "path", "line" (the original's), "adapted_line",
-    "change" (the id of the planned change whose edits hold the line, or None), "codemod", "title", "approved"}]
-    for every break and recompile of the adapted run on a line of the target's sources; library code and lines
-    the adapted file added (with no original line) are left out."""
+    """[{"what": "graph break" | "recompile", "reason" (the first), "path", "line" (the original's), "adapted_line",
+    "count" (how often it was seen there), "change" (the id of the planned change whose edits hold the line, or
+    None), "codemod", "title", "approved"}] for every line of the target's sources where the adapted run broke its
+    graph or recompiled; library code and lines the adapted file added (with no original line) are left out."""
     verification = state.verification
     if verification is None or not verification.ran:
         return []
@@ -41,12 +41,15 @@ def mapped_failures(state: RunState) -> list[dict]:
                                                for e in c.edits)]
         # A declined change first: it is the one a person can still do something about.
         owner = next((c for c in owners if c.id not in set(state.approved or [])), owners[0] if owners else None)
-        failure = {"what": what, "reason": str(reason.get("reason") or reason.get("guard") or ""), "path": path,
-                   "line": original_line, "adapted_line": line, "change": owner.id if owner else None,
-                   "codemod": owner.codemod if owner else None, "title": owner.title if owner else None,
-                   "approved": owner is not None and owner.id in set(state.approved or [])}
-        if failure not in failures:
-            failures.append(failure)
+        same = next((f for f in failures if (f["what"], f["path"], f["adapted_line"]) == (what, path, line)), None)
+        if same is not None:  # one line recompiling on several guards is one failure, seen `count` times
+            same["count"] += 1
+            continue
+        failures.append({"what": what, "reason": str(reason.get("reason") or reason.get("guard") or ""),
+                         "path": path, "line": original_line, "adapted_line": line, "count": 1,
+                         "change": owner.id if owner else None, "codemod": owner.codemod if owner else None,
+                         "title": owner.title if owner else None,
+                         "approved": owner is not None and owner.id in set(state.approved or [])})
     return failures
 
 

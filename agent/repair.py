@@ -57,7 +57,8 @@ def plan_repair(state: RunState, bisection: Bisection | None) -> Repair:
     said = {(f.path, f.line) for f in state.findings if f.source == "adapted"}
     for failure in mapped_failures(state):
         where = (failure["path"], failure["line"])
-        entry = {key: failure[key] for key in ("what", "reason", "path", "line", "adapted_line", "change", "codemod")}
+        entry = {key: failure[key] for key in ("what", "reason", "path", "line", "adapted_line", "count", "change",
+                                               "codemod")}
         if failure["change"] is not None and not failure["approved"]:
             repair.repairs.append({**entry, "kind": "declined"})
             offer = {key: failure[key] for key in ("change", "codemod", "title", "path", "line", "adapted_line",

@@ -206,10 +206,12 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     assert "every planned change was declined" in text and "Declined:" in text
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_choice_the_hint_suggests_verifies(tmp_path, home):
     """The subset graphmode itself suggests must give a model that runs: here it gives the original's tokens (one
-    round: the repair would otherwise stop to offer what the subset left out, tests/test_terminal.py)."""
+    round: the repair would otherwise stop to offer what the subset left out, tests/test_terminal.py). Opt-in: CI
+    adapts a subset at the terminal (test_terminal.py) and checks the hint's needs in
+    test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly."""
     out = tmp_path / "out"
     stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--rounds", "1",
                         "--out", str(out), home=home, cwd=tmp_path)
