@@ -56,8 +56,13 @@ def mapped_failures(state: RunState) -> list[dict]:
 def declined_causes(state: RunState) -> list[dict]:
     """[{"change", "codemod", "title", "path", "line" (the original's), "adapted_line", "what"}] for every graph
     break or recompile of the adapted run on a line a declined change would have rewritten; [] when none."""
+    return causes_among(mapped_failures(state))
+
+
+def causes_among(failures: list[dict]) -> list[dict]:
+    """declined_causes, from failures already mapped (mapped_failures)."""
     causes: list[dict] = []
-    for failure in mapped_failures(state):
+    for failure in failures:
         if failure["change"] is None or failure["approved"]:
             continue
         cause = {key: failure[key] for key in ("change", "codemod", "title", "path", "line", "adapted_line", "what")}

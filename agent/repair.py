@@ -14,13 +14,14 @@ and only while `--rounds` allows.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphmode.agent import progress
 from graphmode.agent.adaptation import adapt_sources, host_sync_lines
 from graphmode.agent.bisection import Bisection, bisect_changes
-from graphmode.agent.failures import mapped_failures
+from graphmode.agent.failures import causes_among, mapped_failures
 from graphmode.agent.output import remove_tree, write_adapted_tree
 from graphmode.agent.state import Round, RunState, Verification
 from graphmode.runners.evidence_model import Evidence
@@ -55,16 +56,14 @@ def plan_repair(state: RunState, bisection: Bisection | None) -> Repair:
         known |= set(host_sync_lines(Evidence.from_dict(state.evidence)))
     # A line an earlier round's adapted run already made a finding of is not said again.
     said = {(f.path, f.line) for f in state.findings if f.source == "adapted"}
-    for failure in mapped_failures(state):
+    failures = mapped_failures(state)
+    repair.offers = causes_among(failures)
+    for failure in failures:
         where = (failure["path"], failure["line"])
         entry = {key: failure[key] for key in ("what", "reason", "path", "line", "adapted_line", "count", "change",
                                                "codemod")}
         if failure["change"] is not None and not failure["approved"]:
             repair.repairs.append({**entry, "kind": "declined"})
-            offer = {key: failure[key] for key in ("change", "codemod", "title", "path", "line", "adapted_line",
-                                                   "what")}
-            if offer not in repair.offers:
-                repair.offers.append(offer)
             continue
         if failure["what"] == "graph break" and reads_host(failure["reason"]) and where not in known:
             repair.repairs.append({**entry, "kind": "evidence"})
@@ -179,8 +178,10 @@ def bisect_applied(state: RunState) -> Bisection:
     approved = set(state.approved or [])
     applied = [c for c in state.plan if c.id in approved and c.codemod in state.applied]
 
+    numbers = itertools.count(1)
+
     def differs(ids: list[str]) -> tuple[bool | None, str]:
-        number = len(list(trials.glob("trial-*"))) + 1 if trials.is_dir() else 1
+        number = next(numbers)
         folder = trials / f"trial-{number}"
         adaptations = adapt_sources(state, {c.codemod for c in state.plan if c.id in ids})
         write_adapted_tree(target, folder, {a.path: a.adapted for a in adaptations.values() if a.changed})

@@ -207,8 +207,9 @@ class Round(BaseModel):
     graph_breaks: int | None = None
     recompiles: int | None = None
     decode_speedup: float | None = None
-    # What the repair found and did after it: {"kind": "evidence" | "declined" | "applied" | "dropped" | "kept",
-    # "path", "line" (the original's), "adapted_line", "codemod", "change", "what"}; [] after the last round.
+    # What the repair found and did after it: {"kind": "evidence" | "declined" | "applied" | "kept" (a failure's
+    # line) | "dropped" | "bisected" (a bisection's verdict), "path", "line" (the original's), "adapted_line",
+    # "count", "codemod", "change", "what", "reason"}; [] when the round verified or was declined.
     repairs: list[dict[str, Any]] = Field(default_factory=list)
     outcome: str = ""  # one sentence: verified, repaired into round N+1, or why it stopped
 
@@ -244,8 +245,9 @@ class RunState(BaseModel):
     # whether confirm just took a revision (then design runs again before anything is applied).
     revisions: dict[str, Any] = Field(default_factory=dict)
     revising: bool = False
-    # Codemods left out of every later design: those a person declined (a --yes round never adds them back) and
-    # those a bisection found to change the tokens ({"codemod", "round", "why"}).
+    # Codemods a person declined (still planned, but a later round proposes them only when chosen, and a --yes
+    # round never adds them back), and those a bisection found to change the tokens, left out of every later
+    # design ({"codemod", "change", "round", "why", "trials"}).
     declined: list[str] = Field(default_factory=list)
     dropped: list[dict[str, Any]] = Field(default_factory=list)
     # What the adapted runs showed that the original's traced run did not: evidence lines for the codemods' options
