@@ -35,20 +35,25 @@ HF_EXTRA = ">=4.36,<6"
 
 @dataclass(frozen=True)
 class ReleaseFact:
-    """A name remote code uses, and the releases that have it (last None: every release since `first`)."""
+    """A name remote code uses, and the releases that have it (last None: every release since `first`; `back_from`:
+    the release that brought it back after a gap, and every one since)."""
     symbol: str  # as a person writes it: "Cache.get_usable_length", "transformers.modeling_attn_mask_utils"
     first: str
     last: str | None
     # How its absence shows in an exception's message; group "name" must equal `name` for the fact to apply.
     name: str
     shows_as: tuple[str, ...]
+    back_from: str | None = None
 
     @property
     def releases(self) -> str:
-        return f"transformers {self.first} to {self.last}" if self.last else f"transformers {self.first} onward"
+        said = f"transformers {self.first} to {self.last}" if self.last else f"transformers {self.first} onward"
+        return f"{said}, and {self.back_from} onward" if self.back_from else said
 
     def has(self, version: str | None) -> bool:
         found = release(version)
+        if self.back_from is not None and found and found >= release(self.back_from):
+            return True
         return bool(found) and release(self.first) <= found and (
             self.last is None or found[:len(release(self.last))] <= release(self.last))
 
@@ -58,8 +63,9 @@ _IMPORTED = (r"cannot import name '(?P<name>\w+)' from '[\w.]+'",)
 _ATTRIBUTE = (r"has no attribute '(?P<name>\w+)'",)
 
 RELEASE_FACTS: tuple[ReleaseFact, ...] = (
+    # Removed in 5.24, back in 5.25 as a deprecated module kept for backward compatibility.
     ReleaseFact("transformers.modeling_attn_mask_utils", "4.36", "5.23", "transformers.modeling_attn_mask_utils",
-                _MODULE),
+                _MODULE, back_from="5.25"),
     ReleaseFact("transformers.utils.is_torch_fx_available", "4.36", "4.57", "is_torch_fx_available",
                 _IMPORTED + _ATTRIBUTE),
     ReleaseFact("Cache.get_usable_length", "4.36", "4.53", "get_usable_length", _ATTRIBUTE),
