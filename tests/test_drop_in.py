@@ -186,11 +186,14 @@ def test_the_static_buffers_are_allocated_by_setup_caches_from_the_config_or_the
     assert _static_bytes(adapted) == 0  # a model used only through `forward` carries no static memory
     attention = adapted.model.layers[0].self_attn
     adapted.setup_caches()  # one sequence of what the config names (max_position_embeddings=64)
-    assert attention.kv_cache.k_cache.shape == (1, 2, 64, 16) and adapted.model.causal_mask.mask.shape == (64, 64)
+    assert attention.kv_cache.k_cache.shape == (1, 2, 64, 16)
+    # The keys and values are all it holds: the causal mask's rows are computed from the positions.
+    assert _static_bytes(adapted) == 2 * len(adapted.model.layers) * attention.kv_cache.k_cache.numel()
     with pytest.raises(ValueError, match=r"at most 64 positions \(config.max_position_embeddings\)"):
         adapted.setup_caches(max_seq_length=65)
     adapted.setup_caches(max_batch_size=2, max_seq_length=20)  # the caller's sizes, not the harness's
-    assert attention.kv_cache.k_cache.shape == (2, 2, 20, 16) and adapted.model.causal_mask.mask.shape == (20, 20)
+    assert attention.kv_cache.k_cache.shape == (2, 2, 20, 16)
+    assert adapted.model.causal_mask.rows(torch.tensor([3])).shape == (1, 20)
     prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         expected = _original_greedy(original, prompt, 13)

@@ -163,34 +163,69 @@ def test_static_kv_buffers_hand_a_compiled_graph_every_slot():
 
 
 # -- the masks ---------------------------------------------------------------------------------------------
+def _square(size, window=None, diagonal=0):
+    """The square causal mask the rows stand for, built the way models build it: True where visible."""
+    visible = torch.ones(size, size, dtype=torch.bool).tril(diagonal)
+    return visible if window is None else visible.triu(diagonal + 1 - window)
+
+
 @pytest.mark.parametrize("window", [None, 1, 3])
-def test_causal_mask_shows_each_row_its_own_and_earlier_positions(window):
+@pytest.mark.parametrize("diagonal", [0, 1, -1])
+def test_causal_rows_are_the_rows_of_the_square_mask_at_the_positions(window, diagonal):
     size = 7
-    mask = helpers.graphmode_causal_mask(size, sliding_window=window)
-    rows, columns = torch.arange(size)[:, None], torch.arange(size)[None, :]
-    visible = (columns <= rows) & ((columns > rows - window) if window is not None else True)
-    assert mask.shape == (size, size) and mask.dtype == torch.float32
-    assert torch.equal(mask == 0, visible)
-    assert (mask[~visible] == torch.finfo(torch.float32).min).all()
+    module = _Attention(None, max_seq_len=size)
+    positions = torch.tensor([[0, 3, 6], [2, 2, 5]])
+    rows = helpers.graphmode_causal_rows(module, positions, diagonal, window)
+    assert rows.shape == (2, 3, size) and rows.dtype == torch.bool
+    assert torch.equal(rows, _square(size, window, diagonal)[positions])
+    shorter = helpers.graphmode_causal_rows(module, positions, diagonal, window, length=4)
+    assert torch.equal(shorter, rows[..., :4])
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min])
+@pytest.mark.parametrize("diagonal", [1, 2])
+def test_filled_rows_are_the_rows_of_full_and_triu(fill, diagonal):
+    size = 6
+    module = _Attention(None, max_seq_len=size)
+    positions = torch.arange(size)
+    for dtype in (None, torch.float64):
+        expected = torch.full((size, size), fill, dtype=dtype).triu(diagonal)[positions]
+        rows = helpers.graphmode_filled_rows(module, positions, fill, diagonal, dtype)
+        assert rows.dtype == expected.dtype and torch.equal(rows, expected)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_causal_mask_rows_are_additive_rows_of_each_position_and_the_earlier_ones(window):
+    size = 7
+    mask = helpers.GraphmodeCausalMask(sliding_window=window)
+    helpers.GraphmodeStaticPath.setup(_Holder(mask), 1, size)
+    rows = mask.rows(torch.arange(size))
+    assert rows.shape == (size, size) and rows.dtype == torch.float32
+    assert torch.equal(rows == 0, _square(size, window))
+    assert (rows[~_square(size, window)] == torch.finfo(torch.float32).min).all()
+    assert not list(mask.buffers()), "the rows are computed: no square mask is held"
 
 
 @pytest.mark.parametrize("default", [torch.float16, torch.bfloat16])
-def test_causal_mask_builds_under_a_half_precision_default(default):
-    # transformers builds a model under torch_dtype=float16 by switching the default dtype: a mask that took the
-    # default would overflow on the float32 minimum and fail the model's construction (transformers 4.48's own
-    # test_eager_matches_sdpa_inference did).
+def test_causal_mask_rows_are_float32_under_a_half_precision_default(default):
+    # transformers builds a model under torch_dtype=float16 by switching the default dtype: rows that took the
+    # default would overflow on the float32 minimum (transformers 4.48's own test_eager_matches_sdpa_inference
+    # failed that way on a mask built in the default dtype).
+    mask = helpers.GraphmodeCausalMask()
+    helpers.GraphmodeStaticPath.setup(_Holder(mask), 1, 5)
     before = torch.get_default_dtype()
     torch.set_default_dtype(default)
     try:
-        mask = helpers.graphmode_causal_mask(5)
+        rows = mask.rows(torch.arange(5))
     finally:
         torch.set_default_dtype(before)
-    assert mask.dtype == torch.float32 and torch.equal(mask, helpers.graphmode_causal_mask(5))
+    assert rows.dtype == torch.float32 and torch.equal(rows, mask.rows(torch.arange(5)))
 
 
 def test_mask_rows_hide_the_slots_not_written_yet():
     size, batch = 8, 2
-    causal = helpers.graphmode_causal_mask(size)
+    causal = helpers.GraphmodeCausalMask()
+    helpers.GraphmodeStaticPath.setup(_Holder(causal), batch, size)
     positions = torch.tensor([[3, 4, 5]]).expand(batch, -1)
     rows = helpers.graphmode_mask_rows(causal, positions)
     last = int(positions.max())
@@ -227,26 +262,36 @@ def test_attention_over_the_static_cache_and_its_mask_rows_matches_attention_ove
     batch, heads, head_dim, max_len, prompt = 1, 2, 8, 12, 5
     cache = helpers.StaticKVCache(heads, head_dim)
     cache.graphmode_resize(batch, max_len)
-    causal = helpers.graphmode_causal_mask(max_len)
+    causal = helpers.GraphmodeCausalMask()
+    helpers.GraphmodeStaticPath.setup(_Holder(causal), batch, max_len)
     grown_k = grown_v = None
     for step, tokens in enumerate([prompt, 1, 1]):
         start = prompt + step - 1 if step else 0
         positions = torch.arange(start, start + tokens)
         q, k, v = (torch.randn(batch, heads, tokens, head_dim) for _ in range(3))
         k_all, v_all = cache.update(positions, k, v)
-        static = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=causal[positions][None, None])
+        static = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=causal.rows(positions)[None, None])
         grown_k = k if grown_k is None else torch.cat([grown_k, k], dim=2)
         grown_v = v if grown_v is None else torch.cat([grown_v, v], dim=2)
-        grown = F.scaled_dot_product_attention(q, grown_k, grown_v, attn_mask=causal[positions][:, : start + tokens])
+        grown = F.scaled_dot_product_attention(q, grown_k, grown_v,
+                                               attn_mask=causal.rows(positions, start + tokens))
         torch.testing.assert_close(static, grown)
 
 
 class _Attention(torch.nn.Module):
     """Stands for a module on the static path: `graphmode_static_state` holds the slots the entries write."""
 
-    def __init__(self, slots, padding=None):
+    def __init__(self, slots, padding=None, max_seq_len=0):
         super().__init__()
-        self.graphmode_static_state = {"slots": slots, "padding": padding}
+        self.graphmode_static_state = {"slots": slots, "padding": padding, "max_seq_len": max_seq_len}
+
+
+class _Holder(torch.nn.Module):
+    """A model holding one module of graphmode's, to size it with `GraphmodeStaticPath.setup`."""
+
+    def __init__(self, part):
+        super().__init__()
+        self.part = part
 
 
 def test_visible_slots_hide_every_slot_after_each_tokens_own_and_the_padding():
@@ -313,12 +358,12 @@ class _Tiny(torch.nn.Module):
 
 def test_setup_sizes_every_buffer_to_the_configs_limit_by_default():
     model = _Tiny()
-    assert model.kv_cache.k_cache.numel() == 0 and model.causal_mask.mask.numel() == 0
+    assert model.kv_cache.k_cache.numel() == 0
     helpers.GraphmodeStaticPath.setup(model)
     assert model.kv_cache.k_cache.shape == (1, 2, 12, 4) and model.kv_cache.max_seq_len == 12
-    assert torch.equal(model.causal_mask.mask, helpers.graphmode_causal_mask(12, sliding_window=3))
+    assert model.causal_mask.rows(torch.arange(12)).shape == (12, 12)
     helpers.GraphmodeStaticPath.setup(model, max_batch_size=3, max_seq_len=5)
-    assert model.kv_cache.k_cache.shape == (3, 2, 5, 4) and model.causal_mask.mask.shape == (5, 5)
+    assert model.kv_cache.k_cache.shape == (3, 2, 5, 4) and model.causal_mask.rows(torch.tensor([4])).shape == (1, 5)
     assert helpers.GraphmodeStaticPath.state_of(model) == {"on": False, "slots": None, "padding": None,
                                                            "max_batch_size": 3, "max_seq_len": 5}
 
@@ -385,15 +430,16 @@ def test_row_positions_count_each_rows_unpadded_slots():
 def test_padded_rows_hide_what_the_padding_mask_holds_0_for_only_inside_the_entries():
     model = _Tiny()
     helpers.GraphmodeStaticPath.setup(model, max_batch_size=2, max_seq_len=6)
-    causal, slots = model.causal_mask.mask, torch.tensor([3])
+    causal, slots = model.causal_mask, torch.tensor([3])
+    row = causal.rows(torch.tensor(3))
     padding = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])  # shorter than the 6 slots: a mask grown eagerly
     with helpers.GraphmodeStaticPath(model, slots, padding):
         rows = helpers.graphmode_padded_rows(model, causal, slots)
         assert helpers.graphmode_slots(model) is slots
     minimum = torch.finfo(torch.float32).min
     assert rows.shape == (2, 1, 1, 6)
-    assert torch.equal(rows[0, 0, 0], causal[3]) and (rows[1, 0, 0, :2] == minimum).all()
-    assert torch.equal(rows[1, 0, 0, 2:], causal[3, 2:])
+    assert torch.equal(rows[0, 0, 0], row) and (rows[1, 0, 0, :2] == minimum).all()
+    assert torch.equal(rows[1, 0, 0, 2:], row[2:])
     assert helpers.graphmode_padded_rows(model, causal, slots).shape == (1, 1, 1, 6)  # outside: no padding
 
 

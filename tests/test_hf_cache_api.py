@@ -26,7 +26,7 @@ EXAMPLE = ROOT / "examples" / "hf_cache_api"
 OPTIONS = Options(entry_class="ForCausalLM")
 
 WRITE = "key_states, value_states = self.kv_cache.update(graphmode_slots(self), key_states, value_states)\n"
-MASK_ROWS = ("attention_mask = graphmode_padded_rows(self, self.causal_mask.mask, graphmode_slots(self))"
+MASK_ROWS = ("attention_mask = graphmode_padded_rows(self, self.causal_mask, graphmode_slots(self))"
              ".expand(batch_size, 1, seq_length, -1)\n")
 MASK_BUFFER = "self.causal_mask = GraphmodeCausalMask(sliding_window=self.config.sliding_window)\n"
 CACHE = "self.kv_cache = StaticKVCache(self.num_key_value_heads, self.head_dim, seq_dim=2)\n"

@@ -39,9 +39,10 @@ let attention read slots not written yet:
   values differ in head size, and its latent and rope key in rank, which no head count in `__init__` describes.
   Only where the trace did not see the write and `__init__` names the KV head count and head size do those size it;
 - the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
-- the helper call becomes rows of one mask (a `GraphmodeCausalMask`, same sliding window), picked by the
-  slots, with the slots the entries' 2-D padding mask holds 0 hidden too (`graphmode_padded_rows`; the entries
-  hand that mask to graphmode's rows alone, never to the model's own code).
+- the helper call becomes the causal mask's rows of the slots, computed per call (a `GraphmodeCausalMask`,
+  same sliding window: no square mask is held), with the slots the entries' 2-D padding mask holds 0 hidden
+  too (`graphmode_padded_rows`; the entries hand that mask to graphmode's rows alone, never to the model's own
+  code).
 
 Neither is allocated with the model: the entry's `setup_caches(max_batch_size, max_seq_length)` sizes both (the
 config's own limit by default), so a model only used through `forward` carries no static memory.
@@ -72,8 +73,8 @@ from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_W
     KEYWORD_MASK_HELPERS, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
-MASK_BUILDER = "graphmode_causal_mask"
-MASK_CLASS = "GraphmodeCausalMask"  # the module holding the mask, sized by `setup_caches` with MASK_BUILDER
+MASK_BUILDER = "graphmode_causal_rows"  # a mask's rows computed from the positions
+MASK_CLASS = "GraphmodeCausalMask"  # the additive rows of the causal mask, computed by MASK_BUILDER
 WRITTEN_SLOTS = "graphmode_written"
 SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
 PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the entries' 2-D padding mask applied
@@ -418,10 +419,11 @@ class CacheObject(GraphCodemod):
         The buffers take the shape, dtype and growing dim of the tensors written, keys and values apart, so no name
         has to describe them (MLA's keys and values differ in head size, a latent and a rope key in rank). The
         growing dims are the ones the trace saw, else the ones the write itself says. The head count and head size
-        `__init__` names size them only where the trace did not see the write: buffers then exist before the first
-        write, and shapes the names say are checked by the first `index_copy_`."""
+        `__init__` names size them where the trace did not see the write, or saw keys and values of one shape
+        (`_names_may_size`): buffers then exist from `setup_caches` on, and shapes the names say are checked by the
+        first `index_copy_`."""
         seen = self._seen_dims(write)
-        named = None if seen else self._cache_owner(classes, cls, named=True)
+        named = self._cache_owner(classes, cls, named=True) if self._names_may_size(write, seen) else None
         if named is not None:
             init = find_method(named, "__init__")
             heads, head_dim = size_in_init(init, KV_HEAD_ATTRIBUTES), size_in_init(init, HEAD_DIM_ATTRIBUTES)
@@ -447,6 +449,21 @@ class CacheObject(GraphCodemod):
         cats = sorted((line, dim) for file, line, dim in self.options.evidence_caches
                       if file == path and first <= line <= last)
         return (cats[0][1], cats[1][1]) if len(cats) == 2 else None
+
+    def _names_may_size(self, write: cst.BaseStatement, seen: tuple[int, int] | None) -> bool:
+        """Whether the head count and head size `__init__` names may size the buffers, so that `setup_caches`
+        allocates them (a person sees the memory at set-up, not at the first request): where the trace did not see
+        the write, or saw it write keys and values of one and the same 4-D shape, (batch, heads, length, head size),
+        at every layer. Keys and values of different shapes (MLA), or another layout, keep the shapes of the first
+        write."""
+        if seen is None:
+            return True
+        path, (first, last) = self.context.filename, self._lines(write)
+        shapes = [per_tensor for file, line, dims, per_tensor in self.options.evidence_cache_writes
+                  if file == path and first <= line <= last and tuple(dims) == (2, 2)]
+        return bool(shapes) and all(
+            len(per_tensor) == 2 and per_tensor[0] == per_tensor[1] and all(len(shape) == 4 for shape in per_tensor[0])
+            for per_tensor in shapes)
 
     @staticmethod
     def _written_dims(write: cst.BaseStatement, cache: str) -> tuple[int, int]:
@@ -528,10 +545,10 @@ class CacheObject(GraphCodemod):
             batch, length = (code_of(e.value) for e in shape.elements)
             windows.add(code_of(window) if window is not None else "")
             plan.reads_slots |= position == "position_ids"
-            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}.mask, {_SLOT_SOURCES[position]})"
+            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}, {_SLOT_SOURCES[position]})"
                     f".expand({batch}, 1, {length}, -1)\n")
             rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
-                "rows of the causal mask built once by setup_caches, picked by position.")])
+                "the causal mask's rows for these positions, computed per call.")])
         if len(windows) > 1:
             self.record_manual(calls[0][0], "the mask helpers of this method use different sliding windows; build "
                                             "the mask buffers by hand")

@@ -641,9 +641,9 @@ class CarriedCache(GraphCodemod):
             else f"{SLOTS_OFF_MODULE}(self)[None]"
         for stmt, target, call in calls:
             plan.replace[stmt] = cst.parse_statement(
-                f"{target} = {MASK_ROWS}(self.{buffer}.mask, {positions})\n").with_changes(
-                leading_lines=[*stmt.leading_lines, _comment("rows of the causal mask built once by setup_caches, "
-                                                             "picked by position.")])
+                f"{target} = {MASK_ROWS}(self.{buffer}, {positions})\n").with_changes(
+                leading_lines=[*stmt.leading_lines, _comment("the causal mask's rows for these positions, "
+                                                             "computed per call.")])
             plan.masks += 1
             plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")

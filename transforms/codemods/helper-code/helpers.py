@@ -45,14 +45,17 @@ class StaticKVCache(torch.nn.Module):
         shape.insert(self.seq_dim, self.max_seq_len)
         return shape
 
-    def graphmode_resize(self, max_batch_size, max_seq_len):
-        """Room for `max_batch_size` sequences of `max_seq_len` positions: fresh zeros in the buffers' dtype and device
-        where the sizes are named, else allocated at the next write."""
+    def graphmode_resize(self, max_batch_size, max_seq_len, like=None):
+        """Room for `max_batch_size` sequences of `max_seq_len` positions: fresh zeros where the sizes are named, else
+        allocated at the next write. They take the dtype and device of `like` (`setup_caches` passes one of the
+        model's parameters), else the buffers' own: a model built on the meta device and given its weights later
+        (`load_state_dict(..., assign=True)`) has its parameters where it computes, not its empty buffers."""
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         if self.n_heads is None:
             self.k_cache = self.v_cache = None
         else:
-            self.k_cache, self.v_cache = self.k_cache.new_zeros(self._shape()), self.v_cache.new_zeros(self._shape())
+            self.k_cache = (self.k_cache if like is None else like).new_zeros(self._shape())
+            self.v_cache = (self.v_cache if like is None else like).new_zeros(self._shape())
 
     def update(self, input_pos, k, v):
         if self.k_cache is None:  # shaped by this first write
@@ -92,8 +95,9 @@ class StaticKVBuffers(torch.nn.Module):
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
-    def graphmode_resize(self, max_batch_size, max_seq_len):
-        """Room for `max_batch_size` sequences of `max_seq_len` positions, allocated at the next write."""
+    def graphmode_resize(self, max_batch_size, max_seq_len, like=None):
+        """Room for `max_batch_size` sequences of `max_seq_len` positions, allocated at the next write (in the
+        keys' and values' own dtype and device)."""
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.k_cache = self.v_cache = None
 
@@ -120,39 +124,58 @@ class StaticKVBuffers(torch.nn.Module):
         shape[rows], shape[seq_dim] = max(self.max_batch_size, shape[rows]), self.max_seq_len
         return new.new_zeros(shape)
 
-# Inserted by cache_object and carried_cache, to build the mask buffer that a library mask helper's call
-# is replaced by.
-def graphmode_causal_mask(max_seq_len, sliding_window=None):
-    """The additive causal mask for every position, built once (added by graphmode).
+# Inserted by static_mask in place of a causal mask the model built on every call, and with GraphmodeCausalMask:
+# the rows of the positions computed, never the square mask.
+def graphmode_causal_rows(module, positions, diagonal=0, window=None, length=None):
+    """The causal mask's rows for `positions`, one per token, over the first `length` slots (by default every slot
+    `setup_caches` allocated): True where slot s is visible from position p, s <= p + diagonal, as `tril(diagonal)`
+    of a square of ones has it; with a sliding `window`, only the last `window` slots up to there (added by
+    graphmode).
 
-    Row p holds 0 where position p may attend and the float32 minimum elsewhere, as transformers'
-    mask helpers fill it; with a sliding window, p sees only the last `sliding_window` positions.
-    Columns past p are hidden, which also hides the slots a static cache has not written yet.
+    The rows are computed from the positions inside the compiled Decode, one comparison per slot. The square mask
+    they come from is never held: at 131072 positions it would take 16 GiB as booleans, 64 GiB as float32. Slots
+    past p are hidden, which also hides the slots a static cache has not written yet.
     """
-    visible = torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).tril()
-    if sliding_window is not None:
-        visible = visible.triu(1 - sliding_window)
-    # float32 whatever the default dtype: transformers builds models under torch_dtype=float16 by switching the
-    # default, and the float32 minimum would overflow there, failing the model's construction on every path.
-    zeros = torch.zeros(max_seq_len, max_seq_len, dtype=torch.float32)
-    return zeros.masked_fill(~visible, torch.finfo(torch.float32).min)
+    if length is None:
+        length = module.graphmode_static_state["max_seq_len"]
+    slots = torch.arange(length, device=positions.device)
+    last = positions[..., None] + diagonal
+    visible = slots <= last
+    if window is not None:
+        visible = visible & (slots > last - window)
+    return visible
 
-# Inserted by cache_object and carried_cache where the model's mask helper call is replaced by rows of a mask
-# built once: the module `setup_caches` sizes along with the caches.
+
+# Inserted by static_mask in place of an additive mask the model built on every call (`torch.full` + `triu`).
+def graphmode_filled_rows(module, positions, fill, diagonal=1, dtype=None):
+    """The rows for `positions` of a square mask holding `fill` on and above `diagonal` and 0 below it, as
+    `torch.full((n, n), fill, dtype=dtype).triu(diagonal)` has them, over every slot `setup_caches` allocated
+    (added by graphmode): computed per call, like `graphmode_causal_rows`."""
+    hidden = ~graphmode_causal_rows(module, positions, diagonal - 1)
+    return torch.zeros(hidden.shape, dtype=dtype, device=positions.device).masked_fill(hidden, fill)
+
+
+# Inserted by cache_object and carried_cache where a library mask helper's call is replaced by rows of the causal
+# mask.
 class GraphmodeCausalMask(torch.nn.Module):
-    """The causal mask of the static path, `mask[p]` the row of position p (added by graphmode).
+    """The causal mask of the static path as additive rows, `rows(positions)` (added by graphmode).
 
-    `graphmode_resize` (called by the model's `setup_caches`) builds it for the positions the static path serves,
-    with `graphmode_causal_mask`; until then it is empty.
+    Row p holds 0 where position p may attend and the float32 minimum elsewhere, as transformers' mask helpers fill
+    it; with a sliding window, p sees only the last `sliding_window` positions. Each row is computed from its
+    position when asked for (`graphmode_causal_rows`); no (slots, slots) mask is held.
     """
 
     def __init__(self, sliding_window=None):
         super().__init__()
         self.sliding_window = sliding_window
-        self.register_buffer("mask", torch.zeros(0, 0, dtype=torch.float32), persistent=False)
 
-    def graphmode_resize(self, max_batch_size, max_seq_len):
-        self.mask = graphmode_causal_mask(max_seq_len, self.sliding_window).to(self.mask.device)
+    def rows(self, positions, length=None):
+        """(*positions.shape, slots) additive rows over `length` slots, every slot by default. float32 whatever the
+        default dtype: transformers builds models under torch_dtype=float16 by switching the default, and the
+        float32 minimum would overflow there."""
+        visible = graphmode_causal_rows(self, positions, window=self.sliding_window, length=length)
+        zeros = torch.zeros(visible.shape, dtype=torch.float32, device=positions.device)
+        return zeros.masked_fill(~visible, torch.finfo(torch.float32).min)
 
 # Inserted by cache_object where the caller is handed back a tuple cache.
 def graphmode_written(k, v, input_pos, seq_dim=2):
@@ -168,15 +191,16 @@ def graphmode_written(k, v, input_pos, seq_dim=2):
 
 # Inserted by carried_cache: the rows of the mask buffer for the computed tokens.
 def graphmode_mask_rows(causal_mask, position_ids):
-    """Rows of the causal mask for the tokens computed, (batch, 1, tokens, slots) (added by graphmode).
+    """Rows of the causal mask (a `GraphmodeCausalMask`) for the tokens computed, (batch, 1, tokens, slots) (added
+    by graphmode).
 
     A compiled graph reads every slot of the static cache; an eager call gets the written slots only
     (StaticKVBuffers.update hands back as many), so its rows stop at the last position written.
     """
-    rows = causal_mask[position_ids][:, None]
+    length = None
     if not torch.compiler.is_compiling():
-        rows = rows[..., : int(position_ids.reshape(-1)[-1]) + 1]
-    return rows
+        length = int(position_ids.reshape(-1)[-1]) + 1
+    return causal_mask.rows(position_ids, length)[:, None]
 
 # Inserted by carried_cache where attention reads every slot of the static buffers and no mask of the model's hides
 # the ones not written yet (no mask in Decode, `is_causal`, a mask built per call for another length).
@@ -308,10 +332,12 @@ class GraphmodeStaticPath:
                 f"{'; '.join(refused)}"
             )
         state = GraphmodeStaticPath.state_of(model)
+        # The dtype and device the model computes in: its first floating-point parameter's.
+        like = next((p for p in model.parameters() if p.is_floating_point()), None)
         for module in model.modules():
             resize = getattr(module, "graphmode_resize", None)
             if callable(resize):
-                resize(max_batch_size, max_seq_len)
+                resize(max_batch_size, max_seq_len, like)
         state.update(max_batch_size=max_batch_size, max_seq_len=max_seq_len)
 
     @staticmethod
@@ -359,11 +385,11 @@ def graphmode_row_positions(slots, attention_mask=None):
 
 # Inserted by cache_object in place of the model's mask helper call, on the static path.
 def graphmode_padded_rows(module, causal_mask, slots):
-    """The causal-mask rows of these slots, (rows, 1, tokens, slots), with the slots the entries' 2-D padding mask
-    holds 0 for hidden too (added by graphmode). The padding mask may be shorter than the static cache (a mask that
-    grows every step, eagerly); the compiled Decode should be handed it at the full length, so its shape stays
-    fixed."""
-    rows = causal_mask[slots][None, None]
+    """The rows of the causal mask (a `GraphmodeCausalMask`) for these slots, (rows, 1, tokens, slots), with the
+    slots the entries' 2-D padding mask holds 0 for hidden too (added by graphmode). The padding mask may be
+    shorter than the static cache (a mask that grows every step, eagerly); the compiled Decode should be handed it
+    at the full length, so its shape stays fixed."""
+    rows = causal_mask.rows(slots)[None, None]
     padding = module.graphmode_static_state["padding"]
     if padding is None:
         return rows
