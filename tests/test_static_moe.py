@@ -1,5 +1,5 @@
-"""The static MoE dispatch, run with real torch: `graphmode_moe_dense` (helper code) gives the mixture the expert loops
-give, and the adapted fixtures of static_moe give their originals' outputs with the dispatch compiled whole, in
+"""The static MoE dispatch, run with real torch: `graphmode_moe` (helper code) gives the mixture the expert loops give,
+reading only the routed experts' weights where a step routes fewer pairs than there are experts, and the adapted fixtures of static_moe give their originals' outputs with the dispatch compiled whole, in
 Prefill and Decode shapes (fp32)."""
 from __future__ import annotations
 
@@ -63,7 +63,43 @@ def _loop_dispatch(experts, tokens, ids, weights):
 
 
 def test_the_inserted_helper_is_the_definition_in_the_file():
-    assert helper_source(HELPER) == inspect.getsource(helpers.graphmode_moe_dense)
+    assert helper_source(HELPER) == inspect.getsource(helpers.graphmode_moe)
+
+
+def test_stacking_keeps_the_parameters_and_makes_them_views_of_one_tensor():
+    torch.manual_seed(0)
+    experts = nn.ModuleList(_Expert(16, 24) for _ in range(5)).eval()
+    before = {k: v.clone() for k, v in experts.state_dict().items()}
+    helpers.graphmode_stack_experts(experts)
+    stacked = experts.graphmode_stacked
+    assert stacked["up.weight"].shape == (5, 24, 16)
+    assert all(torch.equal(before[k], v) for k, v in experts.state_dict().items())
+    assert experts[3].up.weight.data_ptr() == stacked["up.weight"][3].data_ptr()
+    helpers.graphmode_stack_experts(experts)
+    assert experts.graphmode_stacked is stacked  # nothing moved: stacked once
+    mixed = nn.ModuleList([nn.Linear(8, 8), _Expert(8, 8)])
+    helpers.graphmode_stack_experts(mixed)  # experts of different kinds: left as they are
+    assert getattr(mixed, "graphmode_stacked", None) is None
+
+
+@pytest.mark.parametrize("count, experts_count, routed", [(DECODE, 8, True), (DECODE * 3, 8, True),
+                                                          (PREFILL * 2, 8, False), (DECODE * 2, 3, False)])
+def test_the_dispatch_reads_the_routed_experts_where_that_reads_less_and_gives_the_loops_mixture(
+        count, experts_count, routed):
+    torch.manual_seed(0)
+    experts = nn.ModuleList(_Expert(16, 24) for _ in range(experts_count)).eval()
+    helpers.graphmode_stack_experts(experts)
+    tokens = torch.randn(count, 16)
+    ids, weights = _routing(tokens, experts_count, 2)
+    counters.clear()
+    with torch.no_grad():
+        expected = _loop_dispatch(experts, tokens, ids, weights)
+        chosen = helpers.graphmode_moe_routed if routed else helpers.graphmode_moe_dense
+        torch.testing.assert_close(chosen(experts, tokens, ids, weights), expected)
+        torch.testing.assert_close(helpers.graphmode_moe(experts, tokens, ids, weights), expected)
+        torch.testing.assert_close(_compiled(helpers.graphmode_moe)(experts, tokens, ids, weights), expected)
+    assert not counters["graph_break"]
+    assert (count * 2 < experts_count) == routed
 
 
 @pytest.mark.parametrize("count", [PREFILL * 2, DECODE * 2])

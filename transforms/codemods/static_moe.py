@@ -14,15 +14,22 @@ Each pick has a length only the device knows, so Decode waits for it and its gra
 becomes
 
     if not torch.compiler.is_compiling():
+        graphmode_stack_experts(self.experts)
         <the same statements>
     else:
-        final_hidden_states = graphmode_moe_dense(self.experts, hidden_states, selected_experts, routing_weights)
+        final_hidden_states = graphmode_moe(self.experts, hidden_states, selected_experts, routing_weights)
 
-The routing (scores, top-k, normalisation) is left as written; only the dispatch after it is replaced. The compiled
-Decode runs every expert over its tokens and keeps, for each token, the outputs of its top-k experts times their
-weights (helper-code `graphmode_moe_dense`): the same sum, with experts / k times the expert work, which Decode's
-one token per sequence affords in compute; it also reads every expert's weights each step, which skills/static-moe.md
-weighs for models with many experts. Eager calls (Prefill) keep the loop and its cost.
+The routing (scores, top-k, normalisation) is left as written; only the dispatch after it is replaced. Eager calls
+(Prefill) keep the loop and its cost, and stack the experts' weights into one [experts, ...] tensor per parameter
+(the experts' parameters become views of it: no memory is added). The compiled Decode (helper-code `graphmode_moe`)
+chooses by shapes alone, so the choice is fixed for a batch size:
+- routed, when the step routes fewer (token, expert) pairs than there are experts (Decode of a few sequences):
+  each token's top-k experts' weights are gathered from the stack by their ids and only those are read, as
+  gpt-fast's Mixtral does. A dense dispatch would read every expert's weights each step: 4x at Mixtral's 2 of 8,
+  32x at DeepSeek-V3's 8 of 256, where Decode's time is the weights it reads;
+- dense otherwise (many tokens, few experts): every expert runs over every token and each token keeps its top-k
+  outputs times their weights, reading each expert's weights once for all the tokens.
+Either gives the loop's sum up to float rounding (the matmuls see other row counts), summed in expert order.
 
 What is replaced is found from the code's structure, not from names:
 - an expert loop: a `for` at the top of a step function's body whose body calls a module of one `self.<list>`;
@@ -50,11 +57,13 @@ from graphmode.transforms.codemods.hoist_item import GUARD
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, is_docstring, names_in, nodes_of_type, \
     single_assignment, walk
 
-HELPER = "graphmode_moe_dense"
+HELPER = "graphmode_moe"  # the static dispatch: routed experts only, or every expert (the two below)
+STACKER = "graphmode_stack_experts"  # the experts' weights stacked, in eager calls, for the routed form
+_DISPATCH_HELPERS = (HELPER, "graphmode_moe_dense", "graphmode_moe_routed", STACKER)
 _COMMENT = (
     "# graphmode: static expert dispatch. The loop picks each expert's tokens in shapes only the device knows,",
-    "# so it runs in eager calls (Prefill); a compiled Decode runs every expert over its tokens and keeps",
-    "# each token's top-k outputs, weighted by the routing as the loop weights them.",
+    "# so it runs in eager calls (Prefill), which also stack the experts' weights; a compiled Decode reads",
+    "# only its tokens' top-k experts (or runs every expert where that reads less), weighted as the loop weights.",
 )
 # Calls whose result has a size or a value read off the device.
 _HOST_READS = frozenset({"cpu", "numpy", "tolist", "item", "nonzero", "argwhere", "masked_select"})
@@ -247,12 +256,13 @@ class StaticMoE(StepCodemod):
     DESCRIPTION = (
         "A mixture-of-experts dispatch that picks each expert's tokens by the routing (counts read on the host with "
         "`.cpu().numpy()`/`.tolist()`, `torch.where` of an expert mask, boolean indexing) gets a static form for "
-        "compiled calls: every expert runs over the step's tokens, and each token keeps its top-k experts' outputs "
-        "times their routing weights (`graphmode_moe_dense`). The routing and its weights are unchanged and the sum "
-        "is the same up to float rounding; Decode no longer waits for the device or breaks its graph there. It costs "
-        "experts / top-k times the expert work of the loop, little for Decode's one token per sequence, and reads "
-        "every expert's weights each step (with many experts, a gathered top-k form reads less); eager calls "
-        "(Prefill) keep the loop."
+        "compiled calls (`graphmode_moe`). Where a step routes fewer (token, expert) pairs than there are experts, "
+        "as Decode does with few sequences, each token's top-k experts' weights are gathered from a stack built in "
+        "the eager calls, and only those are read (Mixtral at batch 1: 2 of 8 experts; DeepSeek-V3: 8 of 256). "
+        "Elsewhere every expert runs over the step's tokens and each token keeps its top-k outputs, which reads "
+        "each expert's weights once for all the tokens. The routing and its weights are unchanged and the sum "
+        "is the same up to float rounding; Decode no longer waits for the device or breaks its graph there; eager "
+        "calls (Prefill) keep the loop."
     )
     SKILL = "static-moe"
     FIXES = frozenset({"GM101", "GM102", "GM103", "GM401", "GM402"})
@@ -266,8 +276,9 @@ class StaticMoE(StepCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._synced = {line for file, line in self.options.host_sync_lines if file == self.context.filename}
         module = super().transform_module_impl(tree)
-        if self.edits and not defined_at_top(module, HELPER):
-            module = insert_after_imports(module, helper_statements(HELPER))
+        for name in reversed(_DISPATCH_HELPERS):
+            if self.edits and not defined_at_top(module, name):
+                module = insert_after_imports(module, helper_statements(name))
         return module
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
@@ -367,7 +378,8 @@ class StaticMoE(StepCodemod):
         comment = [cst.EmptyLine(indent=True, comment=cst.Comment(line)) for line in _COMMENT]
         guarded = cst.If(
             test=cst.parse_expression(GUARD),
-            body=cst.IndentedBlock(body=[span[0].with_changes(leading_lines=[]), *span[1:]]),
+            body=cst.IndentedBlock(body=[cst.parse_statement(f"{STACKER}({found.experts})\n"),
+                                         span[0].with_changes(leading_lines=[]), *span[1:]]),
             orelse=cst.Else(body=cst.IndentedBlock(body=[cst.parse_statement(found.call())])),
             leading_lines=[*span[0].leading_lines, *comment],
         )

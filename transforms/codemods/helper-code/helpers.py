@@ -429,6 +429,71 @@ def graphmode_fits(model, tokens, input_pos):
 
 # Inserted by static_moe in place of an expert loop that picks each expert's tokens by the routing (a count read on
 # the host, a `torch.where` of a mask): the same mixture, with no shape that depends on the routing.
+def graphmode_moe(experts, tokens, expert_ids, expert_weights):
+    """The mixture of `experts` over `tokens` ([tokens, hidden]) for a top-k routing, `expert_ids` and
+    `expert_weights` ([tokens, k]), in static shapes (added by graphmode).
+
+    Where the experts' weights are stacked (`graphmode_stack_experts`, in eager calls) and the step routes fewer
+    (token, expert) pairs than there are experts, as a Decode step of a few sequences does, only the routed experts'
+    weights are read (`graphmode_moe_routed`); otherwise every expert runs over every token
+    (`graphmode_moe_dense`), which reads each expert's weights once for all the tokens. Both are decided by shapes
+    alone, so a compiled Decode holds one of them, fixed for its batch size.
+    """
+    routed = tokens.shape[0] * expert_ids.shape[-1] < len(experts)
+    if routed and getattr(experts, "graphmode_stacked", None) is not None:
+        return graphmode_moe_routed(experts, tokens, expert_ids, expert_weights)
+    return graphmode_moe_dense(experts, tokens, expert_ids, expert_weights)
+
+
+def graphmode_stack_experts(experts):
+    """Stacks each parameter of `experts` into one [experts, ...] tensor, once, and again whenever a parameter no
+    longer lies in its stack (the model was moved or converted since), making every expert's parameter a view of its
+    row (added by graphmode): the same memory, so the experts, the model's state dict and its loading see the
+    parameters they always had. Experts of different kinds or shapes, or not all on this rank, are left as they are
+    (the dense dispatch serves them)."""
+    if not isinstance(experts, torch.nn.Module) or any(type(e) is not type(experts[0]) for e in experts):
+        return
+    params = [dict(expert.named_parameters()) for expert in experts]
+    names = list(params[0])
+    if not names or any(list(p) != names or any(p[n].shape != params[0][n].shape for n in names) for p in params):
+        return
+    stacked = experts.__dict__.get("graphmode_stacked")
+    if stacked is not None and all(
+        p[n].data_ptr() == row.data_ptr() for n in names for p, row in zip(params, stacked[n])
+    ):
+        return
+    # Outside inference mode: the stack backs the parameters, which training may still use.
+    with torch.inference_mode(False), torch.no_grad():
+        stacked = {n: torch.stack([p[n] for p in params]) for n in names}
+    for n in names:
+        for p, row in zip(params, stacked[n]):
+            p[n].data = row
+    experts.__dict__["graphmode_stacked"] = stacked
+
+
+def graphmode_moe_routed(experts, tokens, expert_ids, expert_weights):
+    """The mixture with only the routed experts' weights read (added by graphmode): each token's top-k experts'
+    stacked parameters are gathered by their ids and the expert's own `forward` runs on them, one (token, expert)
+    pair at a time under `torch.func.vmap`. The outputs are weighted and summed in expert order, in the routing
+    weights' dtype, as the loop and `graphmode_moe_dense` sum them."""
+    order = expert_ids.argsort(dim=-1)
+    expert_ids, expert_weights = expert_ids.gather(-1, order), expert_weights.gather(-1, order)
+    count, top_k = expert_ids.shape
+    stacked = experts.graphmode_stacked
+    picked = {name: stack[expert_ids.reshape(-1)] for name, stack in stacked.items()}
+    rows = tokens.repeat_interleave(top_k, dim=0)
+
+    def one(params, row):
+        return torch.func.functional_call(experts[0], params, (row[None],))[0]
+
+    out = torch.func.vmap(one)(picked, rows).to(expert_weights.dtype)
+    out = (out * expert_weights.reshape(-1, 1)).view(count, top_k, -1)
+    mixed = out[:, 0]
+    for slot in range(1, top_k):
+        mixed = mixed + out[:, slot]
+    return mixed.to(tokens.dtype)
+
+
 def graphmode_moe_dense(experts, tokens, expert_ids, expert_weights):
     """The mixture of `experts` over `tokens` ([tokens, hidden]) for a top-k routing: `expert_ids` and
     `expert_weights` ([tokens, k]) as the router chose and normalised them (added by graphmode).
