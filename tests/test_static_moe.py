@@ -1,6 +1,7 @@
 """The static MoE dispatch, run with real torch: `graphmode_moe` (helper code) gives the mixture the expert loops give,
-reading only the routed experts' weights where a step routes fewer pairs than there are experts, and the adapted fixtures of static_moe give their originals' outputs with the dispatch compiled whole, in
-Prefill and Decode shapes (fp32)."""
+reading only the routed experts' weights where a step routes fewer pairs than there are experts, and the adapted
+fixtures of static_moe give their originals' outputs with the dispatch compiled whole, in Prefill and Decode shapes
+(fp32)."""
 from __future__ import annotations
 
 import importlib.util
