@@ -15,6 +15,10 @@ have first-call side effects, lesson 6) and empty Dynamo caches and counters.
 - adapted with --batch-buckets: the batch-bucket sweep instead (runners/batch_buckets.py): the
   prompt padded to each bucket, its real rows checked against the unpadded run's logits.
 
+On the adapted side the addresses of the tensors the model holds are watched from the warm-up on
+(runners/static_addresses.py), and on CUDA what CUDA graph trees capture, replay and decline
+(runners/cuda_graphs.py): what a capture/replay backend needs that the tokens do not show.
+
 Greedy choice and logits copies happen outside the timed regions. Every Decode step gets
 a fresh (B, 1) token tensor from argmax: a (1, 1) slice of a growing tensor changes stride
 every step and makes Dynamo recompile (lesson 3).
