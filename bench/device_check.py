@@ -1,32 +1,30 @@
 """Capture and replay on a real accelerator: graphmode adapt under cudagraphs, with inductor_cuda as the control.
 
-    python bench/device_check.py --out DIR [--budget-s 440] [--only ID,...] [--jobs N]
-    python bench/device_check.py --out DIR --dry-run    # the same steps on the CPU, inductor, tiny sizes (CI)
+    python bench/device_check.py --out DIR [--budget-s 450] [--only MODEL,...] [--jobs N]
+    python bench/device_check.py --out DIR --dry-run [--dry-backend aot_eager]   # the same on the CPU, tiny sizes
 
-Runs `graphmode adapt --yes` (one round, so a failure is reported, not repaired) on:
+Runs `graphmode adapt --yes --backend cudagraphs` (one round, so a failure is reported, not repaired) on:
 
-1. the three bundled examples (examples/legacy_llm, hf_cache_api, meta_llama) and `--hf llama --tiny`,
-   `--hf qwen3 --tiny`: one run each, side by side (their timings mean little; what they check is capture);
-2. one model at a real shape, alone: examples/meta_llama's model.py at Llama-3.2-1B's sizes (dim 2048, 16 layers,
-   32 heads, 8 key/value heads, FFN 8192, vocabulary 128256, rope theta 500000), bf16, random weights drawn on the
-   device from one seed, prompt 128, 128 Decode steps, 3 runs, batch buckets 1,8 under cudagraphs. Decode is
-   memory-bound at that size, so its times mean something. It is a harness folder this script writes (--hf reads
-   weights from files or shrinks the config with --tiny; neither gives full-size random weights), and its model is the
-   Meta-reference file graphmode rewrites, so the capture runs graphmode's own rewrites, not transformers' static
-   cache.
+1. one model at a real shape, first and alone: examples/meta_llama's model.py at Llama-3.2-1B's sizes (dim 2048,
+   16 layers, 32 heads, 8 key/value heads, FFN 8192, vocabulary 128256, rope theta 500000), bf16, random weights
+   from one seed, prompt 128, 128 Decode steps, 3 runs, batch buckets 1,8. Decode is memory-bound at that size, so its
+   times mean something. It is a harness folder this script writes: --hf reads weights from files or shrinks the
+   config with --tiny, and neither gives full-size random weights; and its model is the Meta-reference file
+   graphmode rewrites, so the capture runs graphmode's own rewrites, not transformers' static cache.
+2. the three bundled examples (examples/legacy_llm, hf_cache_api, meta_llama) and `--hf llama --tiny`,
+   `--hf qwen3 --tiny`: one run each, side by side (their times mean little; what they check is capture).
 
-Each under `--backend cudagraphs` (Inductor with CUDA graph trees) and `--backend inductor_cuda` (the same Inductor
-kernels without CUDA graphs): what the first gains over the second is what capture/replay gives; what the second gains
-over eager is what Inductor's kernels give. From each report.json it keeps the verdict, tokens, graph breaks,
-recompiles, the CUDA graphs captured, replayed and declined (with Inductor's reasons), the held tensors whose address
-moved, Decode ms/token eager and graph (median [min, max] over the fresh processes), peak device memory per side, the
-fusions' effect (the unfused third side) and the batch buckets.
+After each, the control: verify's graph-side worker under `inductor_cuda` (the same Inductor kernels, no CUDA graphs)
+on the sources that adapt wrote, as many fresh processes as its runs, against its eager tokens. What cudagraphs gains
+over the control is what capture/replay gives; what the control gains over eager is what Inductor's kernels give.
 
-It writes DIR/device_check.json after every target (a run cut short still leaves what finished), and
-DIR/device_check.md and DIR/device_check.log; a target cut short by its limit keeps the figures of the verify workers
-that finished (`workers`). The adapt runs' folders go to --work (default: a temporary folder
-outside DIR). Each target runs under its own time limit within --budget-s. The environment (GPU, driver, CUDA, torch,
-transformers, triton, Python) is in the JSON and the Markdown.
+From each report.json it keeps the verdict, tokens, graph breaks, recompiles, the CUDA graphs captured, replayed and
+declined (with Inductor's reasons), the held tensors whose address moved, Decode ms/token eager and graph (median
+[min, max] over the fresh processes), peak device memory per side, the fusions' effect (the unfused third side) and the
+batch buckets. It writes DIR/device_check.json after every target, DIR/device_check.md and DIR/device_check.log, with
+the GPU, driver, CUDA, torch, transformers, triton and Python versions. Each target runs under its own time limit
+within --budget-s (a model's control may use what its adapt left); one cut short keeps the figures of the verify
+workers that finished (`workers`). The adapt runs' folders go to --work (default: a temporary folder outside DIR).
 """
 from __future__ import annotations
 
@@ -122,9 +120,15 @@ class Target:
     runs: int
     steps: int
     limit_s: float            # its own time limit (the budget left may cut it shorter)
-    alone: bool               # a timing that matters: nothing else runs meanwhile
     buckets: str | None = None
+    # A control: no adapt of its own, but the verify worker's graph side under `backend`, `runs` fresh processes, on
+    # the sources this other target adapted (the same code, so only the backend differs); eager is that target's.
+    control_of: "Target | None" = None
     record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_folder(self) -> Path | None:
+        return Path(self.record["run_folder"]) if self.record.get("run_folder") else None
 
 
 def write_shape_target(work: Path, dry_run: bool) -> Path:
@@ -141,22 +145,34 @@ def write_shape_target(work: Path, dry_run: bool) -> Path:
     return folder
 
 
-def targets(work: Path, dry_run: bool, dry_backend: str = DRY_BACKEND) -> list[Target]:
-    """In the order they run; those not `alone` run side by side, in the place of the first of them."""
+def stages(work: Path, dry_run: bool, dry_backend: str = DRY_BACKEND) -> list[list[list[Target]]]:
+    """What runs, in order: stages one after another, each a list of chains run side by side, each chain a list of
+    targets run one after another (a graph target, then its control)."""
     shape = write_shape_target(work, dry_run)
     tiny = [("legacy_llm", [str(EXAMPLES / "legacy_llm")]), ("hf_cache_api", [str(EXAMPLES / "hf_cache_api")]),
             ("meta_llama", [str(EXAMPLES / "meta_llama")]), ("hf-llama-tiny", ["--hf", "llama", "--tiny"]),
             ("hf-qwen3-tiny", ["--hf", "qwen3", "--tiny"])]
     if dry_run:
-        # One backend, one run each, no time that matters: the same targets, on the CPU's cores.
-        return [Target(SHAPE, [str(shape)], dry_backend, 1, MIN_STEPS, 1200, False, buckets="1,2"),
-                *(Target(name, args, dry_backend, 1, MIN_STEPS, 1200, False) for name, args in tiny)]
-    # The limits add up to the default budget: the real shape under cudagraphs first (what the check is for), the tiny
-    # ones side by side, then the control at the real shape with what is left.
-    found = [Target(f"{name}/{backend}", args, backend, 1, MIN_STEPS, 100, False)
-             for backend in (GRAPH_BACKEND, CONTROL_BACKEND) for name, args in tiny]
-    return [Target(f"{SHAPE}/{GRAPH_BACKEND}", [str(shape)], GRAPH_BACKEND, 3, 128, 240, True, buckets="1,8"), *found,
-            Target(f"{SHAPE}/{CONTROL_BACKEND}", [str(shape)], CONTROL_BACKEND, 3, 128, 100, True)]
+        # One backend for both sides and no time that matters: the same targets, one after another on the CPU.
+        graph, control = dry_backend, dry_backend
+        chains = [_pair(SHAPE, [str(shape)], graph, control, 1, MIN_STEPS, 1200, 1200, buckets="1,2")]
+        chains += [_pair(name, args, graph, control, 1, MIN_STEPS, 1200, 1200) for name, args in tiny]
+        return [[chain] for chain in chains]
+    # The limits add up to the default budget (450 s): the real shape and its control first and alone (their times
+    # are what the check is for), then the tiny models side by side.
+    return [[_pair(SHAPE, [str(shape)], GRAPH_BACKEND, CONTROL_BACKEND, 3, 128, 260, 70, buckets="1,8")],
+            [_pair(name, args, GRAPH_BACKEND, CONTROL_BACKEND, 1, MIN_STEPS, 90, 30) for name, args in tiny]]
+
+
+def _pair(name: str, args: list[str], graph: str, control: str, runs: int, steps: int, graph_s: float,
+          control_s: float, buckets: str | None = None) -> list[Target]:
+    """A model's graph target (graphmode adapt) and its control; a chain's limits are shared: the control may use
+    what the adapt left."""
+    adapted = Target(f"{name}/{graph}", args, graph, runs, steps, graph_s, buckets)
+    adapted.record.update(model=name, role="graph")
+    check = Target(f"{name}/control-{control}", [], control, runs, steps, control_s, control_of=adapted)
+    check.record.update(model=name, role="control")
+    return [adapted, check]
 
 
 # --- running ------------------------------------------------------------------------------------------------------
@@ -184,30 +200,37 @@ def adapt_command(target: Target, out: Path, timeout_s: float) -> list[str]:
     return command + (["--batch-buckets", target.buckets] if target.buckets else [])
 
 
-def run_target(target: Target, work: Path, deadline: float, log: Log, concurrent: bool) -> None:
-    left = deadline - time.monotonic()
-    limit = min(target.limit_s, left)
+def run_target(target: Target, work: Path, limit: float, log: Log, compile_threads: int | None) -> None:
     record = target.record
     record.update(id=target.id, backend=target.backend, runs=target.runs, steps=target.steps,
                   buckets_asked=target.buckets, limit_s=round(limit, 1))
     if limit < 30:
-        record.update(status="not run", error=f"the budget had {left:.0f} s left")
-        log(f"{target.id}: not run, {left:.0f} s of the budget left")
+        record.update(status="not run", error=f"{limit:.0f} s of the budget were left")
+        log(f"{target.id}: not run, {limit:.0f} s of the budget left")
         return
-    out = work / "runs" / target.id.replace("/", "-")
-    shutil.rmtree(out, ignore_errors=True)
-    command = adapt_command(target, out, limit)
-    record["command"] = " ".join(command[1:])
     env = {key: value for key, value in os.environ.items() if key != "GRAPHMODE_CORES_LOCK"}
-    env.update(PYTHONUNBUFFERED="1", GRAPHMODE_HOME=str(work / "home" / target.id.replace("/", "-")), COLUMNS="200")
-    if concurrent:
-        # Side by side, each process compiles in itself: a pool of compile workers per process would be one per core
-        # times the targets.
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    env.update(PYTHONUNBUFFERED="1", GRAPHMODE_HOME=str(work / "home" / _slug(target.id)), COLUMNS="200")
+    if compile_threads:
+        # Side by side, each process's pool of compile workers gets its share of the cores.
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(compile_threads)
     log(f"{target.id}: started (limit {limit:.0f} s)")
-    started = time.monotonic()
+    if target.control_of is not None:
+        run_control(target, work, limit, log, env)
+    else:
+        run_adapt(target, work, limit, log, env)
+    log(f"{target.id}: {record['status']} in {record.get('elapsed_s', 0):.0f} s")
+
+
+def _slug(target_id: str) -> str:
+    return target_id.replace("/", "-")
+
+
+def _run(command: list[str], env: dict[str, str], limit: float, target: Target, log: Log,
+         cwd: Path) -> tuple[int, list[str], bool]:
+    """The command in a process group of its own, its lines logged; (exit status, lines, whether it was stopped at
+    the limit)."""
     lines: list[str] = []
-    process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
     stopped = threading.Event()
     timer = threading.Timer(limit, _stop, (process, stopped))
@@ -220,20 +243,91 @@ def run_target(target: Target, work: Path, deadline: float, log: Log, concurrent
         process.wait()
     finally:
         timer.cancel()
-    elapsed = time.monotonic() - started
-    timed_out = stopped.is_set()
-    record.update(elapsed_s=round(elapsed, 1), exit_status=process.returncode, run_folder=str(out))
+    return process.returncode, lines, stopped.is_set()
+
+
+def run_adapt(target: Target, work: Path, limit: float, log: Log, env: dict[str, str]) -> None:
+    record = target.record
+    out = work / "runs" / _slug(target.id)
+    shutil.rmtree(out, ignore_errors=True)
+    command = adapt_command(target, out, limit)
+    record["command"] = " ".join(command[1:])
+    started = time.monotonic()
+    status, lines, timed_out = _run(command, env, limit, target, log, work)
+    record.update(elapsed_s=round(time.monotonic() - started, 1), exit_status=status)
+    run_folder = next((p.parent for p in out.glob("*/design.md")), None)
+    record["run_folder"] = str(run_folder) if run_folder else None
     report = next(out.glob("*/report.json"), None)
     if report is not None:
         record.update(summarise(json.loads(report.read_text())))
     else:
         # Cut short: what the verify workers that finished wrote (runners.results.WorkerResult, in logs/).
         record["workers"] = summarise_workers(out)
-    record["status"] = ("timed out" if timed_out else "verified" if process.returncode == 0 else
+    record["status"] = ("timed out" if timed_out else "verified" if status == 0 else
                         "failed" if report is not None else "error")
     if record["status"] != "verified":
         record["output_tail"] = lines[-15:]
-    log(f"{target.id}: {record['status']} in {elapsed:.0f} s (exit {process.returncode})")
+
+
+def run_control(target: Target, work: Path, limit: float, log: Log, env: dict[str, str]) -> None:
+    """The graph side of verify under the control backend, `runs` fresh processes, on the sources the graph target
+    adapted (its adapted/), sharing one compile cache: Decode ms/token, tokens against the graph target's eager run,
+    breaks, recompiles, peak memory, moved addresses and (none expected) CUDA graphs."""
+    record, source = target.record, target.control_of
+    folder = source.run_folder / "adapted" if source.run_folder else None
+    eager = next(iter(sorted(source.run_folder.glob("logs/original.json"))), None) if source.run_folder else None
+    if folder is None or not (folder / "harness.py").is_file() or eager is None:
+        record.update(status="not run", error=f"{source.id} left no adapted sources and eager run to time against")
+        return
+    reference = json.loads(eager.read_text())
+    out = work / "runs" / _slug(target.id)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(out / "compile-cache"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    started, runs, problems = time.monotonic(), [], []
+    record["command"] = (f"-m graphmode.runners.worker --side adapted --folder {folder} --steps {target.steps} "
+                         f"--backend {target.backend} (x{target.runs})")
+    for run in range(target.runs):
+        left = limit - (time.monotonic() - started)
+        if left < 10:
+            problems.append(f"run {run + 1} not started: the limit was reached")
+            break
+        result = out / f"adapted.run{run + 1}.json"
+        command = [sys.executable, "-m", "graphmode.runners.worker", "--side", "adapted", "--folder", str(folder),
+                   "--steps", str(target.steps), "--backend", target.backend, "--out", str(result),
+                   "--npu-compile-cache", "off"]
+        status, lines, timed_out = _run(command, env, left, target, log, work)
+        if status != 0 or not result.is_file():
+            problems.append(f"run {run + 1}: " + ("timed out" if timed_out else " / ".join(lines[-3:])))
+            break
+        runs.append(json.loads(result.read_text()))
+    record.update(elapsed_s=round(time.monotonic() - started, 1), run_folder=str(out))
+    figures = [_worker_figures(r) for r in runs]
+    tpots = [f["tpot_ms"] for f in figures]
+    eager_tpot = source.record.get("tpot_ms", {}).get("eager") or [_worker_figures(reference)["tpot_ms"]] * 3
+    record.update(
+        runs_done=len(runs),
+        tokens_equal=all(r["tokens"] == reference["tokens"] for r in runs) if runs else None,
+        graph_breaks=max((r.get("graph_breaks", 0) for r in runs), default=None),
+        recompiles=max((r.get("recompiles", 0) for r in runs), default=None),
+        tpot_ms={"eager": eager_tpot, "graph": [statistics.median(tpots), min(tpots), max(tpots)] if tpots else None},
+        peak_device_mb={"eager": (source.record.get("peak_device_mb") or {}).get("eager"),
+                        "graph": _spread([f["peak_device_mb"] for f in figures])},
+        warmup_s=_spread([f["warmup_s"] for f in figures]),
+        addresses_moved={"graph": [f["addresses_moved"] or [] for f in figures]},
+        cuda_graphs={"graph": [f["cuda_graphs"] for f in figures]} if any(f["cuda_graphs"] for f in figures) else {},
+        problems=problems)
+    if runs and not record["tokens_equal"]:
+        problems.append("tokens differ from the graph target's eager run")
+    if any(record["addresses_moved"]["graph"]):
+        problems.append("held tensors changed address after warm-up")
+    ok = runs and len(runs) == target.runs and not problems and not record["graph_breaks"] and not record["recompiles"]
+    record["status"] = "verified" if ok else "failed" if runs else "error"
+
+
+def _spread(values: list[float | None]) -> list[float] | None:
+    known = [v for v in values if v is not None]
+    return [statistics.median(known), min(known), max(known)] if known else None
 
 
 def _stop(process: subprocess.Popen, stopped: threading.Event) -> None:
@@ -297,26 +391,36 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarise_workers(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """Per side ("adapted", "original", "unfused"), each finished run's own figures: Decode ms/token (median of the
-    steps after warm-up), graph breaks, recompiles, peak device memory, CUDA graphs and moved addresses."""
-    sides: dict[str, list[dict[str, Any]]] = {}
+def summarise_workers(out: Path) -> dict[str, Any]:
+    """Per side ("adapted", "original", "unfused"), each finished run's own figures (_worker_figures), and whether
+    graph run 1 chose eager run 1's tokens."""
+    sides: dict[str, Any] = {}
+    tokens: dict[str, Any] = {}
     for path in sorted(out.glob("*/logs/*.json")):
         side = path.name.split(".")[0]
         if side not in ("adapted", "original", "unfused") or path.name.count(".") > 2:
             continue
         try:
             worker = json.loads(path.read_text())
-            steady = worker["decode_ms"][1:] or worker["decode_ms"]
-        except (OSError, ValueError, KeyError):
+            figures = _worker_figures(worker)
+        except (OSError, ValueError, KeyError, statistics.StatisticsError):
             continue
-        sides.setdefault(side, []).append({
-            "run": path.name, "tpot_ms": statistics.median(steady), "warmup_s": worker.get("warmup_s"),
+        tokens.setdefault(side, worker.get("tokens"))
+        sides.setdefault(side, []).append({"run": path.name, **figures})
+    if "adapted" in tokens and "original" in tokens:
+        sides["tokens_equal"] = tokens["adapted"] == tokens["original"]
+    return sides
+
+
+def _worker_figures(worker: dict[str, Any]) -> dict[str, Any]:
+    """One verify worker's record: Decode ms/token (median of the steps after warm-up), warm-up, graph breaks,
+    recompiles, peak device memory, CUDA graphs and moved addresses."""
+    steady = worker["decode_ms"][1:] or worker["decode_ms"]
+    return {"tpot_ms": statistics.median(steady), "warmup_s": worker.get("warmup_s"),
             "graph_breaks": worker.get("graph_breaks"), "recompiles": worker.get("recompiles"),
             "peak_device_mb": worker.get("peak_device_mb"), "dtype": worker.get("dtype"),
             "cuda_graphs": _graph_counts(worker["cuda_graphs"]) if worker.get("cuda_graphs") else {},
-            "addresses_moved": (worker.get("static_addresses") or {}).get("moved")})
-    return sides
+            "addresses_moved": (worker.get("static_addresses") or {}).get("moved")}
 
 
 def _graph_counts(record: dict[str, Any]) -> dict[str, Any]:
@@ -325,23 +429,22 @@ def _graph_counts(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model run under both backends: eager, Inductor's kernels alone, and with capture/replay (Decode ms/token,
-    medians), and what each step gives."""
+    """Per model: eager, the control's Decode (Inductor's kernels alone) and the graph target's (with capture/replay),
+    ms/token medians, and what each step gives."""
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for record in records:
-        model, _, backend = record["id"].partition("/")
-        if record.get("tpot_ms", {}).get("graph"):
-            by_model.setdefault(model, {})[backend] = record
+        if (record.get("tpot_ms") or {}).get("graph") and record.get("role"):
+            by_model.setdefault(record["model"], {})[record["role"]] = record
     rows = []
     for model, sides in by_model.items():
-        if GRAPH_BACKEND not in sides or CONTROL_BACKEND not in sides:
+        if set(sides) != {"graph", "control"} or not sides["graph"]["tpot_ms"].get("eager"):
             continue
-        eager = statistics.median([sides[b]["tpot_ms"]["eager"][0] for b in sides if sides[b]["tpot_ms"]["eager"]])
-        kernels, graphs = sides[CONTROL_BACKEND]["tpot_ms"]["graph"][0], sides[GRAPH_BACKEND]["tpot_ms"]["graph"][0]
-        rows.append({"model": model, "eager_ms": eager, "inductor_cuda_ms": kernels, "cudagraphs_ms": graphs,
+        eager = sides["graph"]["tpot_ms"]["eager"][0]
+        kernels, graphs = sides["control"]["tpot_ms"]["graph"][0], sides["graph"]["tpot_ms"]["graph"][0]
+        rows.append({"model": model, "backends": {role: sides[role]["backend"] for role in sides},
+                     "eager_ms": eager, "control_ms": kernels, "graph_ms": graphs,
                      "inductor_kernels_speedup": eager / kernels, "capture_replay_speedup": kernels / graphs,
-                     "total_speedup": eager / graphs,
-                     "runs": {b: sides[b]["runs"] for b in sides}})
+                     "total_speedup": eager / graphs, "runs": {role: sides[role]["runs"] for role in sides}})
     return rows
 
 
@@ -437,10 +540,10 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_ms((r.get('tpot_ms') or {}).get('graph'))} | {speed} | {fused} | {peaks} |")
     if summary["comparisons"]:
         lines += ["", "## What capture/replay gives, apart from Inductor's kernels", "",
-                  "| Model | Eager ms | inductor_cuda ms | cudagraphs ms | "
-                  "Inductor's kernels (eager / inductor_cuda) | Capture/replay (inductor_cuda / cudagraphs) |",
+                  "| Model | Eager ms | control ms | graph ms | "
+                  "Inductor's kernels (eager / control) | Capture/replay (control / graph) |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {c['model']} | {c['eager_ms']:.3f} | {c['inductor_cuda_ms']:.3f} | {c['cudagraphs_ms']:.3f} | "
+        lines += [f"| {c['model']} | {c['eager_ms']:.3f} | {c['control_ms']:.3f} | {c['graph_ms']:.3f} | "
                   f"{c['inductor_kernels_speedup']:.2f}x | {c['capture_replay_speedup']:.2f}x |"
                   for c in summary["comparisons"]]
     buckets = [(r["id"], b) for r in summary["targets"] for b in r.get("batch_buckets", [])]
@@ -455,7 +558,9 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += ["", "## Cut short: the verify workers that finished", ""]
         for r in cut:
             sides = "; ".join(f"{side} " + ", ".join(f"{w['tpot_ms']:.3f}" for w in runs) + " ms/token"
-                              for side, runs in r["workers"].items())
+                              for side, runs in r["workers"].items() if isinstance(runs, list))
+            if "tokens_equal" in r["workers"]:
+                sides += f"; graph run 1's tokens equal eager run 1's: {r['workers']['tokens_equal']}"
             graphs = [w["cuda_graphs"] for w in r["workers"].get("adapted", []) if w["cuda_graphs"]]
             counted = (" (captures/replays/skips " + ", ".join(f"{g['captures']}/{g['replays']}/{g['skips']}"
                                                                for g in graphs) + ")") if graphs else ""
@@ -485,22 +590,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="the dry run's backend (default inductor; aot_eager skips code generation: the test of "
                              "this script uses it to stay within CI's time)")
     parser.add_argument("--budget-s", type=float,
-                        help="all targets together (default: 440 s on a GPU, 3600 s in a dry run)")
-    parser.add_argument("--only", help="comma-separated target ids (or their model part, e.g. legacy_llm)")
-    parser.add_argument("--jobs", type=int, help="targets run side by side (never the real shape on a GPU); "
-                                                   "default: 10 on a GPU, 1 in a dry run")
+                        help="all targets together (default: 450 s on a GPU, 3600 s in a dry run)")
+    parser.add_argument("--only", help="comma-separated models (legacy_llm, llama-3.2-1b-shape, ...) or target ids; "
+                                       "a model's control comes with its graph target")
+    parser.add_argument("--jobs", type=int, help="models run side by side in a stage (the real shape's stages hold "
+                                                   "one); default: 10 on a GPU, 1 in a dry run")
     args = parser.parse_args(argv)
     args.jobs = args.jobs or (1 if args.dry_run else 10)
-    args.budget_s = args.budget_s or (3600.0 if args.dry_run else 440.0)
+    args.budget_s = args.budget_s or (3600.0 if args.dry_run else 450.0)
     deadline = time.monotonic() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     log = Log(args.out / "device_check.log")
     work = args.work or Path(tempfile.mkdtemp(prefix="graphmode-device-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    chosen = targets(work, args.dry_run, args.dry_backend)
+    plan = stages(work, args.dry_run, args.dry_backend)
     if args.only:
         wanted = set(args.only.split(","))
-        chosen = [t for t in chosen if t.id in wanted or t.id.partition("/")[0] in wanted]
+        plan = [[chain for chain in stage if any(t.id in wanted or t.record["model"] in wanted for t in chain)]
+                for stage in plan]
+        plan = [stage for stage in plan if stage]
+    chosen = [t for stage in plan for chain in stage for t in chain]
     summary: dict[str, Any] = {"mode": f"dry run (CPU, {args.dry_backend}, tiny sizes)" if args.dry_run else "GPU",
                                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                "budget_s": args.budget_s, "elapsed_s": 0.0, "work": str(work),
@@ -516,23 +625,26 @@ def main(argv: list[str] | None = None) -> int:
             summary["comparisons"] = comparisons([t.record for t in chosen])
             write(args.out, summary)
 
-    def one(target: Target, concurrent: bool) -> None:
-        try:
-            run_target(target, work, deadline, log, concurrent)
-        except Exception as error:  # noqa: BLE001 - one target's failure never stops the others
-            target.record.update(status="error", error=f"{type(error).__name__}: {error}")
-            log(f"{target.id}: error: {error}")
-        finished()
+    def chain_of(targets: list[Target], compile_threads: int | None) -> None:
+        # A chain's targets share its limits: each may use its own and what the ones before it left.
+        chain_deadline = min(deadline, time.monotonic() + sum(t.limit_s for t in targets))
+        for i, target in enumerate(targets):
+            later = sum(t.limit_s for t in targets[i + 1:])
+            limit = min(chain_deadline - later, deadline) - time.monotonic()
+            try:
+                run_target(target, work, limit, log, compile_threads)
+            except Exception as error:  # noqa: BLE001 - one target's failure never stops the others
+                target.record.update(status="error", error=f"{type(error).__name__}: {error}")
+                log(f"{target.id}: error: {error}")
+            finished()
 
     log(f"{len(chosen)} target(s), work folder {work}, budget {args.budget_s:.0f} s")
     finished()
-    together = [t for t in chosen if not t.alone]
-    for target in chosen:
-        if target.alone:
-            one(target, False)
-        elif target is together[0]:
-            with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-                list(pool.map(lambda t: one(t, len(together) > 1 and args.jobs > 1), together))
+    for stage in plan:
+        side_by_side = min(len(stage), args.jobs)
+        threads = max(1, (os.cpu_count() or 1) // side_by_side) if side_by_side > 1 else None
+        with ThreadPoolExecutor(max_workers=side_by_side) as pool:
+            list(pool.map(lambda chain: chain_of(chain, threads), stage))
     finished()
     log(f"done in {time.monotonic() - started:.0f} s: "
         + ", ".join(f"{t.id} {t.record.get('status')}" for t in chosen))
