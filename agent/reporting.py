@@ -146,6 +146,9 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         # With fusions applied (added; {} without): Decode with and without them in the same runs, the ops of one
         # Decode step before (without) and after (with), and what each fusion does (`notes`).
         "fusion": {**v.fusion, "notes": fusion_notes(v.fusion["applied"])} if v.fusion else {},
+        # What capture/replay needs (added): {"static_addresses": {side: [per run {"tensors", "checks", "moved"}]},
+        # "cuda_graphs": {side: [per run {"captures", "replays", "skips", "skip_reasons", ...}], "buckets": {...}}}.
+        "capture": v.capture,
     }
 
 

@@ -150,6 +150,9 @@ class Verification(Record):
     # The adaptation with and without its fusions, timed in the same run, and the ops each counted
     # (runners.verify.fusion_figures); {} without fusions and in older sessions.
     fusion: dict[str, Any] = Field(default_factory=dict)
+    # What capture/replay needs of the graph runs (runners.verify.capture_figures): held tensors' addresses, CUDA graph
+    # captures, replays and skips; {} in older sessions.
+    capture: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def decode_speedup_unstable(self) -> bool:

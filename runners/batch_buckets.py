@@ -62,6 +62,9 @@ class BucketSweep:
     buckets: list[BucketResult] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # buckets smaller than the real batch: not run
     padding: str = ""            # how padding rows were made, for the report
+    # On CUDA, what CUDA graph trees captured and replayed over the whole sweep (runners.cuda_graphs; {} elsewhere):
+    # one capture per bucket when each stays one graph.
+    cuda_graphs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +72,8 @@ class BucketSweep:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BucketSweep":
         return cls(batch=data["batch"], buckets=[BucketResult(**b) for b in data["buckets"]],
-                   skipped=data.get("skipped", []), padding=data.get("padding", ""))
+                   skipped=data.get("skipped", []), padding=data.get("padding", ""),
+                   cuda_graphs=data.get("cuda_graphs", {}))
 
 
 PADDING_DESCRIPTION = (f"rows of random token ids in [0, the prompt's largest id], seeded ({PADDING_SEED}), "

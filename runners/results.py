@@ -49,6 +49,11 @@ class WorkerResult:
     # With --count-ops: what one Decode step does, counted on its captured graph(s) (runners/decode_graph.py) and
     # estimated from the model's config (runners/traffic.py); empty when not counted.
     decode_graph: dict[str, Any] = field(default_factory=dict)
+    # Adapted side: the addresses of the tensors the model holds, watched from warm-up on
+    # (runners.static_addresses: {"tensors", "checks", "moved"}), and on CUDA what CUDA graph trees captured,
+    # replayed and declined (runners.cuda_graphs: {"captures", "replays", "skips", "skip_reasons", ...}; {} elsewhere).
+    static_addresses: dict[str, Any] = field(default_factory=dict)
+    cuda_graphs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -35,6 +35,7 @@ from graphmode.runners.batch_buckets import BucketSweep
 from graphmode.runners.results import WorkerResult
 from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.shared_cores import waits_given_up
+from graphmode.runners.static_addresses import moved_problem
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.timing import SPREAD, STEADY_FIGURES, speedup_unstable
 from graphmode.runners.traffic import estimates
@@ -125,6 +126,9 @@ class VerifyResult:
     # With fusions applied: the adapted side against the same adaptation without them, and the ops each side's
     # Decode step runs ({} without fusions; the layout is fusion_figures' docstring).
     fusion: dict[str, Any] = field(default_factory=dict)
+    # What capture/replay needs of the graph runs (capture_figures): the held tensors' addresses across the Decode
+    # steps, and on CUDA the CUDA graphs captured, replayed and declined, per run of each graph side.
+    capture: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -268,7 +272,43 @@ def _problems(result: VerifyResult) -> list[str]:
                         f"(threshold {result.similarity_threshold:g})")
     problems += [f"equivalence battery: {row['name']}: {row['detail']}" for row in result.battery
                  if row["status"] == "failed"]
+    problems += _capture_problems(result.capture)
     return problems + _bucket_problems(result.bucket_sweep.get("buckets", []), result.logits_atol)
+
+
+def capture_figures(adapted_runs: list[WorkerResult], unfused_runs: list[WorkerResult],
+                    sweep: BucketSweep | None) -> dict[str, Any]:
+    """VerifyResult.capture: {"static_addresses": {"graph": [each run's record], "unfused": [...]},
+    "cuda_graphs": {"graph": [...], "unfused": [...], "buckets": the sweep's} ({} off CUDA)."""
+    sides = {"graph": adapted_runs, "unfused": unfused_runs}
+    capture: dict[str, Any] = {"static_addresses": {side: [r.static_addresses for r in runs]
+                                                    for side, runs in sides.items() if runs}}
+    graphs = {side: [r.cuda_graphs for r in runs] for side, runs in sides.items() if any(r.cuda_graphs for r in runs)}
+    if sweep is not None and sweep.cuda_graphs:
+        graphs["buckets"] = sweep.cuda_graphs
+    capture["cuda_graphs"] = graphs
+    return capture
+
+
+def _capture_problems(capture: dict[str, Any]) -> list[str]:
+    """The verified side's: a held tensor that moved after warm-up (any run), Decode that Inductor would not capture
+    as a CUDA graph, and one captured again after it had replayed."""
+    problems = []
+    for run, record in enumerate(capture.get("static_addresses", {}).get("graph", []), start=1):
+        problem = moved_problem(record.get("moved", []))
+        if problem:
+            problems.append(f"graph run {run}: {problem}")
+            break
+    for run, record in enumerate(capture.get("cuda_graphs", {}).get("graph", []), start=1):
+        if record.get("skips"):
+            reasons = "; ".join(r["reason"] for r in record.get("skip_reasons", [])) or "reason not logged"
+            problems.append(f"graph run {run}: Inductor declined to capture Decode as a CUDA graph "
+                            f"({record['skips']} time(s)): {reasons}")
+        if record.get("captures_after_first_replay"):
+            problems.append(f"graph run {run}: Decode was captured again after it had replayed "
+                            f"({record['captures_after_first_replay']} re-recording(s)): a static input moved or "
+                            "the path through the CUDA graph tree changed")
+    return problems
 
 
 def _bucket_problems(buckets: list[dict[str, Any]], atol: float) -> list[str]:
@@ -527,6 +567,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     result.bucket_sweep = sweep.to_dict() if sweep else {}
     result.own_harness = own_harness
     result.battery = battery
+    result.capture = capture_figures(adapted_runs, [r for r, _, _ in unfused], sweep)
     result.problems = _problems(result)
     if unfused_dir is not None:
         result.fusion = fusion_figures(result, list(fusions or []), unfused, eager_logits, graph_logits,
@@ -538,6 +579,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
 
 
 UNFUSED = "unfused"
+# The backends whose Decode Inductor compiles (the worker counts their kernels).
+INDUCTOR_BASED = ("inductor", "inductor_cuda", "cudagraphs")
 
 
 def _run_unfused(done: list[tuple[WorkerResult, torch.Tensor, float]], run: int, runs: int, folder: Path,
@@ -654,7 +697,7 @@ def _fusion_missing(fusion: dict[str, Any], graphs: dict[str, dict[str, Any]], b
                    else "its worker recorded no Decode graph")
             missing[figure] = f"not counted ({', '.join(uncounted)}): {why}"
         elif figure == "inductor_kernels":
-            missing[figure] = (f"not counted: `{backend}` exposes no kernel count" if backend != "inductor"
+            missing[figure] = (f"not counted: `{backend}` exposes no kernel count" if backend not in INDUCTOR_BASED
                                else "not counted: inductor reported no kernel count for the Decode graph")
         elif figure == "bytes_per_layer":
             missing[figure] = "not measured: the Decode graph gave no bytes per layer"

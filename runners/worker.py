@@ -15,6 +15,10 @@ have first-call side effects, lesson 6) and empty Dynamo caches and counters.
 - adapted with --batch-buckets: the batch-bucket sweep instead (runners/batch_buckets.py): the
   prompt padded to each bucket, its real rows checked against the unpadded run's logits.
 
+On the adapted side the addresses of the tensors the model holds are watched from the warm-up on
+(runners/static_addresses.py), and on CUDA what CUDA graph trees capture, replay and decline
+(runners/cuda_graphs.py): what a capture/replay backend needs that the tokens do not show.
+
 Greedy choice and logits copies happen outside the timed regions. Every Decode step gets
 a fresh (B, 1) token tensor from argmax: a (1, 1) slice of a growing tensor changes stride
 every step and makes Dynamo recompile (lesson 3).
@@ -26,6 +30,7 @@ import time
 STARTED = time.perf_counter()  # at this module's import, before torch's: the worker's own clock
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +44,7 @@ import torch
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.batch_buckets import run_sweep
 from graphmode.runners.cli import WorkerFailure, call_user, run_main
+from graphmode.runners.cuda_graphs import CudaGraphWatch
 from graphmode.runners.decode_graph import capture_decode, inductor_kernels_after, inductor_kernels_before
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.env_info import environment
@@ -48,6 +54,7 @@ from graphmode.runners.line_trace import lines_run
 from graphmode.runners.memory import peak_memory
 from graphmode.runners.results import WorkerResult
 from graphmode.runners.run_settings import parse_buckets
+from graphmode.runners.static_addresses import AddressWatch
 from graphmode.runners.timing import timed
 from graphmode.runners.traffic import config_traffic, read_config
 
@@ -145,6 +152,8 @@ class AdaptedRun:
     stance_failures: list[str]
     decode_lines: dict[str, list[int]] = field(default_factory=dict)  # lines of the sources one Decode runs
     inductor_kernels: int | None = None  # kernels Inductor generated compiling Decode (counted when asked)
+    static_addresses: dict[str, Any] = field(default_factory=dict)  # runners.static_addresses.AddressWatch.record()
+    cuda_graphs: dict[str, Any] = field(default_factory=dict)  # runners.cuda_graphs.CudaGraphWatch.record(); {} on CPU
 
 
 def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
@@ -187,7 +196,11 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     warmup_s = 0.0
     graphs_at_warmup = 0
     inductor_kernels = None
-    with CompileWatch(root=folder) as watch:
+    # The tensors the model holds must stay where the warm-up left them (runners.static_addresses); on CUDA, what
+    # CUDA graph trees captured and replayed (runners.cuda_graphs).
+    addresses = AddressWatch(model)
+    graphs = CudaGraphWatch() if device.type == "cuda" else None
+    with CompileWatch(root=folder) as watch, graphs or contextlib.nullcontext():
         for step in range(steps):
             token = trace.next_token(device)
             input_pos = torch.tensor([prompt_len + step], device=device)
@@ -203,6 +216,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                 warmup_s = seconds
                 graphs_at_warmup = watch.graphs
                 watch.mark()  # from here on, every compiled graph is a recompile
+                addresses.start()
             else:
                 try:
                     with torch.compiler.set_stance(stance):
@@ -226,6 +240,8 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                     out, seconds = call_user("compiled model.decode", folder, call)
             trace.decode_ms.append(seconds * 1e3)
             trace.keep_logits(next_token_logits(out))
+            if step:
+                addresses.check(f"Decode step {step}")
 
         def generation_step(token: torch.Tensor, state: None, step: int) -> tuple[torch.Tensor, None]:
             input_pos = torch.tensor([prompt_len + step], device=device)
@@ -236,12 +252,14 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
                                      lambda: timed_generation(
                                          lambda: (next_token_logits(model.prefill(prompt, prefill_pos)), None),
                                          generation_step, prompt, steps, backend))
-        return AdaptedRun(
-            trace=trace, graph_breaks=graph_breaks, break_reasons=break_reasons,
-            fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
-            graphs_at_warmup=graphs_at_warmup, graphs_after_warmup=watch.graphs,
-            recompiles=watch.recompiles, recompile_limit_hit=watch.limit_hit or limit_hit_raised,
-            stance_failures=stance_failures, decode_lines=decode_lines, inductor_kernels=inductor_kernels)
+        addresses.check("the timed generation (Prefill again, then every Decode step)")
+    return AdaptedRun(
+        trace=trace, graph_breaks=graph_breaks, break_reasons=break_reasons,
+        fullgraph=fullgraph, explain_s=explain_s, warmup_s=warmup_s,
+        graphs_at_warmup=graphs_at_warmup, graphs_after_warmup=watch.graphs,
+        recompiles=watch.recompiles, recompile_limit_hit=watch.limit_hit or limit_hit_raised,
+        stance_failures=stance_failures, decode_lines=decode_lines, inductor_kernels=inductor_kernels,
+        static_addresses=addresses.record(), cuda_graphs=graphs.record() if graphs else {})
 
 
 def _reason_text(reason: SourceReason) -> str:
@@ -291,9 +309,12 @@ def bucket_sweep(args: argparse.Namespace, backend: Backend, folder: Path, model
     if args.reference is None:
         raise WorkerFailure("--batch-buckets needs --reference LOGITS.pt, the unpadded graph run's logits")
     reference = torch.load(args.reference)
-    with torch.inference_mode():
+    graphs = CudaGraphWatch() if backend.device == "cuda" else None
+    with torch.inference_mode(), graphs or contextlib.nullcontext():
         sweep = run_sweep(model, prompt, args.batch_buckets, args.steps, backend, folder, reference,
                           fullgraph=not args.partial_graph)
+    if graphs:
+        sweep.cuda_graphs = graphs.record()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(sweep.to_dict(), indent=2))
 
@@ -456,6 +477,8 @@ def main(argv: list[str] | None = None) -> None:
         result.graphs_at_warmup = adapted.graphs_at_warmup
         result.graphs_after_warmup = adapted.graphs_after_warmup
         result.stance_failures = adapted.stance_failures
+        result.static_addresses = adapted.static_addresses
+        result.cuda_graphs = adapted.cuda_graphs
 
     if args.logits:
         args.logits.parent.mkdir(parents=True, exist_ok=True)

@@ -71,10 +71,11 @@ def test_importing_graphmode_never_imports_torch_npu():
 # --- registry ---------------------------------------------------------------------------------
 
 def test_registry_names_devices_and_knobs():
-    assert BACKEND_NAMES == ("auto", "eager", "aot_eager", "inductor", "cudagraphs", "npugraph_ex", "ge")
+    assert BACKEND_NAMES == ("auto", "eager", "aot_eager", "inductor", "cudagraphs", "npugraph_ex", "ge",
+                             "inductor_cuda")
     assert {name: backends.get(name).device for name in BACKEND_NAMES[1:]} == {
         "eager": "cpu", "aot_eager": "cpu", "inductor": "cpu", "cudagraphs": "cuda",
-        "npugraph_ex": "npu", "ge": "npu"}
+        "npugraph_ex": "npu", "ge": "npu", "inductor_cuda": "cuda"}
     assert set(backends.get("npugraph_ex").knobs) == {
         "frozen_parameter", "capture_limit", "static_kernel_compile", "force_eager",
         "seq_lengths_as_list", "options"}

@@ -66,6 +66,12 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert variables["torch_npu"] is None and variables["torch"].startswith("2.")
     assert variables["backend_options"] == {"backend": "inductor", "fullgraph": True, "dynamic": False}
     assert report["decode_chart"] == "decode_ms_per_step.png"
+    # What capture/replay needs, checked on the CPU: no tensor the adapted model holds moved after warm-up, in any
+    # run of either graph side; CUDA graphs are counted on CUDA only.
+    addresses = report["capture"]["static_addresses"]
+    assert set(addresses) == {"graph", "unfused"} and len(addresses["graph"]) == 2
+    assert all(r["moved"] == [] and r["tensors"] > 0 and r["checks"] > 0 for side in addresses.values() for r in side)
+    assert report["capture"]["cuda_graphs"] == {}
     # Run 1 fills a fresh compile cache in the run folder; run 2 reads it, and the report says what that saved.
     cache = report["compile_cache"]
     assert Path(cache["dir"]) == run / "compile-cache" and any((run / "compile-cache").iterdir())
