@@ -91,8 +91,9 @@ def build_model() -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
+            else:  # unit-scale activations: with 0.02 a random model's logits are nearly flat, and greedy tokens
+                # would turn on bf16 rounding alone
+                param.normal_(0.0, 1.0 if "embeddings" in name else param.shape[-1] ** -0.5, generator=generator)
     return model.cpu().eval()
 
 

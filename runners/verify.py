@@ -43,6 +43,19 @@ from graphmode.runners.traffic import estimates
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
 DEFAULT_LOGITS_ATOL = 1e-2
+# A model computing in half precision: a few units of its rounding, relative to the largest logit (bf16 keeps 8 bits
+# of mantissa, fp16 11): a fused kernel's other order of additions moves bf16 logits of magnitude 300 by about 1,
+# which a fixed 1e-2 would call a change in behaviour.
+HALF_PRECISION_RTOL = {"bfloat16": 2.0 ** -5, "float16": 2.0 ** -8}
+
+
+def logits_tolerance(atol: float, dtype: str, eager_logits: torch.Tensor) -> float:
+    """The tolerance the logits are held to: `atol`, or for a model in half precision its rounding at the scale of
+    the eager logits, whichever is larger. Identical tokens are asked of every model alike."""
+    rtol = HALF_PRECISION_RTOL.get(dtype)
+    if rtol is None or not eager_logits.numel():
+        return atol
+    return max(atol, rtol * float(eager_logits.abs().max().nan_to_num(nan=0.0, posinf=0.0)))
 DEFAULT_RUNS = default("runs")
 # Greedy sequences must match exactly to pass; below this difflib ratio they are also called dissimilar.
 DEFAULT_SIMILARITY = default("similarity")
@@ -490,6 +503,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
                                          sides["original"][0][0].tokens)
         say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
+        original_run, eager_logits = sides["original"][0][0], sides["original"][0][1]
+        logits_atol = logits_tolerance(logits_atol, original_run.dtype, eager_logits)
         battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol)
         # After the runs, so it disturbs neither their alternation nor their figures.
         sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,

@@ -392,3 +392,14 @@ def test_verify_kills_a_hung_worker(tmp_path):
     (tmp_path / "harness.py").write_text("import time\ntime.sleep(120)\n")
     with pytest.raises(VerificationError, match=r"adapted worker \(.*\) timed out after 3 s; it printed nothing"):
         verify(EXAMPLE, tmp_path, "aot_eager", timeout_s=3)
+
+
+def test_logits_are_held_to_the_rounding_of_a_half_precision_model_and_to_the_fixed_tolerance_otherwise():
+    from graphmode.runners.verify import DEFAULT_LOGITS_ATOL, logits_tolerance
+
+    logits = torch.tensor([[-320.0, 12.0], [3.0, 1.0]])
+    assert logits_tolerance(DEFAULT_LOGITS_ATOL, "float32", logits) == DEFAULT_LOGITS_ATOL
+    assert logits_tolerance(DEFAULT_LOGITS_ATOL, "bfloat16", logits) == 320.0 * 2.0 ** -5
+    assert logits_tolerance(DEFAULT_LOGITS_ATOL, "float16", logits) == 320.0 * 2.0 ** -8
+    # Small logits: the fixed tolerance still holds a floor.
+    assert logits_tolerance(DEFAULT_LOGITS_ATOL, "bfloat16", torch.tensor([[0.1]])) == DEFAULT_LOGITS_ATOL
