@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import FunctionScope, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type
+from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type, walk
 
 MARKER = "(added by graphmode)"
 # Calls whose result is a fact about their arguments and that change nothing: an assignment of one may go.
@@ -41,13 +41,18 @@ def added_by_graphmode(function: cst.FunctionDef) -> bool:
 
 
 class _TidyFunctions(cst.CSTTransformer):
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return False  # no function is defined inside one: rebuilding its expressions would only cost time
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if not added_by_graphmode(updated_node):
             return updated_node
         while True:  # a local removed can leave another one unread
-            tidier = updated_node.visit(_MergeIdenticalBranches())
-            dead = _unread_locals(tidier)
-            collected = _unread_lists(tidier)
+            merger = _MergeIdenticalBranches()
+            tidier = updated_node.visit(merger)
+            dead, collected = _unread(tidier)
+            if not (merger.merged or dead or collected):
+                return updated_node  # the visit rebuilt the same tree: no need to compare it
             if collected:
                 tidier = tidier.visit(_DropAppends(collected))
             if dead | collected:
@@ -57,38 +62,51 @@ class _TidyFunctions(cst.CSTTransformer):
             updated_node = tidier
 
 
-def _unread_locals(function: cst.FunctionDef) -> set[str]:
-    """Names of the function's own scope that nothing reads (libcst's scope analysis: a read in a nested function,
-    a comprehension or a `global` counts), each assigned only by plain `name = value` lines of values with no
-    effect."""
-    wrapper = MetadataWrapper(cst.Module(body=[function]))
+def _unread(function: cst.FunctionDef) -> tuple[set[str], set[str]]:
+    """`_unread_locals` and `_unread_lists` of the function, from one scope analysis. The analysis keys its tables by
+    node, so a function that holds one node in two places is analysed on a copy (libcst's default); copying the
+    others would only cost time."""
+    wrapper = MetadataWrapper(cst.Module(body=[function]), unsafe_skip_copy=_each_node_once(function))
     scopes = wrapper.resolve(ScopeProvider)
     copy = wrapper.module.body[0]
     scope = scopes[copy.body.body[0]]
     if not isinstance(scope, FunctionScope):
-        return set()
+        return set(), set()
+    return _unread_locals(function, copy, scope), _unread_lists(copy, scope, wrapper)
+
+
+def _each_node_once(function: cst.FunctionDef) -> bool:
+    seen: set[int] = set()
+    for node in walk(function):
+        if id(node) in seen:
+            return False
+        seen.add(id(node))
+    return True
+
+
+def _unread_locals(function: cst.FunctionDef, copy: cst.FunctionDef, scope: FunctionScope) -> set[str]:
+    """Names of the function's own scope that nothing reads (libcst's scope analysis: a read in a nested function,
+    a comprehension or a `global` counts), each assigned only by plain `name = value` lines of values with no
+    effect. `copy` is the function as the analysis of `scope` holds it."""
+    pure_targets = {id(target) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a)
+                    if _pure(value)}
     plain = {}  # name -> whether every binding of it pairs it with a value that has no effect, and none is read
     for assignment in scope.assignments:
         node = assignment.node
-        ok = isinstance(node, cst.Name) and any(target is node and _pure(value)
-                                                for a in nodes_of_type(copy.body, cst.Assign)
-                                                for target, value in _pairs(a))
+        ok = isinstance(node, cst.Name) and id(node) in pure_targets
         plain[assignment.name] = plain.get(assignment.name, True) and ok and not assignment.references
     params = {p.name.value for p in nodes_of_type(function.params, cst.Param)}
     return {name for name, unread in plain.items() if unread} - params
 
 
-def _unread_lists(function: cst.FunctionDef) -> set[str]:
+def _unread_lists(copy: cst.FunctionDef, scope: FunctionScope, wrapper: MetadataWrapper) -> set[str]:
     """Lists the function builds and never reads: `name = []`, then only `name.append(value)` lines (values with no
     effect), as a collection of results the rewrite no longer returns."""
-    wrapper = MetadataWrapper(cst.Module(body=[function]))
-    scopes, parents = wrapper.resolve(ScopeProvider), wrapper.resolve(ParentNodeProvider)
-    copy = wrapper.module.body[0]
-    scope = scopes[copy.body.body[0]]
-    if not isinstance(scope, FunctionScope):
-        return set()
     empty_lists = {id(target) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a)
                    if isinstance(value, cst.List) and not value.elements}
+    if not empty_lists:
+        return set()
+    parents = wrapper.resolve(ParentNodeProvider)
     found: dict[str, bool] = {}
     for assignment in scope.assignments:
         ok = id(assignment.node) in empty_lists and all(
@@ -227,6 +245,7 @@ class _MergeIdenticalBranches(cst.CSTTransformer):
     def __init__(self) -> None:
         super().__init__()
         self._elifs: set[int] = set()  # an `elif` is its parent's else: it cannot become several statements
+        self.merged = False
 
     def visit_If(self, node: cst.If) -> None:
         if isinstance(node.orelse, cst.If):
@@ -242,6 +261,7 @@ class _MergeIdenticalBranches(cst.CSTTransformer):
             return updated_node
         body = list(updated_node.body.body)
         body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        self.merged = True
         return cst.FlattenSentinel(body)
 
 
