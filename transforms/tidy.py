@@ -62,10 +62,14 @@ class _TidyFunctions(cst.CSTTransformer):
             updated_node = tidier
 
 
-def _unread(function: cst.FunctionDef) -> tuple[set[str], set[str]]:
-    """`_unread_locals` and `_unread_lists` of the function, from one scope analysis. The analysis keys its tables by
-    node, so a function that holds one node in two places is analysed on a copy (libcst's default); copying the
-    others would only cost time."""
+def _unread(function: cst.FunctionDef, shortcut: bool = True) -> tuple[set[str], set[str]]:
+    """`_unread_locals` and `_unread_lists` of the function, from one scope analysis, or none without it when each
+    name the function gives a value with no effect is read after (`_each_read_after`: most functions, and every
+    function on the round that finds its locals all read). The analysis keys its tables by node, so a function that
+    holds one node in two places is analysed on a copy (libcst's default); copying the others would only cost time.
+    """
+    if shortcut and _each_read_after(function):
+        return set(), set()
     wrapper = MetadataWrapper(cst.Module(body=[function]), unsafe_skip_copy=_each_node_once(function))
     scopes = wrapper.resolve(ScopeProvider)
     copy = wrapper.module.body[0]
@@ -73,6 +77,109 @@ def _unread(function: cst.FunctionDef) -> tuple[set[str], set[str]]:
     if not isinstance(scope, FunctionScope):
         return set(), set()
     return _unread_locals(function, copy, scope), _unread_lists(copy, scope, wrapper)
+
+
+class _Unsure(Exception):
+    """The function holds something `_each_read_after` does not follow; the scope analysis decides."""
+
+
+# Nodes the walk for reads does not enter: their own scopes (names there are parameters and targets of their own).
+_OWN_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _each_read_after(function: cst.FunctionDef) -> bool:
+    """Whether every name the function's own statements assign a value with no effect (a `_pairs` target) is read in
+    a later statement: then libcst's scope analysis finds a reference of that assignment (it counts a read after an
+    assignment, in visiting order, as one), so `_unread_locals` names nothing, and, with no `name = []`,
+    `_unread_lists` names nothing. Only reads that are surely the function's own count (a value, a test, an iterable,
+    never a target, an attribute's name, a keyword, or what a lambda or comprehension reads); a function with a nested
+    function or class, an import, `global`, `nonlocal`, `match` or `name = []` is left to the analysis (False).
+    tests/test_tidy.py holds it to the analysis on every function graphmode writes for the fixtures and examples."""
+    assigned: dict[str, int] = {}  # name -> the statement (counted in visiting order) first assigning it
+    last_read: dict[str, int] = {}  # name -> the last statement reading it
+    count = 0
+
+    def read(node: cst.CSTNode | None, at: int) -> None:
+        if node is None:
+            return
+        for found in walk(node, _reads_only):
+            if isinstance(found, cst.Name):
+                last_read[found.value] = at
+
+    def small(stmt: cst.BaseSmallStatement, at: int) -> None:
+        if isinstance(stmt, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            raise _Unsure
+        if isinstance(stmt, cst.Assign):
+            for target, value in _pairs(stmt):
+                if isinstance(value, cst.List) and not value.elements:
+                    raise _Unsure
+                if _pure(value):
+                    assigned.setdefault(target.value, at)
+            read(stmt.value, at)
+        elif isinstance(stmt, (cst.Expr, cst.Return, cst.AugAssign, cst.AnnAssign)):
+            read(stmt.value, at)
+        elif isinstance(stmt, cst.Assert):
+            read(stmt.test, at)
+            read(stmt.msg, at)
+        elif isinstance(stmt, cst.Raise):
+            read(stmt.exc, at)
+            read(stmt.cause, at)
+
+    def block(body: cst.BaseSuite) -> None:
+        statements = body.body
+        if isinstance(body, cst.SimpleStatementSuite):
+            statements = [cst.SimpleStatementLine(body=body.body)]
+        for stmt in statements:
+            statement(stmt)
+
+    def statement(stmt: cst.BaseStatement) -> None:
+        nonlocal count
+        count += 1
+        at = count
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for part in stmt.body:
+                small(part, at)
+        elif isinstance(stmt, (cst.If, cst.While)):
+            read(stmt.test, at)
+            block(stmt.body)
+            if isinstance(stmt.orelse, cst.If):
+                statement(stmt.orelse)
+            elif stmt.orelse is not None:
+                block(stmt.orelse.body)
+        elif isinstance(stmt, cst.For):
+            read(stmt.iter, at)
+            block(stmt.body)
+            if stmt.orelse is not None:
+                block(stmt.orelse.body)
+        elif isinstance(stmt, cst.With):
+            for item in stmt.items:
+                read(item.item, at)
+            block(stmt.body)
+        elif isinstance(stmt, cst.Try):
+            block(stmt.body)
+            for handler in stmt.handlers:
+                count += 1
+                read(handler.type, count)
+                block(handler.body)
+            for part in (stmt.orelse, stmt.finalbody):
+                if part is not None:
+                    block(part.body)
+        else:
+            raise _Unsure
+
+    try:
+        block(function.body)
+    except _Unsure:
+        return False
+    return all(last_read.get(name, 0) > at for name, at in assigned.items())
+
+
+def _reads_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    if isinstance(node, (cst.Attribute, cst.Arg)):
+        return [node.value]  # an attribute's name, a keyword's name: not reads
+    if isinstance(node, _OWN_SCOPES):
+        return []
+    return None
 
 
 def _each_node_once(function: cst.FunctionDef) -> bool:
