@@ -18,6 +18,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.cstutil import is_docstring
+from graphmode.transforms.dispatch import Transformer
 
 MIN_LIMIT = 79
 _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
@@ -91,7 +92,7 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
     return module.visit(_Replace(chosen)) if chosen else module
 
 
-class _Replace(cst.CSTTransformer):
+class _Replace(Transformer):
     """Applies each chosen node's rewrite to the node as its children were rewritten."""
 
     def __init__(self, chosen: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:

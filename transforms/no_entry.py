@@ -12,6 +12,7 @@ import libcst as cst
 
 from graphmode.transforms.codemods.split_decode import SETUP
 from graphmode.transforms.cstutil import is_docstring
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.tidy import MARKER
 
 RESIZE = "graphmode_resize"
@@ -50,7 +51,7 @@ def _between(pieces: list[str]) -> list[str | None]:
     return [item for index, piece in enumerate(pieces) for item in ([None, piece] if index else [piece])]
 
 
-class _Reword(cst.CSTTransformer):
+class _Reword(Transformer):
     def __init__(self, original: str) -> None:
         super().__init__()
         self.original = original

@@ -16,6 +16,7 @@ from libcst.metadata import FunctionScope, MetadataWrapper, ParentNodeProvider, 
 
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type, walk
+from graphmode.transforms.dispatch import Transformer
 
 MARKER = "(added by graphmode)"
 # Calls whose result is a fact about their arguments and that change nothing: an assignment of one may go.
@@ -40,16 +41,23 @@ def added_by_graphmode(function: cst.FunctionDef) -> bool:
         isinstance(docstring, cst.ConcatenatedString) and MARKER in code_of(docstring))
 
 
-class _TidyFunctions(cst.CSTTransformer):
+class _TidyFunctions(Transformer):
+    # Only functions change, so the walk enters no line of simple statements and no function that defines none:
+    # rebuilding them would only cost time.
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return False  # no function is defined inside one: rebuilding its expressions would only cost time
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return any(isinstance(n, (cst.FunctionDef, cst.ClassDef)) for n in walk(node.body, _statements_only))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if not added_by_graphmode(updated_node):
             return updated_node
         while True:  # a local removed can leave another one unread
             merger = _MergeIdenticalBranches()
-            tidier = updated_node.visit(merger)
+            has_else = any(isinstance(n, cst.If) and isinstance(n.orelse, cst.Else)
+                           for n in walk(updated_node.body, _statements_only))
+            tidier = updated_node.visit(merger) if has_else else updated_node  # else nothing to merge
             dead, collected = _unread(tidier)
             if not (merger.merged or dead or collected):
                 return updated_node  # the visit rebuilt the same tree: no need to compare it
@@ -60,6 +68,11 @@ class _TidyFunctions(cst.CSTTransformer):
             if tidier.deep_equals(updated_node):
                 return updated_node
             updated_node = tidier
+
+
+def _statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """For `walk`: statements and the blocks around them, no expression (a function or an `if` is never in one)."""
+    return [] if isinstance(node, (cst.SimpleStatementLine, cst.BaseExpression)) else None
 
 
 def _unread(function: cst.FunctionDef, shortcut: bool = True) -> tuple[set[str], set[str]]:
@@ -232,7 +245,7 @@ def _only_appended(node: cst.CSTNode, parents) -> bool:
             and _pure(call.args[0].value))
 
 
-class _DropAppends(cst.CSTTransformer):
+class _DropAppends(Transformer):
     """Removes the `name.append(value)` lines of the lists given."""
 
     def __init__(self, names: set[str]) -> None:
@@ -303,7 +316,7 @@ def _pure_slice(part: cst.BaseSlice) -> bool:
     return all(bound is None or _pure(bound) for bound in (part.lower, part.upper, part.step))
 
 
-class _DropAssignments(cst.CSTTransformer):
+class _DropAssignments(Transformer):
     """Takes the names given out of the assignments that give them values (the whole line when nothing is left, with
     the comments above it: they describe that line); a block that would be left empty keeps its lines."""
 
@@ -346,7 +359,7 @@ class _DropAssignments(cst.CSTTransformer):
             value=cst.Tuple([cst.Element(v) for _, v in live], lpar=[], rpar=[]))])
 
 
-class _MergeIdenticalBranches(cst.CSTTransformer):
+class _MergeIdenticalBranches(Transformer):
     """`if test: A else: A` with a test that changes nothing becomes `A`: a rewrite made both arms the same."""
 
     def __init__(self) -> None:
@@ -375,6 +388,8 @@ class _MergeIdenticalBranches(cst.CSTTransformer):
 def _without_unread_constants(module: cst.Module) -> cst.Module:
     """graphmode's size constants that nothing in the file reads, removed (buffers sized by `setup_caches` need
     none). The comment above the pair stays with the one kept, and goes with the pair."""
+    if not any(_size_constant(stmt) for stmt in module.body):
+        return module
     names = [n.value for n in nodes_of_type(module, cst.Name)]
     kept: list[cst.BaseStatement] = []
     carried: list[cst.EmptyLine] | None = None
