@@ -43,9 +43,13 @@ def _handlers(owner: type, node_type: type) -> tuple[Callable | None, Callable |
 
 
 def _function(owner: type, name: str) -> Callable | None:
+    """The function the class defines under that name; None for none, or for one of libcst's typed stubs, which do
+    nothing (a visit that returns None, a leave that returns the updated node) and which libcst marks as such."""
     for klass in owner.__mro__:
         if name in klass.__dict__:
             found = klass.__dict__[name]
+            if getattr(found, "_is_no_op", False):
+                return None
             if not isinstance(found, types.FunctionType):
                 raise TypeError(f"{owner.__name__}.{name} must be a plain method")
             return found
@@ -54,6 +58,6 @@ def _function(owner: type, name: str) -> Callable | None:
 
 @functools.cache
 def _field_hooks(owner: type) -> bool:
-    """Whether the class defines any `visit_<Type>_<field>` or `leave_<Type>_<field>`."""
+    """Whether the class defines any `visit_<Type>_<field>` or `leave_<Type>_<field>` of its own."""
     return any(name.startswith(("visit_", "leave_")) and "_" in name[6:] and name[6:].split("_", 1)[0] in _NODE_TYPES
-               for name in dir(owner))
+               and _function(owner, name) is not None for name in dir(owner))
