@@ -40,6 +40,11 @@ def run_fix(paths: list[Path], out: Path, show_diff: bool, jobs: int | None, ent
         for item in result.manual:
             console.print(f"{result.path}:{item['line']}: {item['codemod']} {item['reason']}", soft_wrap=True,
                           markup=False)
+        if result.no_entry:
+            listed = f" (candidates: {', '.join(result.candidates)})" if result.candidates else ""
+            named = f"no class `{result.entry_class}` in it" if result.entry_class else "no entry class found"
+            errors.print(f"{result.path}: no entry points added: {named}; rerun with `--entry-class NAME`{listed}",
+                         soft_wrap=True, markup=False)
         if result.status in ("unreadable", "crashed"):
             kind = "error" if result.status == "unreadable" else "internal error (a codemod bug)"
             errors.print(f"{result.path}: {kind}: {result.error}", soft_wrap=True, markup=False)

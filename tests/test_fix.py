@@ -46,6 +46,33 @@ def test_copies_diff_and_record_and_a_second_run_changes_nothing(tmp_path):
     assert json.loads((tmp_path / "again" / "fix.json").read_text())["counts"]["rewritten"] == 0
 
 
+def test_a_file_with_no_entry_class_is_an_item_for_a_person_and_promises_no_setup_caches(tmp_path):
+    folder = _model_folder(tmp_path)  # its model class is `Transformer`: no *ForCausalLM / *LMHeadModel name
+    out = tmp_path / "out"
+    done = fix(folder, "--out", out)
+    model = folder / "model.py"
+    # One line on stderr names the file, the option and the class a harness would build (the module no other uses).
+    [said] = [line for line in done.stderr.splitlines() if line.startswith(f"{model}: ")]
+    assert "no entry class found" in said and "--entry-class NAME" in said and "(candidates: Transformer)" in said
+    assert "1 items for a person" in done.stderr and done.returncode == 1, done.stderr  # an item: exit status 1
+    [entry] = json.loads((out / "fix.json").read_text())["results"]
+    [item] = entry["manual"]
+    assert item["codemod"] == "split_decode" and "Transformer" in item["reason"] and entry["no_entry"]
+    assert item["line"] == model.read_text().splitlines().index("class Transformer(nn.Module):") + 1
+    assert f"{model}:{item['line']}: split_decode not applied" in done.stdout
+    # The static path is written, with no entries and no `setup_caches`, and no comment says otherwise.
+    adapted = (out / "legacy" / "model.py").read_text()
+    assert "def decode(" not in adapted and "def setup_caches(" not in adapted
+    mentions = [line for line in adapted.splitlines() if "setup_caches" in line]
+    assert mentions and all("an entry class's `setup_caches` would" in line for line in mentions), mentions
+    assert "sized by `graphmode_resize`" in adapted
+
+    named = fix(folder, "--out", tmp_path / "named", "--entry-class", "Transformer")
+    with_entry = (tmp_path / "named" / "legacy" / "model.py").read_text()
+    assert f"{model}: " not in named.stderr and "def setup_caches(" in with_entry
+    assert "sized by setup_caches" in with_entry
+
+
 def test_diff_prints_and_writes_nothing_and_jobs_agree(tmp_path):
     folder = _model_folder(tmp_path)
     shutil.copy(MANUAL_FIXTURE, folder / "refused.py")

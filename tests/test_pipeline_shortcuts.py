@@ -10,9 +10,9 @@ parse but for punctuation libcst leaves to its defaults, and the positions and p
 """
 from __future__ import annotations
 
-from pathlib import Path
-
+import dataclasses
 import gc
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -23,9 +23,10 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods._imports import with_plain_imports
 from graphmode.transforms.cstutil import UNWALKED, walk
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import position_table
+from graphmode.transforms.positions import position_table, positions_and_parents
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -189,3 +190,80 @@ def test_plain_imports_go_where_libcsts_visitor_puts_them(source):
     AddImportsVisitor.add_needed_import(context, "torch")
     expected = AddImportsVisitor(context).transform_module(module).code
     assert with_plain_imports(module, ["torch"]).code == expected
+
+
+def _wrapped_trees(paths: list[Path]) -> list[cst.Module]:
+    """The trees the chain hands the line-wrap pass (after tidy): their functions' twins share blank lines and
+    comments with other places."""
+    import graphmode.transforms.pipeline as pipeline
+
+    seen: list[cst.Module] = []
+    real = pipeline.wrapped_with_code
+    pipeline.wrapped_with_code = lambda module, original: seen.append(module) or real(module, original)
+    try:
+        for path in paths:
+            adapt_source(path.read_text(), path.name, None, options_for(path))
+    finally:
+        pipeline.wrapped_with_code = real
+    return seen
+
+
+def test_positions_and_parents_of_one_generation_equal_libcsts_where_a_node_sits_once():
+    # The line-wrap pass reads positions and parents from one generation of the code (positions_and_parents), and
+    # libcst's providers only when a node it asks about sits in two places.
+    checked = shared = 0
+    for module in _wrapped_trees(EXAMPLES):
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        parents, whole = wrapper.resolve(ParentNodeProvider), wrapper.resolve(PositionProvider)
+        table, found_parents, twice = positions_and_parents(module)
+        assert len(found_parents) == len(parents) and all(found_parents[n] is p for n, p in parents.items())
+        shared += len(twice)
+        for node, expected in whole.items():
+            if node not in twice:
+                assert table[node] == ((expected.start.line, expected.start.column),
+                                       (expected.end.line, expected.end.column)), type(node).__name__
+                checked += 1
+    assert checked > 1000 and shared > 0  # not vacuous: some trees share nodes
+
+
+def test_every_node_with_leading_lines_is_walked():
+    # The line-wrap pass finds comment lines in the leading lines of the nodes `walk` yields.
+    kinds = [kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.CSTNode)
+             and dataclasses.is_dataclass(kind)]
+    with_leading = [kind for kind in kinds if "leading_lines" in {f.name for f in dataclasses.fields(kind)}]
+    assert len(with_leading) > 10 and not [kind for kind in with_leading if issubclass(kind, UNWALKED)]
+
+
+def _recorder(base: type) -> type:
+    """A transformer on `base` that records each hook libcst calls, with a node, a field and a leave that rewrites."""
+
+    class Recorder(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, str]] = []
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            self.calls.append(("visit_FunctionDef", node.name.value))
+            return node.name.value != "forward"  # a False skips the body
+
+        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+            self.calls.append(("leave_Name", original_node.value))
+            return updated_node.with_changes(value=updated_node.value.upper()) if len(updated_node.value) == 1 \
+                else updated_node
+
+        def visit_Call_args(self, node: cst.Call) -> None:
+            self.calls.append(("visit_Call_args", type(node.func).__name__))
+
+        def leave_If_test(self, original_node: cst.If) -> None:
+            self.calls.append(("leave_If_test", type(original_node.test).__name__))
+
+    return Recorder
+
+
+@pytest.mark.parametrize("path", EXAMPLES[:2], ids=_ids)
+def test_the_fast_dispatch_calls_what_libcst_calls(path):
+    module = cst.parse_module(path.read_text())
+    slow, fast = _recorder(cst.CSTTransformer)(), _recorder(Transformer)()
+    assert module.visit(fast).code == module.visit(slow).code
+    assert fast.calls == slow.calls and {name for name, _ in slow.calls} == {
+        "visit_FunctionDef", "leave_Name", "visit_Call_args", "leave_If_test"}

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
 
-from graphmode.transforms.tidy import tidy
+from graphmode.transforms.cstutil import code_of
+from graphmode.transforms.tidy import _each_read_after, _unread, tidy
+
+ROOT = Path(__file__).parents[1]
 
 TWIN = '"""`forward` on the static path (added by graphmode): what `prefill` and `decode` run."""'
 
@@ -15,7 +19,7 @@ def tidied(source: str) -> str:
     return tidy(cst.parse_module(textwrap.dedent(source))).code
 
 
-@pytest.mark.parametrize(("before", "after"), [
+TIDIED = [
     # A local the rewrite no longer reads, with the comment that described it.
     (f"""
      def forward_static(self, x):
@@ -83,12 +87,15 @@ def tidied(source: str) -> str:
          z = y
          return z
      """),
-])
+]
+
+
+@pytest.mark.parametrize(("before", "after"), TIDIED)
 def test_graphmodes_functions_lose_what_nothing_reads(before, after):
     assert tidied(before) == textwrap.dedent(after)
 
 
-@pytest.mark.parametrize("kept", [
+KEPT = [
     # The model's own function: never touched, however dead its locals.
     """
     def forward(self, x):
@@ -110,7 +117,10 @@ def test_graphmodes_functions_lose_what_nothing_reads(before, after):
         scale = xs[0].shape[-1]
         return [x / scale for x in xs]
     """,
-])
+]
+
+
+@pytest.mark.parametrize("kept", KEPT)
 def test_what_is_read_has_an_effect_or_is_the_models_own_stays(kept):
     assert tidied(kept) == textwrap.dedent(kept)
 
@@ -124,3 +134,37 @@ def test_size_constants_go_when_nothing_reads_them_and_stay_when_something_does(
     uses_batch = "\n\nclass M:\n    n = GRAPHMODE_MAX_BATCH_SIZE\n"
     assert tidied(constants + uses_batch) == ("# graphmode: sizes of the static Decode buffers.\n"
                                               "GRAPHMODE_MAX_BATCH_SIZE = 1\n" + uses_batch)
+
+
+def _functions_tidy_sees() -> list[cst.FunctionDef]:
+    """graphmode's functions as the tidy pass gets them (before it), for every fixture and bundled example, and the
+    functions of this file's cases."""
+    from test_codemods import CASES, options_for
+
+    import graphmode.transforms.pipeline as pipeline
+    from graphmode.transforms.cstutil import nodes_of_type
+    from graphmode.transforms.tidy import added_by_graphmode
+
+    examples = sorted(p for p in (ROOT / "examples").glob("*/*.py") if p.name != "harness.py")
+    cases = [*(before for before, _ in TIDIED), *KEPT]
+    seen: list[cst.Module] = [cst.parse_module(textwrap.dedent(source)) for source in cases]
+    real_tidy = pipeline.tidy
+    pipeline.tidy = lambda module: seen.append(module) or real_tidy(module)
+    try:
+        for path in [*CASES, *examples]:
+            pipeline.adapt_source(path.read_text(), path.name, None, options_for(path))
+    finally:
+        pipeline.tidy = real_tidy
+    return [f for module in seen for f in nodes_of_type(module, cst.FunctionDef) if added_by_graphmode(f)]
+
+
+def test_the_shortcut_past_the_scope_analysis_agrees_with_it():
+    # `_each_read_after` lets tidy skip libcst's scope analysis; wherever it does, the analysis finds nothing to take.
+    shortcut = analysed = 0
+    for function in _functions_tidy_sees():
+        found = _unread(function, shortcut=False)
+        if _each_read_after(function):
+            shortcut += 1
+            assert found == (set(), set()), code_of(function)
+        analysed += found != (set(), set())
+    assert shortcut > 100 and analysed > 5, (shortcut, analysed)  # both ways are taken

@@ -96,12 +96,19 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for name in child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            if not isinstance(value, UNWALKED):
-                found.append(value)
-        elif type(value) is tuple or type(value) is list:
-            found.extend(c for c in value if isinstance(c, cst.CSTNode) and not isinstance(c, UNWALKED))
+        kind = type(value)
+        if kind is tuple or kind is list:
+            found.extend(c for c in value if _walked(type(c)))
+        elif _walked(kind):
+            found.append(value)
     return found
+
+
+@functools.cache
+def _walked(kind: type) -> bool:
+    """Whether `walk` goes into a value of this type: a node, not whitespace or punctuation. Asked of the type once:
+    an `isinstance` against libcst's abstract classes costs more than the rest of a walk's step."""
+    return issubclass(kind, cst.CSTNode) and not issubclass(kind, UNWALKED)
 
 
 def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | None] | None = None

@@ -31,6 +31,10 @@ class FileFix:
     edits: int = 0
     manual: list[dict] = field(default_factory=list)  # {"line", "codemod", "reason"}, lines of the original
     error: str = ""
+    # Rewritten without an entry class (none found, or the one named is not in the file): nothing enters the static
+    # path. The file's nn.Module classes no other class of it uses, the likely model classes.
+    no_entry: bool = False
+    candidates: list[str] = field(default_factory=list)
     seconds: float = 0.0
     diff: str = ""
     adapted: str = ""
@@ -44,6 +48,29 @@ def entry_class_of(source: str) -> str | None:
     """The class a causal-LM harness would build: the shortest-named *ForCausalLM / *LMHeadModel; None without."""
     heads = [n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name.endswith(_HEADS)]
     return min(heads, key=len) if heads else None
+
+
+def _top_level_classes(source: str) -> set[str]:
+    return {n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
+
+
+def unused_module_classes(source: str) -> tuple[list[str], int]:
+    """The top-level `nn.Module` classes (a base named `Module`, or one of them) whose names no other class of the
+    file uses, in order, and the line of the first (1 without any): the classes a harness could build."""
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
+    modules: set[str] = set()
+    while True:  # a subclass of a module class is one too, wherever it sits in the file
+        found = {c.name for c in classes if any(_base_name(b) in ("Module", *modules) for b in c.bases)}
+        if found == modules:
+            break
+        modules = found
+    used = {node.id for c in classes for node in ast.walk(c) if isinstance(node, ast.Name) and node.id != c.name}
+    unused = [c for c in classes if c.name in modules and c.name not in used]
+    return [c.name for c in unused], unused[0].lineno if unused else 1
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
 
 
 def fix_file(path: Path, relative: str, entry_class: str | None = None) -> FileFix:
@@ -78,6 +105,15 @@ def fix_file(path: Path, relative: str, entry_class: str | None = None) -> FileF
     result.applied = adaptation.applied
     result.edits = len(adaptation.edits)
     result.manual = [{"line": m.line, "codemod": m.codemod, "reason": m.reason} for m in adaptation.manual]
+    if adaptation.changed and entry not in _top_level_classes(source):
+        # The static path is written but has no `prefill`/`decode` (nor `setup_caches`): a person names the class.
+        result.no_entry = True
+        result.candidates, line = unused_module_classes(source)
+        listed = f" (candidates: {', '.join(result.candidates)})" if result.candidates else ""
+        named = f"no class `{entry}` here" if entry else "no entry class found"
+        result.manual.insert(0, {"line": line, "codemod": "split_decode", "reason": (
+            f"not applied: {named}, so no `prefill`/`decode` enters the static path; name the model class with "
+            f"`--entry-class NAME`{listed}")})
     if adaptation.changed:
         result.diff, result.adapted = adaptation.diff(), adaptation.adapted
     result.seconds = time.perf_counter() - started

@@ -15,9 +15,11 @@ import re
 from collections.abc import Callable
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from graphmode.transforms.cstutil import is_docstring
+from graphmode.transforms.cstutil import is_docstring, nodes_of_type, walk
+from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.positions import Span, positions_and_parents
 
 MIN_LIMIT = 79
 _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
@@ -25,24 +27,34 @@ _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting 
 
 def wrap_long_lines(module: cst.Module, original: str) -> cst.Module:
     """`module` with the long lines it has and `original` has not wrapped to `original`'s longest line."""
+    return wrapped_with_code(module, original)[0]
+
+
+def wrapped_with_code(module: cst.Module, original: str) -> tuple[cst.Module, str]:
+    """`wrap_long_lines` and the wrapped module's code, which it generates anyway (once per round)."""
     known = set(original.splitlines())
     limit = max([MIN_LIMIT, *(len(line) for line in known)])
+    code = module.code
     for _ in range(_ROUNDS):
-        lines = module.code.splitlines()
+        lines = code.splitlines()
         long = {number for number, line in enumerate(lines, 1) if len(line) > limit and line not in known}
         if not long:
             break
         wrapped = _wrap_round(module, long, limit, lines)
-        if wrapped.code == module.code:
+        wrapped_code = wrapped.code
+        if wrapped_code == code:
             break
-        module = wrapped
-    return module
+        module, code = wrapped, wrapped_code
+    return module, code
 
 
 def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]) -> cst.Module:
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
-    module = wrapper.module
+    table, parents, twice = positions_and_parents(module)  # libcst's two providers, at a third of their cost
+    positions = _Ranges(table)
+    if not all(_never_asked(node) for node in twice):
+        # A node this pass may ask about sits in two places; libcst's providers give the position of the last one.
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        positions, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
     chosen: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]] = {}  # node -> its rewrite
     for statement in _nodes(module, cst.SimpleStatementLine):
         span = positions[statement]
@@ -77,10 +89,12 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
             chosen[docstring] = lambda updated, indent=indent, rows=rows: _refilled_docstring(updated, limit, indent,
                                                                                               rows)
     # Comments: a block of comment lines with a long one is re-flowed as paragraphs (one per "# graphmode:").
-    long_comments = {id(line) for line in _nodes(module, cst.EmptyLine)
+    # (Comment lines sit only in the leading lines of statements and of the clauses and decorators that have them.)
+    owners = [node for node in walk(module) if getattr(node, "leading_lines", None)]
+    long_comments = {id(line) for owner in owners for line in owner.leading_lines
                      if line.comment is not None and positions[line].start.line in long}
-    for owner in _nodes(module, cst.CSTNode):
-        leading = getattr(owner, "leading_lines", None)
+    for owner in owners:
+        leading = owner.leading_lines
         if leading and any(id(line) in long_comments for line in leading):
             number = positions[next(line for line in leading if id(line) in long_comments)].start.line
             width = limit - (len(lines[number - 1]) - len(lines[number - 1].lstrip()))
@@ -91,7 +105,26 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
     return module.visit(_Replace(chosen)) if chosen else module
 
 
-class _Replace(cst.CSTTransformer):
+def _never_asked(node: cst.CSTNode) -> bool:
+    """Whitespace, a comment, a blank line (rewrites share them: `[cst.EmptyLine()] * 2`): this pass asks positions of
+    statements, expressions and comment lines, and parents of expressions."""
+    return isinstance(node, (cst.BaseParenthesizableWhitespace, cst.Newline, cst.TrailingWhitespace, cst.Comment)) or (
+        isinstance(node, cst.EmptyLine) and node.comment is None)
+
+
+class _Ranges(dict):
+    """A position table read as PositionProvider's: a CodeRange per node."""
+
+    def __init__(self, table: dict[cst.CSTNode, Span]) -> None:
+        super().__init__()
+        self.table = table
+
+    def __missing__(self, node: cst.CSTNode) -> CodeRange:
+        found = self[node] = CodeRange(*self.table[node])
+        return found
+
+
+class _Replace(Transformer):
     """Applies each chosen node's rewrite to the node as its children were rewritten."""
 
     def __init__(self, chosen: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
@@ -104,16 +137,8 @@ class _Replace(cst.CSTTransformer):
 
 
 def _nodes(root: cst.CSTNode, kind: type) -> list:
-    found: list = []
-
-    class _Collect(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, kind):
-                found.append(node)
-            return True
-
-    root.visit(_Collect())
-    return found
+    """The nodes of that kind (a statement, a call, a tuple: never whitespace) in the order a visitor meets them."""
+    return nodes_of_type(root, kind)
 
 
 def _wrapped(node: cst.CSTNode) -> bool:

@@ -14,7 +14,8 @@ from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Opt
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.static_path import already_adapted, function_spans, keep_original_path, twin_spans
-from graphmode.transforms.line_wrap import wrap_long_lines
+from graphmode.transforms.line_wrap import wrapped_with_code
+from graphmode.transforms.no_entry import without_entry_promises
 from graphmode.transforms.tidy import tidy
 
 
@@ -126,7 +127,10 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     if parsed.text is not source:
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
-        current = wrap_long_lines(tidy(keep_original_path(original.module, parsed.module)), source).code
+        module = tidy(keep_original_path(original.module, parsed.module))
+        if options.entry_class is None:  # no entries, so no `setup_caches` for graphmode's words to point to
+            module = without_entry_promises(module, source)
+        current = wrapped_with_code(module, source)[1]
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
     result.adapted = current
     return result

@@ -54,14 +54,17 @@ class _LayoutState(CodegenState):
             self.line += _newlines(value)
 
     def before_codegen(self, node: cst.CSTNode) -> None:
-        if self._generating:
-            parent = self._generating[-1]
-            if node in self.parents:
+        # Called for every node of the tree: one look-up of each table, and a node already held is seen by the size.
+        generating, parents = self._generating, self.parents
+        if generating:
+            parent = generating[-1]
+            held = len(parents)
+            parents[node] = parent
+            if len(parents) == held:
                 self.duplicated = True
-            self.parents[node] = parent
             if parent is self.module and isinstance(node, cst.BaseStatement):
                 self.first_lines[node] = self.line
-        self._generating.append(node)
+        generating.append(node)
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         self._generating.pop()
@@ -72,6 +75,17 @@ def position_table(module: cst.Module) -> dict[cst.CSTNode, Span]:
     state = _PositionState(module.default_indent, module.default_newline)
     module._codegen(state)
     return state.table
+
+
+def positions_and_parents(module: cst.Module) -> tuple[dict[cst.CSTNode, Span], dict[cst.CSTNode, cst.CSTNode],
+                                                        list[cst.CSTNode]]:
+    """`position_table`, the parents `layout_of` gives, and the nodes that sit in more than one place in the tree, from
+    one generation of the code. A node's parent is that of its last place, as libcst's ParentNodeProvider gives it;
+    its position is that of its first place, where libcst's PositionProvider gives the last: equal for every node
+    that sits in one place."""
+    state = _PositionAndParentState(module.default_indent, module.default_newline)
+    module._codegen(state)
+    return state.table, state.parents, state.duplicated
 
 
 class _PositionState(CodegenState):
@@ -125,3 +139,25 @@ class _Syntactic:
         end = table[self.end_node][1] if self.end_node is not None else (state.line, state.column)
         table[self.node] = (start, end)
         return False
+
+
+class _PositionAndParentState(_PositionState):
+    def __init__(self, default_indent: str, default_newline: str) -> None:
+        super().__init__(default_indent, default_newline)
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.duplicated: list[cst.CSTNode] = []
+        self._generating: list[cst.CSTNode] = []
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        super().before_codegen(node)
+        generating, parents = self._generating, self.parents
+        if generating:
+            held = len(parents)
+            parents[node] = generating[-1]
+            if len(parents) == held:
+                self.duplicated.append(node)
+        generating.append(node)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        super().after_codegen(node)
+        self._generating.pop()

@@ -15,7 +15,8 @@ import libcst as cst
 from libcst.metadata import FunctionScope, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
-from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type
+from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type, walk
+from graphmode.transforms.dispatch import Transformer
 
 MARKER = "(added by graphmode)"
 # Calls whose result is a fact about their arguments and that change nothing: an assignment of one may go.
@@ -40,14 +41,26 @@ def added_by_graphmode(function: cst.FunctionDef) -> bool:
         isinstance(docstring, cst.ConcatenatedString) and MARKER in code_of(docstring))
 
 
-class _TidyFunctions(cst.CSTTransformer):
+class _TidyFunctions(Transformer):
+    # Only functions change, so the walk enters no line of simple statements and no function that defines none:
+    # rebuilding them would only cost time.
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return any(isinstance(n, (cst.FunctionDef, cst.ClassDef)) for n in walk(node.body, _statements_only))
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if not added_by_graphmode(updated_node):
             return updated_node
         while True:  # a local removed can leave another one unread
-            tidier = updated_node.visit(_MergeIdenticalBranches())
-            dead = _unread_locals(tidier)
-            collected = _unread_lists(tidier)
+            merger = _MergeIdenticalBranches()
+            has_else = any(isinstance(n, cst.If) and isinstance(n.orelse, cst.Else)
+                           for n in walk(updated_node.body, _statements_only))
+            tidier = updated_node.visit(merger) if has_else else updated_node  # else nothing to merge
+            dead, collected = _unread(tidier)
+            if not (merger.merged or dead or collected):
+                return updated_node  # the visit rebuilt the same tree: no need to compare it
             if collected:
                 tidier = tidier.visit(_DropAppends(collected))
             if dead | collected:
@@ -57,38 +70,163 @@ class _TidyFunctions(cst.CSTTransformer):
             updated_node = tidier
 
 
-def _unread_locals(function: cst.FunctionDef) -> set[str]:
-    """Names of the function's own scope that nothing reads (libcst's scope analysis: a read in a nested function,
-    a comprehension or a `global` counts), each assigned only by plain `name = value` lines of values with no
-    effect."""
-    wrapper = MetadataWrapper(cst.Module(body=[function]))
+def _statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """For `walk`: statements and the blocks around them, no expression (a function or an `if` is never in one)."""
+    return [] if isinstance(node, (cst.SimpleStatementLine, cst.BaseExpression)) else None
+
+
+def _unread(function: cst.FunctionDef, shortcut: bool = True) -> tuple[set[str], set[str]]:
+    """`_unread_locals` and `_unread_lists` of the function, from one scope analysis, or none without it when each
+    name the function gives a value with no effect is read after (`_each_read_after`: most functions, and every
+    function on the round that finds its locals all read). The analysis keys its tables by node, so a function that
+    holds one node in two places is analysed on a copy (libcst's default); copying the others would only cost time.
+    """
+    if shortcut and _each_read_after(function):
+        return set(), set()
+    wrapper = MetadataWrapper(cst.Module(body=[function]), unsafe_skip_copy=_each_node_once(function))
     scopes = wrapper.resolve(ScopeProvider)
     copy = wrapper.module.body[0]
     scope = scopes[copy.body.body[0]]
     if not isinstance(scope, FunctionScope):
-        return set()
+        return set(), set()
+    return _unread_locals(function, copy, scope), _unread_lists(copy, scope, wrapper)
+
+
+class _Unsure(Exception):
+    """The function holds something `_each_read_after` does not follow; the scope analysis decides."""
+
+
+# Nodes the walk for reads does not enter: their own scopes (names there are parameters and targets of their own).
+_OWN_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _each_read_after(function: cst.FunctionDef) -> bool:
+    """Whether every name the function's own statements assign a value with no effect (a `_pairs` target) is read in
+    a later statement: then libcst's scope analysis finds a reference of that assignment (it counts a read after an
+    assignment, in visiting order, as one), so `_unread_locals` names nothing, and, with no `name = []`,
+    `_unread_lists` names nothing. Only reads that are surely the function's own count (a value, a test, an iterable,
+    never a target, an attribute's name, a keyword, or what a lambda or comprehension reads); a function with a nested
+    function or class, an import, `global`, `nonlocal`, `match` or `name = []` is left to the analysis (False).
+    tests/test_tidy.py holds it to the analysis on every function graphmode writes for the fixtures and examples."""
+    assigned: dict[str, int] = {}  # name -> the statement (counted in visiting order) first assigning it
+    last_read: dict[str, int] = {}  # name -> the last statement reading it
+    count = 0
+
+    def read(node: cst.CSTNode | None, at: int) -> None:
+        if node is None:
+            return
+        for found in walk(node, _reads_only):
+            if isinstance(found, cst.Name):
+                last_read[found.value] = at
+
+    def small(stmt: cst.BaseSmallStatement, at: int) -> None:
+        if isinstance(stmt, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            raise _Unsure
+        if isinstance(stmt, cst.Assign):
+            for target, value in _pairs(stmt):
+                if isinstance(value, cst.List) and not value.elements:
+                    raise _Unsure
+                if _pure(value):
+                    assigned.setdefault(target.value, at)
+            read(stmt.value, at)
+        elif isinstance(stmt, (cst.Expr, cst.Return, cst.AugAssign, cst.AnnAssign)):
+            read(stmt.value, at)
+        elif isinstance(stmt, cst.Assert):
+            read(stmt.test, at)
+            read(stmt.msg, at)
+        elif isinstance(stmt, cst.Raise):
+            read(stmt.exc, at)
+            read(stmt.cause, at)
+
+    def block(body: cst.BaseSuite) -> None:
+        statements = body.body
+        if isinstance(body, cst.SimpleStatementSuite):
+            statements = [cst.SimpleStatementLine(body=body.body)]
+        for stmt in statements:
+            statement(stmt)
+
+    def statement(stmt: cst.BaseStatement) -> None:
+        nonlocal count
+        count += 1
+        at = count
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for part in stmt.body:
+                small(part, at)
+        elif isinstance(stmt, (cst.If, cst.While)):
+            read(stmt.test, at)
+            block(stmt.body)
+            if isinstance(stmt.orelse, cst.If):
+                statement(stmt.orelse)
+            elif stmt.orelse is not None:
+                block(stmt.orelse.body)
+        elif isinstance(stmt, cst.For):
+            read(stmt.iter, at)
+            block(stmt.body)
+            if stmt.orelse is not None:
+                block(stmt.orelse.body)
+        elif isinstance(stmt, cst.With):
+            for item in stmt.items:
+                read(item.item, at)
+            block(stmt.body)
+        elif isinstance(stmt, cst.Try):
+            block(stmt.body)
+            for handler in stmt.handlers:
+                count += 1
+                read(handler.type, count)
+                block(handler.body)
+            for part in (stmt.orelse, stmt.finalbody):
+                if part is not None:
+                    block(part.body)
+        else:
+            raise _Unsure
+
+    try:
+        block(function.body)
+    except _Unsure:
+        return False
+    return all(last_read.get(name, 0) > at for name, at in assigned.items())
+
+
+def _reads_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    if isinstance(node, (cst.Attribute, cst.Arg)):
+        return [node.value]  # an attribute's name, a keyword's name: not reads
+    if isinstance(node, _OWN_SCOPES):
+        return []
+    return None
+
+
+def _each_node_once(function: cst.FunctionDef) -> bool:
+    seen: set[int] = set()
+    for node in walk(function):
+        if id(node) in seen:
+            return False
+        seen.add(id(node))
+    return True
+
+
+def _unread_locals(function: cst.FunctionDef, copy: cst.FunctionDef, scope: FunctionScope) -> set[str]:
+    """Names of the function's own scope that nothing reads (libcst's scope analysis: a read in a nested function,
+    a comprehension or a `global` counts), each assigned only by plain `name = value` lines of values with no
+    effect. `copy` is the function as the analysis of `scope` holds it."""
+    pure_targets = {id(target) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a)
+                    if _pure(value)}
     plain = {}  # name -> whether every binding of it pairs it with a value that has no effect, and none is read
     for assignment in scope.assignments:
         node = assignment.node
-        ok = isinstance(node, cst.Name) and any(target is node and _pure(value)
-                                                for a in nodes_of_type(copy.body, cst.Assign)
-                                                for target, value in _pairs(a))
+        ok = isinstance(node, cst.Name) and id(node) in pure_targets
         plain[assignment.name] = plain.get(assignment.name, True) and ok and not assignment.references
     params = {p.name.value for p in nodes_of_type(function.params, cst.Param)}
     return {name for name, unread in plain.items() if unread} - params
 
 
-def _unread_lists(function: cst.FunctionDef) -> set[str]:
+def _unread_lists(copy: cst.FunctionDef, scope: FunctionScope, wrapper: MetadataWrapper) -> set[str]:
     """Lists the function builds and never reads: `name = []`, then only `name.append(value)` lines (values with no
     effect), as a collection of results the rewrite no longer returns."""
-    wrapper = MetadataWrapper(cst.Module(body=[function]))
-    scopes, parents = wrapper.resolve(ScopeProvider), wrapper.resolve(ParentNodeProvider)
-    copy = wrapper.module.body[0]
-    scope = scopes[copy.body.body[0]]
-    if not isinstance(scope, FunctionScope):
-        return set()
     empty_lists = {id(target) for a in nodes_of_type(copy.body, cst.Assign) for target, value in _pairs(a)
                    if isinstance(value, cst.List) and not value.elements}
+    if not empty_lists:
+        return set()
+    parents = wrapper.resolve(ParentNodeProvider)
     found: dict[str, bool] = {}
     for assignment in scope.assignments:
         ok = id(assignment.node) in empty_lists and all(
@@ -107,7 +245,7 @@ def _only_appended(node: cst.CSTNode, parents) -> bool:
             and _pure(call.args[0].value))
 
 
-class _DropAppends(cst.CSTTransformer):
+class _DropAppends(Transformer):
     """Removes the `name.append(value)` lines of the lists given."""
 
     def __init__(self, names: set[str]) -> None:
@@ -178,7 +316,7 @@ def _pure_slice(part: cst.BaseSlice) -> bool:
     return all(bound is None or _pure(bound) for bound in (part.lower, part.upper, part.step))
 
 
-class _DropAssignments(cst.CSTTransformer):
+class _DropAssignments(Transformer):
     """Takes the names given out of the assignments that give them values (the whole line when nothing is left, with
     the comments above it: they describe that line); a block that would be left empty keeps its lines."""
 
@@ -221,12 +359,13 @@ class _DropAssignments(cst.CSTTransformer):
             value=cst.Tuple([cst.Element(v) for _, v in live], lpar=[], rpar=[]))])
 
 
-class _MergeIdenticalBranches(cst.CSTTransformer):
+class _MergeIdenticalBranches(Transformer):
     """`if test: A else: A` with a test that changes nothing becomes `A`: a rewrite made both arms the same."""
 
     def __init__(self) -> None:
         super().__init__()
         self._elifs: set[int] = set()  # an `elif` is its parent's else: it cannot become several statements
+        self.merged = False
 
     def visit_If(self, node: cst.If) -> None:
         if isinstance(node.orelse, cst.If):
@@ -242,12 +381,15 @@ class _MergeIdenticalBranches(cst.CSTTransformer):
             return updated_node
         body = list(updated_node.body.body)
         body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        self.merged = True
         return cst.FlattenSentinel(body)
 
 
 def _without_unread_constants(module: cst.Module) -> cst.Module:
     """graphmode's size constants that nothing in the file reads, removed (buffers sized by `setup_caches` need
     none). The comment above the pair stays with the one kept, and goes with the pair."""
+    if not any(_size_constant(stmt) for stmt in module.body):
+        return module
     names = [n.value for n in nodes_of_type(module, cst.Name)]
     kept: list[cst.BaseStatement] = []
     carried: list[cst.EmptyLine] | None = None

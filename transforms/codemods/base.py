@@ -19,6 +19,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
@@ -94,7 +95,7 @@ class ManualItem:
         return asdict(self)
 
 
-class GraphCodemod(Codemod, cst.CSTTransformer):
+class GraphCodemod(Codemod, Transformer):
     NAME: ClassVar[str]
     TITLE: ClassVar[str]  # one line, imperative: what the change does
     DESCRIPTION: ClassVar[str]  # the planned change and its effect on behaviour, for the design document

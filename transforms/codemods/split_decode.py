@@ -435,7 +435,7 @@ def _prefill_checks_sizes(module: cst.Module, entry_class: str | None) -> tuple[
         docstring, *rest = prefill.body.body
         prefill = prefill.with_changes(body=prefill.body.with_changes(body=[docstring, check, *rest]))
         setup = [] if find_method(stmt, SETUP) is not None else [_setup_method().with_changes(
-            leading_lines=prefill.leading_lines)]
+            leading_lines=[line.deep_clone() for line in prefill.leading_lines])]  # prefill's own stay its own
         members = []
         for member in stmt.body.body:
             if isinstance(member, cst.FunctionDef) and member.name.value == "prefill":
@@ -468,12 +468,12 @@ def _switch(slots: str | None = None, padding: str | None = None) -> str:
 
 
 def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:
-    blank = [cst.EmptyLine(indent=False)]
     new_body = []
     for stmt in cls.body.body:
         new_body.append(stmt)
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
-            new_body += [entry.with_changes(leading_lines=blank) for entry in entries]
+            # A blank line of its own for each: a node held in two places makes the chain parse the text again.
+            new_body += [entry.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for entry in entries]
     return cls.with_changes(body=cls.body.with_changes(body=new_body))
 
 
