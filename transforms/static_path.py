@@ -22,6 +22,7 @@ Statements outside functions the chain removed (an import only the original body
 from __future__ import annotations
 
 import ast
+import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ import libcst as cst
 from graphmode.transforms.analysis.reach import SWITCH_TEST
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import code_of, is_docstring
+from graphmode.transforms.cstutil import code_of, is_docstring, names_in
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 
@@ -45,6 +46,7 @@ class _Plan:
     dispatched: set[str] = field(default_factory=set)  # methods that ask the switch
     renamed: dict[str, str] = field(default_factory=dict)  # free/static/class function qualname -> twin name
     keywords: dict[str, str] = field(default_factory=dict)  # renamed parameter -> the name its dispatcher kept
+    kept: set[str] = field(default_factory=set)  # rewritten only by renaming parameters: the original serves both
 
 
 def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
@@ -56,6 +58,16 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
         return _put_back_statements(original, adapted)
     plan = _Plan()
     for qualname, function in list(changed.items()):
+        if _renamed_only(originals[qualname], function):
+            try:
+                _merged_signature(originals[qualname].params, function.params)
+            except _Unsplittable:
+                del changed[qualname]
+                continue
+            plan.kept.add(qualname)
+            plan.keywords.update(renamed_parameters(originals[qualname].params, function.params))
+            del changed[qualname]
+            continue
         if not _asks_switch(qualname, function):
             plan.renamed[qualname] = _twin_name(function.name.value)
             continue
@@ -77,6 +89,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
             break
         for qualname in callers:
             changed[qualname] = unchanged[qualname]
+            plan.kept.discard(qualname)
             if _asks_switch(qualname, unchanged[qualname]):
                 plan.dispatched.add(qualname)
             else:
@@ -250,8 +263,16 @@ class _Split(cst.CSTTransformer):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         qualname = ".".join([*self.scope, original_node.name.value])
         renames = _RenameCalls(_rename_targets(self.plan.renamed, qualname), self.plan.keywords)
+        if qualname in self.plan.kept:  # the original body, with the parameters the static path's callers pass
+            kept = self.originals[qualname]
+            return kept.with_changes(params=_merged_signature(kept.params, updated_node.params)[0],
+                                     leading_lines=updated_node.leading_lines)
         if qualname not in self.changed:
             return updated_node if qualname in self.originals else updated_node.visit(renames)
+        if qualname in self.plan.dispatched:
+            forked = _forked(self.originals[qualname], updated_node.visit(renames))
+            if forked is not None:
+                return forked.with_changes(leading_lines=updated_node.leading_lines)
         twin = updated_node.visit(renames).with_changes(
             name=cst.Name(_twin_name(updated_node.name.value)),
             leading_lines=[cst.EmptyLine(indent=False)] * (1 if self.scope else 2),
@@ -285,6 +306,125 @@ def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: st
     at = 1 if body and is_docstring(body[0]) else 0
     return original.with_changes(params=params,
                                  body=original.body.with_changes(body=[*body[:at], test, *body[at:]]))
+
+
+# A method whose rewrite differs from the original in at most _MOST_FORKS runs of statements keeps one body, with
+# only those runs forked on the switch: each run costs an `if`/`else` (two lines, one where the static statements
+# return), where a twin costs the whole body again plus its def, docstring and the dispatch (six lines), so a fork is
+# the shorter file wherever the forked body stays readable. Past three runs the reader has to piece the static path
+# together from the branches; and static statements more than twice as long as what both paths keep are a second
+# body in all but name: both read better as a twin. Static statements of up to _SHORT lines stay a fork even where
+# they replace the whole body (`if graphmode_static_path(self): return <the fused call>`).
+_MOST_FORKS = 3
+_SHORT = 6
+
+
+def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
+    """The rewrite only renamed parameters (`start_pos` -> `input_pos`): the original body, handed what the static
+    path's callers pass, is the static path."""
+    body = _with_original_names(original, adapted)
+    return body is not None and code_of(body) == code_of(original.body)
+
+
+def _with_original_names(original: cst.FunctionDef, adapted: cst.FunctionDef) -> cst.BaseSuite | None:
+    """The adapted body with each renamed parameter called by its original name again; None where an original name
+    means something else there (renaming would capture it)."""
+    renames = renamed_parameters(original.params, adapted.params)
+    if set(renames.values()) & names_in(adapted.body):
+        return None
+    return adapted.body.visit(_RenameNames(renames)) if renames else adapted.body
+
+
+class _RenameNames(cst.CSTTransformer):
+    """Bare names renamed; attribute names and keywords (which name another function's parameter) stay."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        return updated_node.with_changes(value=self.names.get(updated_node.value, updated_node.value))
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
+def _forked(original: cst.FunctionDef, static: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The original method with only the statements the rewrite changed forked on the switch (the static ones first,
+    the original's in `else`, as written); None where a twin reads better (see _MOST_FORKS).
+
+    The forks are runs of the body's own statements, so each path runs its statements in order exactly as its own
+    body would: a compound statement that changed inside is forked whole, and a renamed parameter is called by its
+    original name in the static statements too (it carries the static path's value there)."""
+    renamed = _with_original_names(original, static)
+    if renamed is None or not isinstance(original.body, cst.IndentedBlock) \
+            or not isinstance(renamed, cst.IndentedBlock):
+        return None
+    docstring, ours = _split_docstring(list(original.body.body))
+    _, theirs = _split_docstring(list(renamed.body))
+    keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
+    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
+            difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
+    if not runs or len(runs) > _MOST_FORKS:
+        return None
+    kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
+    static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
+    if static_lines > max(2 * kept_lines, _SHORT):
+        return None  # most of the body differs
+    receiver = (original.params.posonly_params or original.params.params)[0].name.value
+    body: list[cst.BaseStatement] = list(docstring)
+    done = 0
+    for i1, i2, j1, j2 in runs:
+        body += ours[done:i1]
+        done = i2
+        if i2 == len(ours) and j2 == len(theirs) and theirs[j1:j2] and _ends_the_call(theirs[j2 - 1]):
+            # The static statements return: the original's follow the fork as written, not indented under `else`.
+            body += [_fork(receiver, theirs[j1:j2], [], ours[i1:i2]), *ours[i1:i2]]
+            done = len(ours)
+        else:
+            body.append(_fork(receiver, theirs[j1:j2], ours[i1:i2], ours[i1:i2]))
+    body += ours[done:]
+    params = _merged_signature(original.params, static.params)[0]
+    return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _split_docstring(body: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]]:
+    return (body[:1], body[1:]) if body and is_docstring(body[0]) else ([], body)
+
+
+def _statement_key(stmt: cst.BaseStatement) -> str:
+    return code_of(stmt.with_changes(leading_lines=())).strip()
+
+
+def _lines(stmt: cst.BaseStatement) -> int:
+    return code_of(stmt).count("\n")
+
+
+def _ends_the_call(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[-1], (cst.Return, cst.Raise))
+
+
+def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],
+          replaced: list[cst.BaseStatement]) -> cst.If:
+    """`if graphmode_static_path(receiver): <static> else: <original>` (either side may be empty); the blank lines
+    before the statements it `replaced` go before it."""
+    first = (replaced or static)[0]
+    blank = [line for line in first.leading_lines if line.comment is None]
+    static, original = _without_blank_start(static), _without_blank_start(original)
+    test: cst.BaseExpression = cst.parse_expression(f"{SWITCH_TEST}({receiver})")
+    if not static:
+        test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
+    orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
+    return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+def _without_blank_start(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    if not body:
+        return body
+    comments = [line for line in body[0].leading_lines if line.comment is not None]
+    return [body[0].with_changes(leading_lines=comments), *body[1:]]
 
 
 def _merged_signature(original: cst.Parameters, adapted: cst.Parameters) -> tuple[cst.Parameters, list[str]]:
