@@ -308,3 +308,26 @@ def test_the_scan_reads_only_the_static_branches_of_a_fork_as_step_code():
         ''')
     assert scan_source(source, "model.py") == []
     assert {f.code for f in scan_source(source.replace("graphmode_static_path", "bool"), "model.py")} >= {"GM101"}
+
+
+def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
+    from graphmode.transforms.pipeline import original_to_adapted
+    original = textwrap.dedent(RENAMED_ORIGINAL)
+    split = _split(RENAMED_ORIGINAL, RENAMED_ADAPTED)
+    lines = original_to_adapted(original, split)
+    old, new = original.splitlines(), split.splitlines()
+
+    def where(text: str, after: str) -> str:
+        line = next(n for n, t in enumerate(old, 1) if t.strip() == text and n > old.index(after))
+        return new[lines[line] - 1].strip()
+
+    model = "class Model(torch.nn.Module):"
+    assert where("a = x + 1", model) == "a = x + 2", "a replaced statement maps to the static one in its place"
+    assert where("d = c - 1", model) == "d = c - 5"
+    assert where("b = a * 2", model) == "b = a * 2" and where("return e", model) == "return e"
+    layer = "class Layer(torch.nn.Module):"
+    assert where("return h + self.table[start_pos]", layer) == "return h + self.table[start_pos]"
+    # Norm became a twin: its unchanged lines map into the twin, which is what the entries run.
+    norm_line = next(n for n, t in enumerate(old, 1) if t.strip() == "a1 = a + 0")
+    twin = new.index("    def forward_static(self, x):") + 1
+    assert lines[norm_line] > twin and new[lines[norm_line] - 1].strip() == "a1 = a + 0"

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphmode.transforms.analysis.reach import SWITCH_TEST
+from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import code_of, is_docstring, names_in
+from graphmode.transforms.line_wrap import MIN_LIMIT
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 
@@ -94,7 +95,10 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
                 plan.dispatched.add(qualname)
             else:
                 plan.renamed[qualname] = _twin_name(unchanged[qualname].name.value)
-    module = adapted.visit(_Split(originals, changed, plan))
+    # The original's statements a fork puts under `else:` stay as written only where one level deeper still fits the
+    # file's longest line (line_wrap would wrap them otherwise): else the method becomes a twin.
+    width = max([MIN_LIMIT, *(len(line) for line in original.code.splitlines())])
+    module = adapted.visit(_Split(originals, changed, plan, width))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -129,6 +133,97 @@ def twin_spans(tree: ast.Module) -> dict[str, tuple[int, int]]:
     spans = function_spans(tree)
     return {name: spans[name + TWIN_SUFFIX] for name in spans
             if not name.endswith(TWIN_SUFFIX) and name + TWIN_SUFFIX in spans}
+
+
+def fork_lines(original: str, adapted: str) -> dict[int, int]:
+    """Original line -> adapted line, for the methods that fork on the switch in graphmode's output: a line of the
+    model's own code maps to its copy (under `else:` or after a returning static branch), except where the static
+    statements that replace it hold the same line, or begin in its place (the first line of what a fork replaces
+    maps to the first line of the static statements' code): those are what the entries run."""
+    originals = function_spans(ast.parse(original))
+    original_lines, adapted_lines = original.splitlines(), adapted.splitlines()
+    found: dict[int, int] = {}
+    for qualname, function in _ast_functions(ast.parse(adapted)):
+        if qualname not in originals or not any(_fork_parts(stmt) for stmt in function.body):
+            continue
+        first, last = originals[qualname]
+        view: list[tuple[int, str]] = []  # the model's own lines of the method, as (adapted line, unindented text)
+        static: list[tuple[list[int], list[int]]] = []  # (static lines, the own lines they replace), per fork
+        start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+        skip: dict[int, int] = {}  # adapted line -> how far to unindent it, or -1: not the model's own
+        for stmt in function.body:
+            parts = _fork_parts(stmt)
+            if parts is None:
+                continue
+            static_lines, own_lines, shift = parts
+            skip.update({line: shift if line in own_lines else -1 for line in range(stmt.lineno, stmt.end_lineno + 1)})
+            if leaves_static_path(stmt):  # what follows is the model's own, as written
+                static.append((static_lines, list(range(stmt.end_lineno + 1, function.end_lineno + 1))))
+                break
+            static.append((static_lines, own_lines))
+        for line in range(start, function.end_lineno + 1):
+            shift = skip.get(line, 0)
+            if shift >= 0:
+                view.append((line, adapted_lines[line - 1][shift:]))
+        mapped = _equal_lines(original_lines[first - 1:last], [text for _, text in view], list(range(first, last + 1)))
+        own = {line: view[index][0] for index, line in enumerate(mapped) if line is not None}
+        found.update(own)
+        back = {adapted_line: line for line, adapted_line in own.items()}
+        for static_lines, own_lines in static:
+            replaced = [back[line] for line in own_lines if line in back]
+            if not replaced or not static_lines:
+                continue
+            texts = [adapted_lines[line - 1].strip() for line in static_lines]
+            for line in replaced:
+                text = original_lines[line - 1].strip()
+                if text and text in texts:
+                    found[line] = static_lines[texts.index(text)]
+            code = [line for line in static_lines if not adapted_lines[line - 1].lstrip().startswith("#")]
+            if code and found[replaced[0]] not in static_lines:
+                found[replaced[0]] = code[0]
+    return found
+
+
+def _fork_parts(stmt: ast.stmt) -> tuple[list[int], list[int], int] | None:
+    """A fork's static lines, the model's own lines it holds and how much deeper those are indented; None for any
+    other statement (the dispatch to a twin included)."""
+    if not isinstance(stmt, ast.If) or _dispatches(stmt):
+        return None
+    test = stmt.test
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    if not asks_switch(test.operand if negated else test):
+        return None
+    block = list(range(stmt.lineno + 1, stmt.body[-1].end_lineno + 1))
+    shift = stmt.body[0].col_offset - stmt.col_offset
+    if negated:
+        return [], block, shift
+    return block, list(range(block[-1] + 2, stmt.end_lineno + 1)) if stmt.orelse else [], shift
+
+
+def _dispatches(stmt: ast.If) -> bool:
+    """`if graphmode_static_path(self): return self.forward_static(...)`: the hand-over to a twin, no fork."""
+    then = stmt.body
+    return len(then) == 1 and isinstance(then[0], ast.Return) and isinstance(then[0].value, ast.Call) \
+        and isinstance(then[0].value.func, ast.Attribute) and then[0].value.func.attr.endswith(TWIN_SUFFIX)
+
+
+def _equal_lines(old: list[str], new: list[str], numbers: list[int]) -> list[int | None]:
+    mapped: list[int | None] = [None] * len(new)
+    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            for offset in range(i2 - i1):
+                mapped[j1 + offset] = numbers[i1 + offset]
+    return mapped
+
+
+def _ast_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    def walk(body: list[ast.stmt], prefix: str):
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + stmt.name, stmt
+            elif isinstance(stmt, ast.ClassDef):
+                yield from walk(stmt.body, f"{prefix}{stmt.name}.")
+    yield from walk(tree.body, "")
 
 
 def _functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef]]:
@@ -246,8 +341,9 @@ class _Split(cst.CSTTransformer):
     """Replaces each changed function by its original (asking the switch, or left as it was) and its twin; the
     functions the chain added (the entries) call the twins as the twins do."""
 
-    def __init__(self, originals: dict[str, cst.FunctionDef], changed: dict[str, cst.FunctionDef], plan: _Plan):
-        self.originals, self.changed, self.plan = originals, changed, plan
+    def __init__(self, originals: dict[str, cst.FunctionDef], changed: dict[str, cst.FunctionDef], plan: _Plan,
+                 width: int):
+        self.originals, self.changed, self.plan, self.width = originals, changed, plan, width
         self.scope: list[str] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -270,7 +366,8 @@ class _Split(cst.CSTTransformer):
         if qualname not in self.changed:
             return updated_node if qualname in self.originals else updated_node.visit(renames)
         if qualname in self.plan.dispatched:
-            forked = _forked(self.originals[qualname], updated_node.visit(renames))
+            indent = len(self.scope) + 1  # levels of the method's body
+            forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))
             if forked is not None:
                 return forked.with_changes(leading_lines=updated_node.leading_lines)
         twin = updated_node.visit(renames).with_changes(
@@ -351,9 +448,10 @@ class _RenameNames(cst.CSTTransformer):
         return updated_node.with_changes(keyword=original_node.keyword)
 
 
-def _forked(original: cst.FunctionDef, static: cst.FunctionDef) -> cst.FunctionDef | None:
+def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> cst.FunctionDef | None:
     """The original method with only the statements the rewrite changed forked on the switch (the static ones first,
-    the original's in `else`, as written); None where a twin reads better (see _MOST_FORKS).
+    the original's in `else`, as written); None where a twin reads better (see _MOST_FORKS), or where an original
+    statement one level deeper would be wider than `width`.
 
     The forks are runs of the body's own statements, so each path runs its statements in order exactly as its own
     body would: a compound statement that changed inside is forked whole, and a renamed parameter is called by its
@@ -369,6 +467,9 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef) -> cst.FunctionD
             difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
     if not runs or len(runs) > _MOST_FORKS:
         return None
+    indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
+    if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
+        return None  # an original statement under `else:` would no longer fit the file's lines
     kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
     static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
     if static_lines > max(2 * kept_lines, _SHORT):
