@@ -131,7 +131,9 @@ def test_what_each_function_became():
             "        if graphmode_static_path(self):\n"
             "            return self.shift_static(scale_static(x)) * self.weight + self.table[start_pos]\n"
             "        return self.shift(scale(x)) * self.weight + start_pos\n") in split
-    assert "        if graphmode_static_path(self):\n            return scale_static(x)\n        return scale(x)\n" in split
+    assert ("        if graphmode_static_path(self):\n"
+            "            return scale_static(x)\n"
+            "        return scale(x)\n") in split
     assert "return self.block(x, start_pos=start_pos) + 2.0" in split
     # `__init__` runs once: it keeps the rewrite, which only adds the buffer.
     assert split.count("def __init__(") == 2 and 'self.register_buffer("table"' in split
@@ -254,8 +256,9 @@ class Model(torch.nn.Module):
 def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
     split = _split(RENAMED_ORIGINAL, RENAMED_ADAPTED)
     # Only the parameter's name changed: the original runs on both paths, handed a tensor on the static one.
-    assert "    def forward(self, x, start_pos: int):\n        h = self.norm(x)\n        return h + self.table[start_pos]\n" \
-        in split
+    assert ("    def forward(self, x, start_pos: int):\n"
+            "        h = self.norm(x)\n"
+            "        return h + self.table[start_pos]\n") in split
     # Two runs changed: each forks, the original's statements in `else` as written; the rest is shared.
     assert ("    def forward(self, x, start_pos: int):\n"
             "        if graphmode_static_path(self):\n"

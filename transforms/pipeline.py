@@ -129,6 +129,8 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
         result.static_view = current
         current = wrap_long_lines(tidy(keep_original_path(original.module, parsed.module)), source).code
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
+        if current == source:  # the chain only renamed parameters, and the original body serves as it is
+            result.applied, result.edits, result.static_view = [], [], ""
     result.adapted = current
     return result
 

@@ -1,23 +1,43 @@
-"""The static path beside the model's own code: what the codemods changed becomes a twin, the original stays.
+"""The static path beside the model's own code: what the codemods changed goes beside the original, never in its place.
 
 The codemods rewrite functions into their static-graph form (buffers written at a position tensor, mask rows,
 entries). Run in place of the original code, that form changes what every other caller gets: a caller's cache,
 its padding mask, its batch size, beam search's reordering. So after the chain, every function a codemod changed
-is given back its original body, and the changed body becomes a twin beside it:
+gets its original body back, and the changed statements go beside the ones they replace, in one of three ways:
 
-    def forward(self, x, past=None, position_ids=None):
-        if graphmode_static_path(self):
-            return self.forward_static(x, past, position_ids)
-        <the original body, as written>
+- Only parameters were renamed (`start_pos` -> `input_pos`): nothing is added. The original body is the static path
+  too, handed what the entries pass (a position tensor where its callers pass an int); the calls in it reach the
+  static code of what they call, each method asking the switch for itself.
+- A method whose rewrite differs in a few runs of statements (_MOST_FORKS) keeps one body, with only those runs
+  forked on the switch; the static statements come first, the original's follow in `else`, as written, or after
+  the fork where the static statements return:
 
-    def forward_static(self, x, past=None, position_ids=None):
-        <the body the codemods wrote>
+      def forward(self, x, start_pos: int):
+          if graphmode_static_path(self):
+              k, v = self.kv_cache.update(start_pos, k, v)
+          else:
+              <the original statements, as written>
+          <the statements both paths share>
 
-`graphmode_static_path` is true only inside the `prefill`/`decode` entries (`GraphmodeStaticPath`), so a compiled
-`decode` traces the twins alone and every other call runs the original. Free functions, static and class methods
-have no module to ask: their twin is called by name from the other twins (`f_static(...)`), and a function that
-calls such a twin gets one of its own. `__init__` keeps the codemods' version, which only adds the static buffers.
-Statements outside functions the chain removed (an import only the original body uses) are put back.
+  The static statements call a renamed parameter by its original name (on the static path it carries the value
+  the entries pass).
+- Where more of the body differs, the rewrite becomes a twin beside the original, which hands it the call:
+
+      def forward(self, x, past=None, position_ids=None):
+          if graphmode_static_path(self):
+              return self.forward_static(x, past, position_ids)
+          <the original body, as written>
+
+      def forward_static(self, x, past=None, position_ids=None):
+          <the body the codemods wrote>
+
+`graphmode_static_path` is true only inside the `prefill`/`decode` entries (`GraphmodeStaticPath`), and Dynamo reads
+it as a constant of the module's state, so a compiled `decode` traces the static statements alone and every other
+call runs the original. Free functions, static and class methods have no module to ask: their twin is called by
+name from the static code (`f_static(...)`), and a function that calls such a twin forks or gets one of its own.
+`__init__` keeps the codemods' version, which only adds the static buffers. Statements outside functions the chain
+removed (an import only the original body uses) are put back. The scan (transforms/rules) and the line maps
+(`fork_lines`, `twin_spans`) read a fork's `else` and what follows a returning static branch as the model's own code.
 """
 from __future__ import annotations
 
