@@ -490,6 +490,9 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
     indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
     if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
         return None  # an original statement under `else:` would no longer fit the file's lines
+    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
+           for line in code_of(s).splitlines()):
+        return None  # nor would a static one, however line_wrap wrapped it
     kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
     static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
     if static_lines > max(2 * kept_lines, _SHORT):
@@ -509,6 +512,14 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
     body += ours[done:]
     params = _merged_signature(original.params, static.params)[0]
     return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _unbreakable(line: str) -> str:
+    """What line_wrap cannot wrap of a line of code: up to its first bracket (a comment it re-fills)."""
+    if line.lstrip().startswith("#"):
+        return ""
+    cut = min([line.find(bracket) for bracket in "([{" if bracket in line] or [len(line)])
+    return line[:cut + 1]
 
 
 def _split_docstring(body: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]]:
