@@ -398,8 +398,25 @@ class _Split(cst.CSTTransformer):
                                      "`prefill` and `decode` run.")
         original = self.originals[qualname].with_changes(leading_lines=updated_node.leading_lines)
         if qualname in self.plan.dispatched:
-            original = _asking_switch(original, updated_node, twin.name.value)
+            # Only the method hands its twin arguments, so the twin takes none its body never reads (a cache the
+            # static path keeps in buffers): the method keeps them for the model's own callers.
+            unread = {p.name.value for p in [*twin.params.posonly_params, *twin.params.params][1:]
+                      + list(twin.params.kwonly_params)} - names_in(twin.body)
+            original = _asking_switch(original, updated_node, twin.name.value, unread)
+            twin = twin.with_changes(params=_without(twin.params, unread))
         return cst.FlattenSentinel([original, twin])
+
+
+def _without(params: cst.Parameters, names: set[str]) -> cst.Parameters:
+    if not names:
+        return params
+    # The commas go with the parameters: libcst writes the default ones, and line_wrap wraps a long line again.
+    kept = {field: [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in getattr(params, field)
+                    if p.name.value not in names] for field in ("posonly_params", "params", "kwonly_params")}
+    star_arg = params.star_arg
+    if isinstance(star_arg, cst.ParamStar) and not kept["kwonly_params"]:
+        star_arg = cst.MaybeSentinel.DEFAULT  # a bare `*` needs keyword-only parameters after it
+    return params.with_changes(star_arg=star_arg, **kept)
 
 
 def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:
@@ -411,9 +428,14 @@ def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:
     return function.with_changes(body=function.body.with_changes(body=[docstring, *body]))
 
 
-def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: str) -> cst.FunctionDef:
-    """The original method with the adapted signature (which only adds parameters) and, first, the question."""
+def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: str,
+                   unread: set[str] = frozenset()) -> cst.FunctionDef:
+    """The original method with the adapted signature (which only adds parameters) and, first, the question, which
+    hands the twin every argument but the `unread` ones (by their adapted names)."""
     params, arguments = _merged_signature(original.params, adapted.params)
+    positional = [*adapted.params.posonly_params, *adapted.params.params][1:]
+    arguments = [a for a, p in zip(arguments, positional) if p.name.value not in unread] \
+        + [a for a in arguments[len(positional):] if a.split("=", 1)[0] not in unread]
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
     test = cst.parse_statement(
         f"if {SWITCH_TEST}({receiver}):\n    return {receiver}.{twin}({', '.join(arguments)})\n")
