@@ -97,9 +97,10 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]
     assert unfixed == []
     # Nothing the rules flag is left in the Decode entry; `forward`'s static path (Prefill's) keeps its length branch.
-    # The original bodies beside the static path are the model's own code, which no step of the entries runs.
-    remaining = [(f.function, f.code) for f in scan_source(result.adapted, "model.py")]
-    assert remaining == [("Transformer.forward_static", "GM401")]
+    # The original statements beside the static ones are the model's own code, which no step of the entries runs.
+    remaining = [(f.function, f.code, result.adapted.splitlines()[f.line - 1].strip())
+                 for f in scan_source(result.adapted, "model.py")]
+    assert remaining == [("Transformer.forward", "GM401", "if seqlen > 1:")]
 
 
 def test_declining_a_prerequisite_never_leaves_a_half_rewrite():

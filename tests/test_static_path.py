@@ -121,15 +121,20 @@ def test_the_original_runs_unless_the_switch_is_on_and_the_twins_when_it_is():
 def test_what_each_function_became():
     split = _split(ORIGINAL, ADAPTED)
     assert "import math\n" in split, "an import the original bodies use is put back"
-    # Functions with no module to ask get twins called by name; methods ask the switch first.
+    # Functions with no module to ask get twins called by name; methods fork on the switch where they changed.
     assert "def scale_static(x):" in split and "def shift_static(x):" in split
-    assert "return self.shift_static(scale_static(x)) * self.weight + self.table[input_pos]" in split
+    assert "_static(self" not in split, "a method whose rewrite is one statement forks that statement, no twin"
     assert split.count("if graphmode_static_path(self):") == 3  # Block.forward, Block.unchanged, Model.forward
-    assert "return self.unchanged_static(x)" in split and "def unchanged_static(self, x):" in split
-    # The dispatcher keeps the original's parameter names; the twins' keyword calls follow them.
-    assert "def forward(self, x, start_pos: int):" in split and "return self.forward_static(x, start_pos)" in split
-    assert "def forward_static(self, x, input_pos: torch.Tensor):" in split
-    assert "return self.block(x, start_pos=input_pos) + 2.0" in split
+    # The method keeps the original's parameter names; its static statements call them so too.
+    assert ("    def forward(self, x, start_pos: int):\n"
+            '        """The block\'s own docstring."""\n'
+            "        if graphmode_static_path(self):\n"
+            "            return self.shift_static(scale_static(x)) * self.weight + self.table[start_pos]\n"
+            "        return self.shift(scale(x)) * self.weight + start_pos\n") in split
+    assert ("        if graphmode_static_path(self):\n"
+            "            return scale_static(x)\n"
+            "        return scale(x)\n") in split
+    assert "return self.block(x, start_pos=start_pos) + 2.0" in split
     # `__init__` runs once: it keeps the rewrite, which only adds the buffer.
     assert split.count("def __init__(") == 2 and 'self.register_buffer("table"' in split
     assert split.count('"""The block\'s own docstring."""') == 1
@@ -159,3 +164,174 @@ def test_an_import_the_chain_trimmed_goes_back_whole_in_its_place_not_beside_it(
     split = _split(original, adapted)
     assert split.count("import") == 1 and "from torch.nn.functional import gelu, silu\n" in split
     assert "def act_static(x):" in split and "return gelu(x) + silu(x)" in split
+
+
+# A rewrite that only renamed a parameter, one that changed two runs of statements, and one that changed four.
+RENAMED_ORIGINAL = '''
+import torch
+
+
+class Norm(torch.nn.Module):
+    def forward(self, x, past=None):
+        a = x.pow(2)
+        a1 = a + 0
+        b = a1.mean(-1, keepdim=True)
+        b1 = b + 0
+        c = torch.rsqrt(b1 + 1e-5)
+        c1 = c + 0
+        return x * c1 * 2 if past is None else past
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = Norm()
+        self.table = torch.nn.Parameter(torch.arange(8.0))
+
+    def forward(self, x, start_pos: int):
+        h = self.norm(x)
+        return h + self.table[start_pos]
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = Layer()
+        self.extra = Norm()
+
+    def forward(self, x, start_pos: int):
+        a = x + 1
+        b = a * 2
+
+        c = self.layer(b, start_pos)
+        d = c - 1
+        e = d * 3
+        return e
+'''
+
+RENAMED_ADAPTED = '''
+import torch
+
+
+class Norm(torch.nn.Module):
+    def forward(self, x, past=None):
+        a = x.pow(3)
+        a1 = a + 0
+        b = a1.mean(-1, keepdim=True) * 1.5
+        b1 = b + 0
+        c = torch.rsqrt(b1 + 1e-6)
+        c1 = c + 0
+        return x * c1 * 4
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = Norm()
+        self.table = torch.nn.Parameter(torch.arange(8.0))
+
+    def forward(self, x, input_pos: torch.Tensor):
+        h = self.norm(x)
+        return h + self.table[input_pos]
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = Layer()
+        self.extra = Norm()
+
+    def forward(self, x, input_pos: torch.Tensor):
+        # graphmode: a changed first run.
+        a = x + 2
+        b = a * 2
+
+        c = self.layer(b, input_pos)
+        d = c - 5
+        e = d * 3
+        return e
+'''
+
+
+def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
+    split = _split(RENAMED_ORIGINAL, RENAMED_ADAPTED)
+    # Only the parameter's name changed: the original runs on both paths, handed a tensor on the static one.
+    assert ("    def forward(self, x, start_pos: int):\n"
+            "        h = self.norm(x)\n"
+            "        return h + self.table[start_pos]\n") in split
+    # Two runs changed: each forks, the original's statements in `else` as written; the rest is shared.
+    assert ("    def forward(self, x, start_pos: int):\n"
+            "        if graphmode_static_path(self):\n"
+            "            # graphmode: a changed first run.\n"
+            "            a = x + 2\n"
+            "        else:\n"
+            "            a = x + 1\n"
+            "        b = a * 2\n"
+            "\n"
+            "        c = self.layer(b, start_pos)\n"
+            "        if graphmode_static_path(self):\n"
+            "            d = c - 5\n"
+            "        else:\n"
+            "            d = c - 1\n"
+            "        e = d * 3\n") in split
+    # Four runs: a twin, which reads as one piece; it takes no parameter it never reads (`past`, the model's own).
+    assert "    def forward_static(self, x):\n" in split and "return self.forward_static(x)" in split
+    assert "    def forward(self, x, past=None):\n" in split
+    original, both = _run(textwrap.dedent(RENAMED_ORIGINAL)), _run(split)
+    x = torch.arange(1.0, 5.0)
+    model = both.Model()
+    assert torch.equal(model(x, 3), original.Model()(x, 3))
+    with both.GraphmodeStaticPath(model):
+        static = model(x, torch.tensor([3]))
+        # The switch is a constant of the module's state to Dynamo: the compiled graph holds the static branches
+        # alone, in one graph.
+        compiled = torch.compile(model, backend="eager", fullgraph=True)(x, torch.tensor([3]))
+    a = x + 2
+    b = a * 2
+    h = b * torch.rsqrt(b.pow(3).mean(-1, keepdim=True) * 1.5 + 1e-6) * 4
+    assert torch.equal(static, (h + 3.0 - 5) * 3) and torch.equal(compiled, static)
+
+
+def test_the_scan_reads_only_the_static_branches_of_a_fork_as_step_code():
+    from graphmode.transforms.rules import scan_source
+    source = textwrap.dedent('''
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, n):
+                if graphmode_static_path(self):
+                    y = x * 2
+                else:
+                    y = x * x.sum().item()
+                if not graphmode_static_path(self):
+                    print(y)
+                if graphmode_static_path(self):
+                    return y + 1
+                return y + x.max().item()
+        ''')
+    assert scan_source(source, "model.py") == []
+    assert {f.code for f in scan_source(source.replace("graphmode_static_path", "bool"), "model.py")} >= {"GM101"}
+
+
+def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
+    from graphmode.transforms.pipeline import original_to_adapted
+    original = textwrap.dedent(RENAMED_ORIGINAL)
+    split = _split(RENAMED_ORIGINAL, RENAMED_ADAPTED)
+    lines = original_to_adapted(original, split)
+    old, new = original.splitlines(), split.splitlines()
+
+    def where(text: str, after: str) -> str:
+        line = next(n for n, t in enumerate(old, 1) if t.strip() == text and n > old.index(after))
+        return new[lines[line] - 1].strip()
+
+    model = "class Model(torch.nn.Module):"
+    assert where("a = x + 1", model) == "a = x + 2", "a replaced statement maps to the static one in its place"
+    assert where("d = c - 1", model) == "d = c - 5"
+    assert where("b = a * 2", model) == "b = a * 2" and where("return e", model) == "return e"
+    layer = "class Layer(torch.nn.Module):"
+    assert where("return h + self.table[start_pos]", layer) == "return h + self.table[start_pos]"
+    # Norm became a twin: its unchanged lines map into the twin, which is what the entries run.
+    norm_line = next(n for n, t in enumerate(old, 1) if t.strip() == "a1 = a + 0")
+    twin = new.index("    def forward_static(self, x):") + 1
+    assert lines[norm_line] > twin and new[lines[norm_line] - 1].strip() == "a1 = a + 0"

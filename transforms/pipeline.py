@@ -13,7 +13,8 @@ from libcst.codemod import CodemodContext, SkipFile
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.parsed import ParsedSource
-from graphmode.transforms.static_path import already_adapted, function_spans, keep_original_path, twin_spans
+from graphmode.transforms.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
+                                              twin_spans)
 from graphmode.transforms.line_wrap import wrapped_with_code
 from graphmode.transforms.no_entry import without_entry_promises
 from graphmode.transforms.tidy import tidy
@@ -132,6 +133,8 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
             module = without_entry_promises(module, source)
         current = wrapped_with_code(module, source)[1]
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
+        if current == source:  # the chain only renamed parameters, and the original body serves as it is
+            result.applied, result.edits, result.static_view = [], [], ""
     result.adapted = current
     return result
 
@@ -156,7 +159,8 @@ def _in_current_lines(options: Options, path: str, to_original: list[int | None]
 
 def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
     """Line numbers of the original's unchanged lines in the adapted text. A line of a function with a static twin
-    maps into the twin, which is what the entries run (its copy in the original body runs for other callers)."""
+    maps into the twin, which is what the entries run (its copy in the original body runs for other callers); one of
+    a method that forks on the switch maps as static_path.fork_lines says."""
     identity: list[int | None] = list(range(1, original.count("\n") + 2))
     mapped = _carry_line_map(original, adapted, identity)
     lines = {line: index + 1 for index, line in enumerate(mapped) if line is not None}
@@ -169,6 +173,7 @@ def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
         in_twin = _carry_line_map("\n".join(original_lines[first - 1:last]), "\n".join(adapted_lines[start - 1:end]),
                                   list(range(first, last + 1)))
         lines.update({line: start + index for index, line in enumerate(in_twin) if line is not None})
+    lines.update(fork_lines(original, adapted))
     return lines
 
 

@@ -1,36 +1,58 @@
-"""The static path beside the model's own code: what the codemods changed becomes a twin, the original stays.
+"""The static path beside the model's own code: what the codemods changed goes beside the original, never in its place.
 
 The codemods rewrite functions into their static-graph form (buffers written at a position tensor, mask rows,
 entries). Run in place of the original code, that form changes what every other caller gets: a caller's cache,
 its padding mask, its batch size, beam search's reordering. So after the chain, every function a codemod changed
-is given back its original body, and the changed body becomes a twin beside it:
+gets its original body back, and the changed statements go beside the ones they replace, in one of three ways:
 
-    def forward(self, x, past=None, position_ids=None):
-        if graphmode_static_path(self):
-            return self.forward_static(x, past, position_ids)
-        <the original body, as written>
+- Only parameters were renamed (`start_pos` -> `input_pos`): nothing is added. The original body is the static path
+  too, handed what the entries pass (a position tensor where its callers pass an int); the calls in it reach the
+  static code of what they call, each method asking the switch for itself.
+- A method whose rewrite differs in a few runs of statements (_MOST_FORKS) keeps one body, with only those runs
+  forked on the switch; the static statements come first, the original's follow in `else`, as written, or after
+  the fork where the static statements return:
 
-    def forward_static(self, x, past=None, position_ids=None):
-        <the body the codemods wrote>
+      def forward(self, x, start_pos: int):
+          if graphmode_static_path(self):
+              k, v = self.kv_cache.update(start_pos, k, v)
+          else:
+              <the original statements, as written>
+          <the statements both paths share>
 
-`graphmode_static_path` is true only inside the `prefill`/`decode` entries (`GraphmodeStaticPath`), so a compiled
-`decode` traces the twins alone and every other call runs the original. Free functions, static and class methods
-have no module to ask: their twin is called by name from the other twins (`f_static(...)`), and a function that
-calls such a twin gets one of its own. `__init__` keeps the codemods' version, which only adds the static buffers.
-Statements outside functions the chain removed (an import only the original body uses) are put back.
+  The static statements call a renamed parameter by its original name (on the static path it carries the value
+  the entries pass).
+- Where more of the body differs, the rewrite becomes a twin beside the original, which hands it the call:
+
+      def forward(self, x, past=None, position_ids=None):
+          if graphmode_static_path(self):
+              return self.forward_static(x, past, position_ids)
+          <the original body, as written>
+
+      def forward_static(self, x, past=None, position_ids=None):
+          <the body the codemods wrote>
+
+`graphmode_static_path` is true only inside the `prefill`/`decode` entries (`GraphmodeStaticPath`), and Dynamo reads
+it as a constant of the module's state, so a compiled `decode` traces the static statements alone and every other
+call runs the original. Free functions, static and class methods have no module to ask: their twin is called by
+name from the static code (`f_static(...)`), and a function that calls such a twin forks or gets one of its own.
+`__init__` keeps the codemods' version, which only adds the static buffers. Statements outside functions the chain
+removed (an import only the original body uses) are put back. The scan (transforms/rules) and the line maps
+(`fork_lines`, `twin_spans`) read a fork's `else` and what follows a returning static branch as the model's own code.
 """
 from __future__ import annotations
 
 import ast
+import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphmode.transforms.analysis.reach import SWITCH_TEST
+from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
+from graphmode.transforms.line_wrap import MIN_LIMIT
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 
@@ -45,6 +67,7 @@ class _Plan:
     dispatched: set[str] = field(default_factory=set)  # methods that ask the switch
     renamed: dict[str, str] = field(default_factory=dict)  # free/static/class function qualname -> twin name
     keywords: dict[str, str] = field(default_factory=dict)  # renamed parameter -> the name its dispatcher kept
+    kept: set[str] = field(default_factory=set)  # rewritten only by renaming parameters: the original serves both
 
 
 def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
@@ -56,6 +79,16 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
         return _put_back_statements(original, adapted)
     plan = _Plan()
     for qualname, function in list(changed.items()):
+        if _renamed_only(originals[qualname], function):
+            try:
+                _merged_signature(originals[qualname].params, function.params)
+            except _Unsplittable:
+                del changed[qualname]
+                continue
+            plan.kept.add(qualname)
+            plan.keywords.update(renamed_parameters(originals[qualname].params, function.params))
+            del changed[qualname]
+            continue
         if not _asks_switch(qualname, function):
             plan.renamed[qualname] = _twin_name(function.name.value)
             continue
@@ -77,11 +110,15 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
             break
         for qualname in callers:
             changed[qualname] = unchanged[qualname]
+            plan.kept.discard(qualname)
             if _asks_switch(qualname, unchanged[qualname]):
                 plan.dispatched.add(qualname)
             else:
                 plan.renamed[qualname] = _twin_name(unchanged[qualname].name.value)
-    module = adapted.visit(_Split(originals, changed, plan))
+    # The original's statements a fork puts under `else:` stay as written only where one level deeper still fits the
+    # file's longest line (line_wrap would wrap them otherwise): else the method becomes a twin.
+    width = max([MIN_LIMIT, *(len(line) for line in original.code.splitlines())])
+    module = adapted.visit(_Split(originals, changed, plan, width))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -116,6 +153,97 @@ def twin_spans(tree: ast.Module) -> dict[str, tuple[int, int]]:
     spans = function_spans(tree)
     return {name: spans[name + TWIN_SUFFIX] for name in spans
             if not name.endswith(TWIN_SUFFIX) and name + TWIN_SUFFIX in spans}
+
+
+def fork_lines(original: str, adapted: str) -> dict[int, int]:
+    """Original line -> adapted line, for the methods that fork on the switch in graphmode's output: a line of the
+    model's own code maps to its copy (under `else:` or after a returning static branch), except where the static
+    statements that replace it hold the same line, or begin in its place (the first line of what a fork replaces
+    maps to the first line of the static statements' code): those are what the entries run."""
+    originals = function_spans(ast.parse(original))
+    original_lines, adapted_lines = original.splitlines(), adapted.splitlines()
+    found: dict[int, int] = {}
+    for qualname, function in _ast_functions(ast.parse(adapted)):
+        if qualname not in originals or not any(_fork_parts(stmt) for stmt in function.body):
+            continue
+        first, last = originals[qualname]
+        view: list[tuple[int, str]] = []  # the model's own lines of the method, as (adapted line, unindented text)
+        static: list[tuple[list[int], list[int]]] = []  # (static lines, the own lines they replace), per fork
+        start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+        skip: dict[int, int] = {}  # adapted line -> how far to unindent it, or -1: not the model's own
+        for stmt in function.body:
+            parts = _fork_parts(stmt)
+            if parts is None:
+                continue
+            static_lines, own_lines, shift = parts
+            skip.update({line: shift if line in own_lines else -1 for line in range(stmt.lineno, stmt.end_lineno + 1)})
+            if leaves_static_path(stmt):  # what follows is the model's own, as written
+                static.append((static_lines, list(range(stmt.end_lineno + 1, function.end_lineno + 1))))
+                break
+            static.append((static_lines, own_lines))
+        for line in range(start, function.end_lineno + 1):
+            shift = skip.get(line, 0)
+            if shift >= 0:
+                view.append((line, adapted_lines[line - 1][shift:]))
+        mapped = _equal_lines(original_lines[first - 1:last], [text for _, text in view], list(range(first, last + 1)))
+        own = {line: view[index][0] for index, line in enumerate(mapped) if line is not None}
+        found.update(own)
+        back = {adapted_line: line for line, adapted_line in own.items()}
+        for static_lines, own_lines in static:
+            replaced = [back[line] for line in own_lines if line in back]
+            if not replaced or not static_lines:
+                continue
+            texts = [adapted_lines[line - 1].strip() for line in static_lines]
+            for line in replaced:
+                text = original_lines[line - 1].strip()
+                if text and text in texts:
+                    found[line] = static_lines[texts.index(text)]
+            code = [line for line in static_lines if not adapted_lines[line - 1].lstrip().startswith("#")]
+            if code and found[replaced[0]] not in static_lines:
+                found[replaced[0]] = code[0]
+    return found
+
+
+def _fork_parts(stmt: ast.stmt) -> tuple[list[int], list[int], int] | None:
+    """A fork's static lines, the model's own lines it holds and how much deeper those are indented; None for any
+    other statement (the dispatch to a twin included)."""
+    if not isinstance(stmt, ast.If) or _dispatches(stmt):
+        return None
+    test = stmt.test
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    if not asks_switch(test.operand if negated else test):
+        return None
+    block = list(range(stmt.lineno + 1, stmt.body[-1].end_lineno + 1))
+    shift = stmt.body[0].col_offset - stmt.col_offset
+    if negated:
+        return [], block, shift
+    return block, list(range(block[-1] + 2, stmt.end_lineno + 1)) if stmt.orelse else [], shift
+
+
+def _dispatches(stmt: ast.If) -> bool:
+    """`if graphmode_static_path(self): return self.forward_static(...)`: the hand-over to a twin, no fork."""
+    then = stmt.body
+    return len(then) == 1 and isinstance(then[0], ast.Return) and isinstance(then[0].value, ast.Call) \
+        and isinstance(then[0].value.func, ast.Attribute) and then[0].value.func.attr.endswith(TWIN_SUFFIX)
+
+
+def _equal_lines(old: list[str], new: list[str], numbers: list[int]) -> list[int | None]:
+    mapped: list[int | None] = [None] * len(new)
+    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            for offset in range(i2 - i1):
+                mapped[j1 + offset] = numbers[i1 + offset]
+    return mapped
+
+
+def _ast_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    def walk(body: list[ast.stmt], prefix: str):
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + stmt.name, stmt
+            elif isinstance(stmt, ast.ClassDef):
+                yield from walk(stmt.body, f"{prefix}{stmt.name}.")
+    yield from walk(tree.body, "")
 
 
 def _functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef]]:
@@ -223,8 +351,9 @@ class _Split(cst.CSTTransformer):
     """Replaces each changed function by its original (asking the switch, or left as it was) and its twin; the
     functions the chain added (the entries) call the twins as the twins do."""
 
-    def __init__(self, originals: dict[str, cst.FunctionDef], changed: dict[str, cst.FunctionDef], plan: _Plan):
-        self.originals, self.changed, self.plan = originals, changed, plan
+    def __init__(self, originals: dict[str, cst.FunctionDef], changed: dict[str, cst.FunctionDef], plan: _Plan,
+                 width: int):
+        self.originals, self.changed, self.plan, self.width = originals, changed, plan, width
         self.scope: list[str] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -240,8 +369,17 @@ class _Split(cst.CSTTransformer):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         qualname = ".".join([*self.scope, original_node.name.value])
         renames = _RenameCalls(_rename_targets(self.plan.renamed, qualname), self.plan.keywords)
+        if qualname in self.plan.kept:  # the original body, with the parameters the static path's callers pass
+            kept = self.originals[qualname]
+            return kept.with_changes(params=_merged_signature(kept.params, updated_node.params)[0],
+                                     leading_lines=updated_node.leading_lines)
         if qualname not in self.changed:
             return updated_node if qualname in self.originals else updated_node.visit(renames)
+        if qualname in self.plan.dispatched:
+            indent = len(self.scope) + 1  # levels of the method's body
+            forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))
+            if forked is not None:
+                return forked.with_changes(leading_lines=updated_node.leading_lines)
         twin = updated_node.visit(renames).with_changes(
             name=cst.Name(_twin_name(updated_node.name.value)),
             leading_lines=[cst.EmptyLine(indent=False)] * (1 if self.scope else 2),
@@ -250,8 +388,25 @@ class _Split(cst.CSTTransformer):
                                      "`prefill` and `decode` run.")
         original = self.originals[qualname].with_changes(leading_lines=updated_node.leading_lines)
         if qualname in self.plan.dispatched:
-            original = _asking_switch(original, updated_node, twin.name.value)
+            # Only the method hands its twin arguments, so the twin takes none its body never reads (a cache the
+            # static path keeps in buffers): the method keeps them for the model's own callers.
+            unread = {p.name.value for p in [*twin.params.posonly_params, *twin.params.params][1:]
+                      + list(twin.params.kwonly_params)} - names_in(twin.body)
+            original = _asking_switch(original, updated_node, twin.name.value, unread)
+            twin = twin.with_changes(params=_without(twin.params, unread))
         return cst.FlattenSentinel([original, twin])
+
+
+def _without(params: cst.Parameters, names: set[str]) -> cst.Parameters:
+    if not names:
+        return params
+    # The commas go with the parameters: libcst writes the default ones, and line_wrap wraps a long line again.
+    kept = {field: [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in getattr(params, field)
+                    if p.name.value not in names] for field in ("posonly_params", "params", "kwonly_params")}
+    star_arg = params.star_arg
+    if isinstance(star_arg, cst.ParamStar) and not kept["kwonly_params"]:
+        star_arg = cst.MaybeSentinel.DEFAULT  # a bare `*` needs keyword-only parameters after it
+    return params.with_changes(star_arg=star_arg, **kept)
 
 
 def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:
@@ -263,9 +418,14 @@ def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:
     return function.with_changes(body=function.body.with_changes(body=[docstring, *body]))
 
 
-def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: str) -> cst.FunctionDef:
-    """The original method with the adapted signature (which only adds parameters) and, first, the question."""
+def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: str,
+                   unread: set[str] = frozenset()) -> cst.FunctionDef:
+    """The original method with the adapted signature (which only adds parameters) and, first, the question, which
+    hands the twin every argument but the `unread` ones (by their adapted names)."""
     params, arguments = _merged_signature(original.params, adapted.params)
+    positional = [*adapted.params.posonly_params, *adapted.params.params][1:]
+    arguments = [a for a, p in zip(arguments, positional) if p.name.value not in unread] \
+        + [a for a in arguments[len(positional):] if a.split("=", 1)[0] not in unread]
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
     test = cst.parse_statement(
         f"if {SWITCH_TEST}({receiver}):\n    return {receiver}.{twin}({', '.join(arguments)})\n")
@@ -275,6 +435,140 @@ def _asking_switch(original: cst.FunctionDef, adapted: cst.FunctionDef, twin: st
     at = 1 if body and is_docstring(body[0]) else 0
     return original.with_changes(params=params,
                                  body=original.body.with_changes(body=[*body[:at], test, *body[at:]]))
+
+
+# A method whose rewrite differs from the original in at most _MOST_FORKS runs of statements keeps one body, with
+# only those runs forked on the switch: each run costs an `if`/`else` (two lines, one where the static statements
+# return), where a twin costs the whole body again plus its def, docstring and the dispatch (six lines), so a fork is
+# the shorter file wherever the forked body stays readable. Past three runs the reader has to piece the static path
+# together from the branches; and static statements more than twice as long as what both paths keep are a second
+# body in all but name: both read better as a twin. Static statements of up to _SHORT lines stay a fork even where
+# they replace the whole body (`if graphmode_static_path(self): return <the fused call>`).
+_MOST_FORKS = 3
+_SHORT = 6
+
+
+def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
+    """The rewrite only renamed parameters (`start_pos` -> `input_pos`): the original body, handed what the static
+    path's callers pass, is the static path."""
+    body = _with_original_names(original, adapted)
+    return body is not None and code_of(body) == code_of(original.body)
+
+
+def _with_original_names(original: cst.FunctionDef, adapted: cst.FunctionDef) -> cst.BaseSuite | None:
+    """The adapted body with each renamed parameter called by its original name again; None where an original name
+    means something else there (renaming would capture it)."""
+    renames = renamed_parameters(original.params, adapted.params)
+    if set(renames.values()) & names_in(adapted.body):
+        return None
+    return adapted.body.visit(_RenameNames(renames)) if renames else adapted.body
+
+
+class _RenameNames(cst.CSTTransformer):
+    """Bare names renamed; attribute names and keywords (which name another function's parameter) stay."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        return updated_node.with_changes(value=self.names.get(updated_node.value, updated_node.value))
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
+def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> cst.FunctionDef | None:
+    """The original method with only the statements the rewrite changed forked on the switch (the static ones first,
+    the original's in `else`, as written); None where a twin reads better (see _MOST_FORKS), or where an original
+    statement one level deeper would be wider than `width`.
+
+    The forks are runs of the body's own statements, so each path runs its statements in order exactly as its own
+    body would: a compound statement that changed inside is forked whole, and a renamed parameter is called by its
+    original name in the static statements too (it carries the static path's value there)."""
+    renamed = _with_original_names(original, static)
+    if renamed is None or not isinstance(original.body, cst.IndentedBlock) \
+            or not isinstance(renamed, cst.IndentedBlock):
+        return None
+    docstring, ours = _split_docstring(list(original.body.body))
+    _, theirs = _split_docstring(list(renamed.body))
+    keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
+    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
+            difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
+    if not runs or len(runs) > _MOST_FORKS:
+        return None
+    indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
+    if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
+        return None  # an original statement under `else:` would no longer fit the file's lines
+    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
+           for line in code_of(s).splitlines()):
+        return None  # nor would a static one, however line_wrap wrapped it
+    kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
+    static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
+    if static_lines > max(2 * kept_lines, _SHORT):
+        return None  # most of the body differs
+    receiver = (original.params.posonly_params or original.params.params)[0].name.value
+    body: list[cst.BaseStatement] = list(docstring)
+    done = 0
+    for i1, i2, j1, j2 in runs:
+        body += ours[done:i1]
+        done = i2
+        if i2 == len(ours) and j2 == len(theirs) and theirs[j1:j2] and _ends_the_call(theirs[j2 - 1]):
+            # The static statements return: the original's follow the fork as written, not indented under `else`.
+            body += [_fork(receiver, theirs[j1:j2], [], ours[i1:i2]), *ours[i1:i2]]
+            done = len(ours)
+        else:
+            body.append(_fork(receiver, theirs[j1:j2], ours[i1:i2], ours[i1:i2]))
+    body += ours[done:]
+    params = _merged_signature(original.params, static.params)[0]
+    return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _unbreakable(line: str) -> str:
+    """What line_wrap cannot wrap of a line of code: up to its first bracket (a comment it re-fills)."""
+    if line.lstrip().startswith("#"):
+        return ""
+    cut = min([line.find(bracket) for bracket in "([{" if bracket in line] or [len(line)])
+    return line[:cut + 1]
+
+
+def _split_docstring(body: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]]:
+    return (body[:1], body[1:]) if body and is_docstring(body[0]) else ([], body)
+
+
+def _statement_key(stmt: cst.BaseStatement) -> str:
+    return code_of(stmt.with_changes(leading_lines=())).strip()
+
+
+def _lines(stmt: cst.BaseStatement) -> int:
+    return code_of(stmt).count("\n")
+
+
+def _ends_the_call(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[-1], (cst.Return, cst.Raise))
+
+
+def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],
+          replaced: list[cst.BaseStatement]) -> cst.If:
+    """`if graphmode_static_path(receiver): <static> else: <original>` (either side may be empty); the blank lines
+    before the statements it `replaced` go before it."""
+    first = (replaced or static)[0]
+    blank = [line for line in first.leading_lines if line.comment is None]
+    static, original = _without_blank_start(static), _without_blank_start(original)
+    test: cst.BaseExpression = cst.parse_expression(f"{SWITCH_TEST}({receiver})")
+    if not static:
+        test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
+    orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
+    return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+def _without_blank_start(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    if not body:
+        return body
+    comments = [line for line in body[0].leading_lines if line.comment is not None]
+    return [body[0].with_changes(leading_lines=comments), *body[1:]]
 
 
 def _merged_signature(original: cst.Parameters, adapted: cst.Parameters) -> tuple[cst.Parameters, list[str]]:

@@ -79,12 +79,56 @@ def _lookup(owner: str | None, name: str, classes: dict[str, ast.ClassDef],
     return None
 
 
+def asks_switch(test: ast.expr) -> bool:
+    """`graphmode_static_path(self)`: true only on the static path, where a method forks (transforms/static_path.py)."""
+    return test.__class__ is ast.Call and test.func.__class__ is ast.Name and test.func.id == SWITCH_TEST
+
+
+def leaves_static_path(stmt: ast.stmt) -> bool:
+    """`if graphmode_static_path(self): ... return ...` with no `else`: the statements after it are the model's own
+    code, which the static path never reaches."""
+    return stmt.__class__ is ast.If and asks_switch(stmt.test) and not stmt.orelse \
+        and stmt.body[-1].__class__ in (ast.Return, ast.Raise)
+
+
+def model_code_field(node: ast.AST) -> str | None:
+    """The field of `node` (a statement of a forked method) that only the model's own callers run: a fork's
+    `orelse`, the `body` of `if not graphmode_static_path(self):`; None for any other node."""
+    if node.__class__ is not ast.If:
+        return None
+    test = node.test
+    if asks_switch(test):
+        return "orelse"
+    if test.__class__ is ast.UnaryOp and test.op.__class__ is ast.Not and asks_switch(test.operand):
+        return "body"
+    return None
+
+
+def _static_path_nodes(function: Function) -> list[ast.AST]:
+    """Every node under function that the static path may run: ast.walk without what model_code_field and
+    leaves_static_path set apart."""
+    found, stack = [], [function]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        model_field = model_code_field(node)
+        for field, value in ast.iter_fields(node):
+            if field == model_field:
+                continue
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, ast.AST):
+                    stack.append(item)
+                    if leaves_static_path(item):
+                        break
+    return found
+
+
 def _calls(function: Function) -> tuple[set[str], set[str]]:
     """Names called as `self.name(...)` and as `name(...)` anywhere under function (its decorators,
-    defaults and nested functions included)."""
+    defaults and nested functions included) that the static path may run."""
     on_self: set[str] = set()
     plain: set[str] = set()
-    for node in ast.walk(function):
+    for node in _static_path_nodes(function):
         if node.__class__ is ast.Call:
             func = node.func
             if func.__class__ is ast.Name:

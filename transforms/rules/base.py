@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from graphmode.transforms.analysis.astutil import CHILD_FIELDS, FUNCTION_TYPES, ast_dotted_name
+from graphmode.transforms.analysis.reach import leaves_static_path, model_code_field
 from graphmode.transforms.findings import Finding
 
 # `not torch.compiler.is_compiling()` (or `torch._dynamo.is_compiling()`), spaces ignored.
@@ -228,12 +229,20 @@ class SourceFile:
                 guards[-1] += 1
                 self.in_step = False
                 table = anywhere
+            # A forked method's own code (transforms/static_path.py) is eager: the static path never runs it.
+            model_field = model_code_field(node) if cls is if_stmt and self._reached and guards else None
             for field in fields_of[cls]:
                 value = getattr(node, field)
                 if value.__class__ is list:
-                    for item in value:
+                    if field == model_field:
+                        walk_eager(value)
+                        continue
+                    for index, item in enumerate(value):
                         if item is not None and item.__class__ not in leaves:
                             walk(item)
+                            if item.__class__ is if_stmt and self._reached and guards and leaves_static_path(item):
+                                walk_eager(value[index + 1:])
+                                break
                 elif value is not None and value.__class__ not in leaves:
                     walk(value)
             if entered is not None:
@@ -248,6 +257,17 @@ class SourceFile:
                             self._reached -= 1
                 self.in_step = self._reached > 0 and guards[-1] == 0  # no function left: _reached is 0
                 table = everywhere if self.in_step else anywhere
+
+        def walk_eager(items: list[ast.AST]) -> None:
+            """Statements of a step function that only its eager callers run, walked as under an eager guard."""
+            nonlocal table
+            guards[-1] += 1
+            self.in_step, table = False, anywhere
+            for item in items:
+                walk(item)
+            guards[-1] -= 1
+            self.in_step = self._reached > 0 and guards[-1] == 0
+            table = everywhere if self.in_step else anywhere
 
         walk(self.tree)
         self.current = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from graphmode.transforms.analysis.astutil import is_position_param
-from graphmode.transforms.analysis.reach import static_twin
+from graphmode.transforms.analysis.reach import SWITCH_TEST, static_twin
 from graphmode.transforms.rules.base import Rule
 
 
@@ -62,8 +62,20 @@ class IntPosition(Rule):
     )
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        if static_twin(node) is not None:
-            return  # graphmode's output: the entries reach its static twin, which takes the position tensor
+        if static_twin(node) is not None or self.file.fact("static_path", _has_static_path):
+            # graphmode's output: the entries hand the static path a position tensor, whatever the model's own
+            # annotation says (its twin's, or its own body where only the name changed); its callers, their int
+            return
         for param in node.args.args:
             if is_position_param(param):
                 self.report(param, self.MESSAGE.format(name=param.arg))
+
+
+def _has_static_path(tree: ast.Module) -> bool:
+    """The file is graphmode's output: it defines or imports the switch its methods ask."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == SWITCH_TEST:
+            return True
+        if isinstance(stmt, ast.ImportFrom) and any((a.asname or a.name) == SWITCH_TEST for a in stmt.names):
+            return True
+    return False
