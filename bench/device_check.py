@@ -25,6 +25,20 @@ batch buckets. It writes DIR/device_check.json after every target, DIR/device_ch
 the GPU, driver, CUDA, torch, transformers, triton and Python versions. Each target runs under its own time limit
 within --budget-s (a model's control may use what its adapt left); one cut short keeps the figures of the verify
 workers that finished (`workers`). The adapt runs' folders go to --work (default: a temporary folder outside DIR).
+
+On a GPU machine without a network (Python 3.12, torch preinstalled), the packages graphmode needs travel as
+wheels, listed in bench/device_wheels.txt. Here, in the repository's root (`.whl/` ignored through
+.git/info/exclude):
+
+    grep -v '^#' bench/device_wheels.txt | xargs python3 -m pip download --no-deps --only-binary=:all: \
+        --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl
+
+and there, with `.whl` carried along:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && \
+    export PYTHONPATH=/tmp/site && python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+        --target /tmp/site . && PYTHONUNBUFFERED=1 python3 bench/device_check.py --out "$OUT/device-check"
 """
 from __future__ import annotations
 
