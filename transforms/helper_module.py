@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 import libcst as cst
 
 from graphmode.transforms.codemods._helper_code import helper_module_text, helper_names
-from graphmode.transforms.cstutil import is_docstring
+from graphmode.transforms.cstutil import is_docstring, walk
 from graphmode.transforms.line_wrap import MIN_LIMIT
 
 MODULE_NAME = "graphmode_static"
@@ -120,12 +120,21 @@ def _import_line(names: list[str], dots: str, limit: int) -> str:
 
 
 def _after_imports(body: list[cst.BaseStatement]) -> int:
-    """Where the import goes: after the last import before the first definition, else after the docstring."""
+    """Where the import goes: after the file's leading imports (and blocks of imports alone, such as an `if` of
+    optional ones), before its first other statement, so that no import comes after code (E402)."""
     index = 1 if body and is_docstring(body[0]) else 0
-    for position, statement in enumerate(body):
-        if isinstance(statement, (cst.ClassDef, cst.FunctionDef)):
-            break
-        if isinstance(statement, cst.SimpleStatementLine) \
-                and isinstance(statement.body[0], (cst.Import, cst.ImportFrom)):
-            index = position + 1
+    while index < len(body) and _imports_only(body[index]):
+        index += 1
     return index
+
+
+def _imports_only(statement: cst.CSTNode) -> bool:
+    """An import statement, or an `if`/`try` block whose statements are imports (or `pass`) alone."""
+    if not isinstance(statement, (cst.SimpleStatementLine, cst.If, cst.Try)):
+        return False
+    for node in walk(statement, lambda n: [] if isinstance(n, cst.BaseSmallStatement) else None):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)) or (
+                isinstance(node, cst.BaseSmallStatement) and not isinstance(node, (cst.Import, cst.ImportFrom,
+                                                                                    cst.Pass))):
+            return False
+    return True
