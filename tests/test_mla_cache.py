@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.agent.adaptation import evidence_cache_writes, evidence_caches
 from graphmode.runners.evidence import collect_evidence
 from graphmode.runners.evidence_model import Evidence
@@ -72,7 +74,7 @@ def _adapted(tmp_path: Path, evidence: Evidence | None) -> Path:
     result = adapt_source((TARGET / "model.py").read_text(), "model.py", None, _options(evidence))
     assert {"cache_object", "split_decode"} <= set(result.applied), result.manual
     assert not [item for item in result.manual if item.codemod == "cache_object"]
-    (folder / "model.py").write_text(result.adapted)
+    write_adapted(folder, {"model.py": result.adapted})
     return folder
 
 
