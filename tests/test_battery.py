@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.runners.backends import resolve
 from graphmode.runners.battery import FAILED, HELD, NOT_APPLICABLE, Battery
 from graphmode.runners.harness import load_harness
@@ -28,7 +30,7 @@ HF_EXAMPLE = ROOT / "examples" / "hf_cache_api"
 def _folder(tmp: Path, name: str, model_source: str) -> Path:
     folder = tmp / name
     shutil.copytree(HF_EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (folder / "model.py").write_text(model_source)
+    write_adapted(folder, {"model.py": model_source})
     return folder
 
 

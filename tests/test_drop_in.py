@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -49,7 +51,7 @@ def _pair(tmp_path: Path, folder: Path, options: Options, key: str):
     shutil.copytree(folder, adapted_dir, ignore=shutil.ignore_patterns("__pycache__"))
     adaptation = adapt_source((folder / "model.py").read_text(), "model.py", None, options)
     assert "split_decode" in adaptation.applied, adaptation.manual
-    (adapted_dir / "model.py").write_text(adaptation.adapted)
+    write_adapted(adapted_dir, {"model.py": adaptation.adapted})
     return _load(folder, f"original_{key}"), _load(adapted_dir, f"adapted_{key}"), adaptation
 
 
