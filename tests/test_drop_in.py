@@ -19,6 +19,7 @@ import torch
 from adapted_files import write_adapted
 
 from graphmode.transforms.codemods import Options
+from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
 from graphmode.transforms.pipeline import adapt_source
 
 ROOT = Path(__file__).parents[1]
@@ -38,8 +39,10 @@ def _load(folder: Path, name: str, file: str = "model.py"):
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(folder))
-        # The siblings it imported (`cache`, `masks`) leave with it: another folder's files share those names.
-        for sibling in set(sys.modules) - before:
+        # The siblings it imported (`cache`, `masks`) leave with it: another folder's files share those names. But
+        # graphmode's helper module stays, as it does in a harness's process: Dynamo imports a traced function's
+        # module by name, and the module is the same text in every folder.
+        for sibling in set(sys.modules) - before - {HELPER_MODULE}:
             if Path(getattr(sys.modules[sibling], "__file__", None) or "/").parent == folder:
                 sys.modules.pop(sibling)
     return module
