@@ -28,7 +28,7 @@ FILE_NAME = f"{MODULE_NAME}.py"
 
 def move_helpers_out(module: cst.Module, original: cst.Module, original_text: str) -> cst.Module:
     """`module` without the helper definitions the chain inserted (those `original` does not define itself), and
-    with one import of the ones it uses after its last import, wrapped to the original's longest line."""
+    with one import of the ones it uses after its leading imports, wrapped to the original's longest line."""
     own = {s.name.value for s in original.body if isinstance(s, (cst.ClassDef, cst.FunctionDef))}
     helpers = helper_names() - own
     body = [s for s in module.body
