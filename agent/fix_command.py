@@ -1,9 +1,9 @@
 """`graphmode fix PATH... [--diff] [--jobs N] [--out DIR]`: the rewrites alone, written as copies or shown.
 
 The originals are never touched. Without `--diff`, OUT gets an adapted copy of every file a codemod changed
-(at its place under the folder given), `changes.diff` with every change, and `fix.json` with each file's
-result; all of it is written into a new folder that replaces OUT only once complete, so an interrupted run
-leaves the last complete output (or none), never a mix.
+(at its place under the folder given), graphmode_static.py beside the copies that import it, `changes.diff` with
+every change, and `fix.json` with each file's result; all of it is written into a new folder that replaces OUT
+only once complete, so an interrupted run leaves the last complete output (or none), never a mix.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from graphmode.agent.errors import UserError
 from graphmode.transforms.fix import FileFix, files_to_fix, fix_files
+from graphmode.transforms.helper_module import helper_module_diffs, helper_modules
 
 # Exit status: the worst outcome over the files.
 EXIT_CLEAN, EXIT_MANUAL, EXIT_UNREADABLE, EXIT_CRASHED = 0, 1, 2, 3
@@ -51,6 +52,7 @@ def run_fix(paths: list[Path], out: Path, show_diff: bool, jobs: int | None, ent
     if show_diff:
         for result in results:
             sys.stdout.write(result.diff)
+        sys.stdout.write(helper_module_diffs(_adapted(results)))
     else:
         _write(out, results, time.perf_counter() - started)
     errors.print(_summary(results, time.perf_counter() - started, None if show_diff else out), soft_wrap=True,
@@ -91,12 +93,13 @@ def _write(out: Path, results: list[FileFix], seconds: float) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        for result in results:
-            if result.status == "rewritten":
-                copy = staging / result.relative
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                copy.write_text(result.adapted, encoding="utf-8")
-        (staging / "changes.diff").write_text("".join(r.diff for r in results), encoding="utf-8")
+        adapted = _adapted(results)
+        for relative, text in {**adapted, **helper_modules(adapted)}.items():
+            copy = staging / relative
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(text, encoding="utf-8")
+        (staging / "changes.diff").write_text("".join(r.diff for r in results) + helper_module_diffs(adapted),
+                                              encoding="utf-8")
         summary = {"files": len(results), "seconds": round(seconds, 2), "counts": _counts(results),
                    "results": [r.record() for r in results]}
         (staging / _MARKER).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -111,6 +114,11 @@ def _write(out: Path, results: list[FileFix], seconds: float) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _adapted(results: list[FileFix]) -> dict[str, str]:
+    """The rewritten files' texts by their places under OUT."""
+    return {r.relative: r.adapted for r in results if r.status == "rewritten"}
 
 
 def _counts(results: list[FileFix]) -> dict[str, int]:

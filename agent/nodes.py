@@ -23,6 +23,7 @@ from graphmode.agent.sources import declared_sources, read_source
 from graphmode.agent.state import Baseline, RunState, Verification
 from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import CODEMODS
+from graphmode.transforms.helper_module import helper_module_diffs
 from graphmode.transforms.rules import scan_source
 
 
@@ -96,7 +97,8 @@ def design(state: RunState) -> dict:
             for c in plan]
     run_dir = Path(state.options.run_dir)
     planned = run_dir / "planned.diff"
-    write_atomic(planned, "".join(file_diffs.values()))
+    write_atomic(planned, "".join(file_diffs.values())
+                 + helper_module_diffs({a.path: a.adapted for a in adaptations.values() if a.changed}))
     path = run_dir / "design.md"
     from graphmode.runners.interpreter import own_interpreter  # reads metadata only: no torch
 
@@ -171,7 +173,8 @@ def implement(state: RunState) -> dict:
     write_adapted_tree(Path(state.options.target), adapted_dir,
                        {a.path: a.adapted for a in adaptations.values() if a.changed})
     diff_path = run_dir / "changes.diff"
-    write_atomic(diff_path, "".join(a.diff() for a in adaptations.values()))
+    write_atomic(diff_path, "".join(a.diff() for a in adaptations.values())
+                 + helper_module_diffs({a.path: a.adapted for a in adaptations.values() if a.changed}))
     applied = [name for name in CODEMODS if any(name in a.applied for a in adaptations.values())]
     unfused_dir = _write_unfused(state, selected, fusions_of(applied))
     return {"applied": applied, "adapted_dir": str(adapted_dir), "diff_path": str(diff_path),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import jinja2
 
+from graphmode.transforms.helper_module import helper_modules
+
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".graphmode*")
 
 
@@ -56,9 +58,10 @@ def swapped_in(dest: Path) -> Iterator[Path]:
 
 
 def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> None:
-    """A copy of the target folder with the rewritten sources in place, swapped in whole. The copy takes the
-    files' contents, not their modes: a read-only target must not give a read-only copy that nobody can write
-    the rewrites into, or delete."""
+    """A copy of the target folder with the rewritten sources in place, and graphmode's helper module beside those
+    that import it, swapped in whole. The copy takes the files' contents, not their modes: a read-only target must
+    not give a read-only copy that nobody can write the rewrites into, or delete."""
+    rewritten = {**rewritten, **helper_modules(rewritten)}
     with swapped_in(dest) as staging:
         shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile, dirs_exist_ok=True)
         for folder, _, _ in os.walk(staging):  # copytree copies each folder's mode at the end

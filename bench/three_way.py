@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:  # `python bench/three_way.py` from anywhere
 from graphmode.runners.backends import Backend, resolve  # noqa: E402
 from graphmode.runners.harness import next_token_logits  # noqa: E402
 from graphmode.transforms.codemods import Options  # noqa: E402
+from graphmode.transforms.helper_module import helper_modules  # noqa: E402
 from graphmode.transforms.pipeline import adapt_source  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "legacy_llm"
@@ -92,7 +93,10 @@ def build(backend: Backend, tmp: Path, hand_sdpa: bool) -> dict[str, Version]:
     adaptation = adapt_source((EXAMPLE / "model.py").read_text(), "model.py", None,
                               Options(max_seq_len=MAX_SEQ_LEN, entry_class="Transformer"))
     (tmp / "adapted").mkdir()
-    (tmp / "adapted" / "model.py").write_text(adaptation.adapted)
+    written = {"model.py": adaptation.adapted}
+    for name, text in {**written, **helper_modules(written)}.items():  # graphmode_static.py beside the model
+        (tmp / "adapted" / name).write_text(text)
+    sys.path.insert(0, str(tmp / "adapted"))  # the adapted file imports graphmode_static, as a harness has it
     adapted_mod = import_file(tmp / "adapted" / "model.py", "gm3_adapted_model")
     adapted = adapted_mod.Transformer(adapted_mod.ModelArgs(max_seq_len=MAX_SEQ_LEN)).eval()
     adapted.load_state_dict(original.state_dict(), strict=True)

@@ -16,6 +16,8 @@ from types import ModuleType
 
 import torch
 
+from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
+
 HARNESS_FILE = "harness.py"
 REQUIRED_FUNCTIONS = ("build_model", "make_prompt", "prefill", "decode")
 DEFAULT_MAX_SEQ_LEN = 64
@@ -53,8 +55,13 @@ def describe_exception(exc: BaseException, folder: Path) -> str:
 
 def _evict_shadowed_modules(folder: Path) -> None:
     # The harness does `from model import ...`. If another folder's `model` is already in
-    # sys.modules (a second load in one process), Python would silently reuse it.
+    # sys.modules (a second load in one process), Python would silently reuse it. graphmode's
+    # helper module stays: it is the same text in every adapted folder, and a model built from
+    # an earlier folder keeps matching it (Dynamo imports a traced helper's module by name and
+    # guards on its classes being the ones the model's module holds).
     for source in folder.glob("*.py"):
+        if source.stem == HELPER_MODULE:
+            continue
         cached = sys.modules.get(source.stem)
         cached_file = getattr(cached, "__file__", None)
         if cached is not None and (cached_file is None or Path(cached_file).resolve().parent != folder):

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from adapted_files import import_adapted, write_adapted
+
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -40,8 +42,9 @@ def _adapted(source: Path, entry_class: str, tokens: str, tmp_path: Path):
                       entry_roles=((tokens, "tokens"),))
     result = adapt_source(source.read_text(), "model.py", None, options)
     assert {"added_cache", "split_decode"} <= set(result.applied) and not result.manual
-    (tmp_path / "adapted.py").write_text(result.adapted)
-    return _module(source, f"original_{tmp_path.name}"), _module(tmp_path / "adapted.py", f"adapted_{tmp_path.name}")
+    write_adapted(tmp_path, {"adapted.py": result.adapted})
+    return _module(source, f"original_{tmp_path.name}"), import_adapted(tmp_path / "adapted.py",
+                                                                        f"adapted_{tmp_path.name}")
 
 
 def _build(module, name: str, config, fused: bool, monkeypatch):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from adapted_files import import_adapted
+
 FIXTURE = Path(__file__).parent / "fixtures" / "codemods" / "carried_cache" / "offset_windows"
 PROMPT, STEPS, SLOTS = 5, 3, 32
 
@@ -22,7 +24,7 @@ def _load(path: Path, name: str):
 
 def test_the_static_copy_compiled_whole_gives_the_originals_decode():
     original = _load(FIXTURE.with_name(FIXTURE.name + ".in.py"), "offset_windows_original")
-    adapted = _load(FIXTURE.with_name(FIXTURE.name + ".out.py"), "offset_windows_adapted")
+    adapted = import_adapted(FIXTURE.with_name(FIXTURE.name + ".out.py"), "offset_windows_adapted")
     torch.manual_seed(0)
     reference, static = original.Attention(16, 2), adapted.Attention(16, 2)
     static.load_state_dict(reference.state_dict(), strict=False)  # the buffers of the static cache are its own

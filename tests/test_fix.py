@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from graphmode.transforms.codemods._helper_code import helper_module_text
+
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "legacy_llm"
 MANUAL_FIXTURE = ROOT / "tests" / "fixtures" / "codemods" / "static_positions" / "slice_use.in.py"
@@ -36,6 +38,11 @@ def test_copies_diff_and_record_and_a_second_run_changes_nothing(tmp_path):
     compile(adapted, "model.py", "exec")
     diff = (out / "changes.diff").read_text()
     assert "--- a/legacy/model.py" in diff and "+++ b/legacy/model.py" in diff
+    # The helpers are not pasted into the copy: it imports them from graphmode_static.py, written beside it and
+    # shown in the diff as a new file.
+    assert "\nfrom graphmode_static import " in adapted and "class GraphmodeStaticPath" not in adapted
+    assert (out / "legacy" / "graphmode_static.py").read_text() == helper_module_text()
+    assert "--- /dev/null\n+++ b/legacy/graphmode_static.py\n" in diff
     record = json.loads((out / "fix.json").read_text())
     assert record["counts"]["rewritten"] == 1 and record["counts"]["crashed"] == 0
     [entry] = record["results"]
@@ -80,6 +87,7 @@ def test_diff_prints_and_writes_nothing_and_jobs_agree(tmp_path):
     two = fix(folder, "--diff", "--jobs", "2", cwd=tmp_path)
     assert not (tmp_path / "graphmode-fix").exists()
     assert one.stdout == two.stdout and "+++ b/legacy/model.py" in one.stdout
+    assert one.stdout.count("+++ b/legacy/graphmode_static.py\n") == 1
     # An item left for a person is one line, file:line: CODEMOD reason; it makes the exit status 1.
     assert one.returncode == 1
     items = [line for line in one.stdout.splitlines() if line.startswith(str(folder / "refused.py") + ":")]

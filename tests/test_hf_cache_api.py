@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from adapted_files import write_adapted
+
 from graphmode.runners.harness import load_harness
 from graphmode.runners.verify import verify
 from graphmode.transforms.codemods import CODEMODS, Options
@@ -160,7 +162,7 @@ def test_eager_attention_with_a_sliding_window_verifies(tmp_path, adapted_exampl
     # Only the harness differs: the adapted model.py is the one the static test checks.
     adapted = tmp_path / "adapted"
     shutil.copytree(original, adapted)
-    (adapted / "model.py").write_text(adapted_example.adapted)
+    write_adapted(adapted, {"model.py": adapted_example.adapted})
 
     verified = verify(original, adapted, "aot_eager", steps=32, timeout_s=300, runs=1)
     assert verified.tokens_equal, verified.problems

@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.agent.adaptation import evidence_cache_writes, evidence_caches
 from graphmode.runners.evidence import collect_evidence
 from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import Options
+from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
 from graphmode.transforms.pipeline import adapt_source
 
 TARGET = Path(__file__).parent / "fixtures" / "targets" / "mla_cache"
@@ -41,8 +44,10 @@ def _load(folder: Path, name: str):
         spec.loader.exec_module(harness)
     finally:
         sys.path.remove(str(folder))
-        # The model and its siblings (`cache`, `masks`) leave with it: another folder's files share those names.
-        for sibling in set(sys.modules) - before:
+        # The model and its siblings (`cache`, `masks`) leave with it: another folder's files share those names. But
+        # graphmode's helper module stays, as it does in a harness's process: Dynamo imports a traced function's
+        # module by name, and the module is the same text in every folder.
+        for sibling in set(sys.modules) - before - {HELPER_MODULE}:
             if Path(getattr(sys.modules[sibling], "__file__", None) or "/").parent == folder:
                 sys.modules.pop(sibling)
     return harness
@@ -72,7 +77,7 @@ def _adapted(tmp_path: Path, evidence: Evidence | None) -> Path:
     result = adapt_source((TARGET / "model.py").read_text(), "model.py", None, _options(evidence))
     assert {"cache_object", "split_decode"} <= set(result.applied), result.manual
     assert not [item for item in result.manual if item.codemod == "cache_object"]
-    (folder / "model.py").write_text(result.adapted)
+    write_adapted(folder, {"model.py": result.adapted})
     return folder
 
 

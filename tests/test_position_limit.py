@@ -5,14 +5,13 @@ of tests/fixtures/evidence/ntk_rotary."""
 from __future__ import annotations
 
 import ast
-
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from adapted_files import import_adapted, write_adapted
 
 from graphmode.agent.adaptation import position_tests
 from graphmode.runners.evidence import collect_evidence
@@ -41,12 +40,8 @@ def adapted_module(folder: Path, evidence, tmp_path: Path):
     options = Options(entry_class="Model", traced=True, position_tests=position_tests(evidence))
     result = adapt_source((folder / "model.py").read_text(), "model.py", {"tensor_branches"}, options)
     path = tmp_path / "adapted_ntk.py"
-    path.write_text(result.adapted)
-    spec = importlib.util.spec_from_file_location("adapted_ntk", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["adapted_ntk"] = module
-    spec.loader.exec_module(module)
-    return result, module
+    write_adapted(tmp_path, {path.name: result.adapted})
+    return result, import_adapted(path, "adapted_ntk")
 
 
 def on_static_path(model: torch.nn.Module, limit: int) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.agent.reporting import write_report
 from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
 from graphmode.runners import backends
@@ -286,7 +288,7 @@ def verified(tmp_path_factory, adapted):
     adaptation = adapt_source(source, "model.py", {name for name, codemod in CODEMODS.items() if not codemod.FUSION},
                               Options(entry_class="Transformer", max_seq_len=64))
     assert adaptation.changed and "split_decode" in adaptation.applied
-    (unfused / "model.py").write_text(adaptation.adapted)
+    write_adapted(unfused, {"model.py": adaptation.adapted})
     return verify(EXAMPLE, adapted, "aot_eager", steps=32, timeout_s=300, log_dir=logs, runs=1,
                   unfused_dir=unfused, fusions=[FUSION_NAME]), logs
 

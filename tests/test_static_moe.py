@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 
+from adapted_files import import_adapted
+
 from graphmode.transforms.codemods._helper_code import HELPER_CODE, helper_source
 from graphmode.transforms.codemods.static_moe import HELPER
 
@@ -168,7 +170,7 @@ def _static_path_on(model: nn.Module) -> None:
 @pytest.mark.parametrize("case", ["one_hot_where", "sorted_counts", "masked_rows"])
 def test_adapted_fixtures_give_the_originals_outputs_with_the_dispatch_compiled_whole(case):
     original = _load(f"static_moe_{case}_in", FIXTURES / f"{case}.in.py")
-    adapted = _load(f"static_moe_{case}_out", FIXTURES / f"{case}.out.py")
+    adapted = import_adapted(FIXTURES / f"{case}.out.py", f"static_moe_{case}_out")
     torch.manual_seed(0)
     reference = original.Model().eval()
     model = adapted.Model().eval()

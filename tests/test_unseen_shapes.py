@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
+
 from graphmode.runners.entry_calls import record_entry_calls
 from graphmode.runners.harness import load_harness
 from test_workflow import graphmode
@@ -181,7 +183,7 @@ def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_
     result = adapt_source(source, "model.py", {"split_decode"}, options)
     assert result.applied == ["split_decode"] and not result.manual
     assert "self.reset_caches()" in result.adapted and "graphmode_causal_rows[input_pos]" in result.adapted
-    (tmp_path / "model.py").write_text(result.adapted)
+    write_adapted(tmp_path, {"model.py": result.adapted})
     (tmp_path / "harness.py").write_text((TARGETS / "mask_rows" / "harness.py").read_text())
     script = ("import sys, torch; sys.path.insert(0, '.'); import harness as h\n"
               "m = h.build_model(); p = h.make_prompt(); runs = []\n"

@@ -97,6 +97,11 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
     assert "C1." in (run / "design.md").read_text()
     assert "+++ b/model.py" in (run / "changes.diff").read_text()
     assert "def decode(self, tokens, input_pos)" in (run / "adapted" / "model.py").read_text()
+    # graphmode's helper code is the module beside the adapted model, on both sides verify ran, and a new file in
+    # the diff.
+    assert "\nfrom graphmode_static import " in (run / "adapted" / "model.py").read_text()
+    assert all((run / side / "graphmode_static.py").is_file() for side in ("adapted", "adapted-unfused"))
+    assert "--- /dev/null\n+++ b/graphmode_static.py\n" in (run / "changes.diff").read_text()
     assert fingerprint(EXAMPLE) == before
     # Not a terminal: one progress line per finished verify run, and the design's plan as one diff.
     assert "verify: graph (adapted) run 2 of 2: done in" in done.stdout

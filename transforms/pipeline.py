@@ -12,6 +12,7 @@ from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
 from graphmode.transforms.findings import Finding
+from graphmode.transforms.helper_module import move_helpers_out
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
                                               twin_spans)
@@ -37,7 +38,8 @@ class FileAdaptation:
         return self.adapted != self.original
 
     def diff(self) -> str:
-        """The adapted file against the original: what is written."""
+        """The adapted file against the original: what is written (with the helper module beside it,
+        `helper_module.helper_module_diffs`)."""
         return self._diff(self.adapted)
 
     def static_diff(self) -> str:
@@ -128,7 +130,9 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
     if parsed.text is not source:
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
-        module = tidy(keep_original_path(original.module, parsed.module))
+        # The helpers the codemods inserted go to graphmode_static.py beside the file, which it imports.
+        split = move_helpers_out(keep_original_path(original.module, parsed.module), original.module, source)
+        module = tidy(split)
         if options.entry_class is None:  # no entries, so no `setup_caches` for graphmode's words to point to
             module = without_entry_promises(module, source)
         current = wrapped_with_code(module, source)[1]

@@ -52,6 +52,7 @@ from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
+from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
@@ -126,7 +127,11 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
 
 
 def already_adapted(source: str) -> bool:
-    """The text is graphmode's output: it defines the switch between the static path and the model's own code."""
+    """The text is graphmode's output: it imports graphmode's helper module (transforms/helper_module.py), or it
+    defines the switch between the static path and the model's own code (that module itself, or an adapted file
+    of a release that pasted the helpers into it)."""
+    if imports_helper_module(source):
+        return True
     return any(f"def {name}(" in source or f"class {name}:" in source for name in (SWITCH_TEST, SWITCH)) \
         and any(isinstance(s, (ast.FunctionDef, ast.ClassDef)) and s.name in (SWITCH_TEST, SWITCH)
                 for s in ast.parse(source).body)

@@ -172,6 +172,9 @@ def tag_file(git: Path, version: str, path: str) -> str:
 
 
 # -- the package under test ------------------------------------------------------------------------
+HELPERS = "graphmode_static"  # the module of graphmode's helper code an adapted file imports, written beside it
+
+
 def imports_graphmode(source: str) -> list[str]:
     """The import statements of `source` that name graphmode (an adapted file must stand alone)."""
     found = []
@@ -184,7 +187,8 @@ def imports_graphmode(source: str) -> list[str]:
 
 def prepare_run(tests: Path, package: Path, run: Path, model: str, modeling: Path | None) -> Path:
     """run/: a fresh copy of the tag's tests tree whose `src/transformers` is a copy of the release's package,
-    with `modeling` written over models/MODEL/modeling_MODEL.py when given. The copy sits where conftest.py
+    with `modeling` written over models/MODEL/modeling_MODEL.py when given (and graphmode_static.py, written beside
+    `modeling`, where the modeling file imports it). The copy sits where conftest.py
     and tests/pipelines/test_pipelines_common.py look for the package (src/), and src/ goes first on
     PYTHONPATH, so every import of `transformers` in the run is the copy under test."""
     if run.exists():
@@ -200,6 +204,13 @@ def prepare_run(tests: Path, package: Path, run: Path, model: str, modeling: Pat
         if not target.is_file():
             raise UpstreamError(f"the package has no models/{model}/modeling_{model}.py to replace")
         target.write_text(source, encoding="utf-8")
+        levels = [n.level for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.module == HELPERS]
+        if levels:
+            helpers = modeling.with_name(f"{HELPERS}.py")
+            if not helpers.is_file():
+                raise UpstreamError(f"{modeling} imports {HELPERS}, which graphmode did not write beside it")
+            # Beside the modeling file for a relative import; a plain one finds it in src/, first on PYTHONPATH.
+            shutil.copyfile(helpers, (target.parent if levels[0] else copy.parent) / helpers.name)
     return run
 
 

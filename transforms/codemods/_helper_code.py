@@ -2,7 +2,9 @@
 
 That file is ordinary Python that imports torch, so graphmode never imports it (`graphmode scan` runs without
 torch): it ships as package data and is parsed here with libcst. Each definition is copied as written there,
-docstring and inner comments included, so what the adapted file gets is exactly that text.
+docstring and inner comments included, so what the adapted file gets is exactly that text. The codemods insert
+definitions into the file they rewrite; at the end of the chain they move to one module beside it,
+`graphmode_static.py` (`helper_module_text`, transforms/helper_module.py), which the adapted file imports.
 """
 from __future__ import annotations
 
@@ -34,6 +36,29 @@ def helper_statements(name: str) -> list[cst.BaseStatement]:
     if definition is None:
         raise KeyError(f"{HELPER_CODE} defines no helper named {name!r}")
     return [definition.deep_clone().with_changes(leading_lines=())]
+
+
+HELPER_MODULE_DOCSTRING = '''"""The static path's helpers, imported by the model files beside it (written by graphmode).
+
+graphmode adapted the model files of this folder so that their Decode step runs as one graph: the `prefill` and
+`decode` entries put the model on a static path, whose caches, masks and positions keep the same shapes from step
+to step; every other call runs the model's own code as it was. This module holds what that path needs beyond the
+model's own code: the caches, the mask rows, the switch between the two paths. It imports only torch, and is the
+same text for every model graphmode adapts, so the adapted files of one folder share it.
+"""'''
+
+
+@cache
+def helper_module_text() -> str:
+    """`graphmode_static.py`: every helper of the helper file, each as `helper_statements` inserts it, under the
+    file's imports and a docstring for the user."""
+    module = cst.parse_module(HELPER_CODE.read_text(encoding="utf-8"))
+    imports = [s.with_changes(leading_lines=()) for s in module.body
+               if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], (cst.Import, cst.ImportFrom))]
+    gap = [cst.EmptyLine(), cst.EmptyLine()]
+    definitions = [helper_statements(name)[0].with_changes(leading_lines=gap) for name in _definitions()]
+    docstring = cst.parse_statement(HELPER_MODULE_DOCSTRING + "\n")
+    return cst.Module(body=[docstring, *imports, *definitions]).code
 
 
 def helper_source(name: str) -> str:

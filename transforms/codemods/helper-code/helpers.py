@@ -5,9 +5,12 @@ comments inside it, exactly as written here (`graphmode.transforms.codemods._hel
 above a definition are not copied: they are for graphmode's maintainers. A change here changes every adapted
 file, so the fixtures under tests/fixtures/codemods change with it.
 
-The copies run in the user's module, which imports torch, as this file does, so it imports, lints and runs as it
-is (tests/test_helper_code.py runs each helper on small tensors). Where that module defines the size constants
-(`_module.ensure_size_constants`: buffers built once at construction), `GraphmodeStaticPath.setup` reads them.
+At the end of the chain every inserted definition moves out of the user's file into `graphmode_static.py` beside
+it, which is this file's imports and all its definitions under a docstring of its own (`helper_module_text`), and the
+user's file imports the names it uses from there. So a helper runs in that module, not the model's: it imports what
+this file imports, and reads nothing from the model's module but through the model (tests/test_helper_code.py runs
+each helper on small tensors). Where a model's file defines the size constants (`_module.ensure_size_constants`:
+buffers built once at construction), `GraphmodeStaticPath.setup` reads them from the modules of the model's classes.
 
 Importing torch is what no graphmode.transforms module may do at import time (`graphmode scan` runs without
 torch): so this file sits in a folder whose name is no Python identifier, which neither an import nor the package
@@ -302,8 +305,16 @@ class GraphmodeStaticPath:
             if name is not None:
                 limits.append((getattr(owner, name), f"{owner_name}.{name}"))
                 break
-        # Buffers this file builds once at construction (rotary tables, masks of its own) hold this many positions.
-        built = globals().get("GRAPHMODE_MAX_SEQ_LEN"), globals().get("GRAPHMODE_MAX_BATCH_SIZE")
+        # Buffers the model's files build once at construction (rotary tables, masks of their own) hold this many
+        # positions and sequences: the size constants of the modules its classes are defined in, the smallest. (`sys`
+        # is imported here, not at the top: a helper also runs pasted into a model's file, which may not import it.)
+        import sys
+
+        files = {sys.modules.get(type(module).__module__) for module in model.modules()}
+        built = [
+            min((getattr(f, name) for f in files if isinstance(getattr(f, name, None), int)), default=None)
+            for name in ("GRAPHMODE_MAX_SEQ_LEN", "GRAPHMODE_MAX_BATCH_SIZE")
+        ]
         if built[0] is not None:
             limits.append((built[0], "GRAPHMODE_MAX_SEQ_LEN in the model's file"))
         if max_seq_len is None:
