@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapted_files import write_adapted
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -35,10 +36,10 @@ def modules(tmp_path_factory):
         for source in EXAMPLE.glob("*.py"):
             (folder / source.name).write_text(source.read_text())
         if text is not None:
-            (folder / "model.py").write_text(text)
+            write_adapted(folder, {"model.py": text})  # with graphmode_static.py beside it
         sys.path.insert(0, str(folder))
         try:
-            for name in ("cache", "masks"):  # the model's siblings, imported fresh from this folder
+            for name in ("cache", "masks"):  # the model's own siblings, imported fresh from this folder
                 sys.modules.pop(name, None)
             spec = importlib.util.spec_from_file_location(f"real_sizes_{side}", folder / "model.py")
             module = importlib.util.module_from_spec(spec)
