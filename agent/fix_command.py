@@ -19,7 +19,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from graphmode.agent.errors import UserError
 from graphmode.transforms.fix import FileFix, files_to_fix, fix_files
-from graphmode.transforms.helper_module import helper_module_diffs, helper_modules
 
 # Exit status: the worst outcome over the files.
 EXIT_CLEAN, EXIT_MANUAL, EXIT_UNREADABLE, EXIT_CRASHED = 0, 1, 2, 3
@@ -50,6 +49,9 @@ def run_fix(paths: list[Path], out: Path, show_diff: bool, jobs: int | None, ent
             kind = "error" if result.status == "unreadable" else "internal error (a codemod bug)"
             errors.print(f"{result.path}: {kind}: {result.error}", soft_wrap=True, markup=False)
     if show_diff:
+        # Imported once files are read: the module reads libcst, which a refused command never imports.
+        from graphmode.transforms.helper_module import helper_module_diffs
+
         for result in results:
             sys.stdout.write(result.diff)
         sys.stdout.write(helper_module_diffs(_adapted(results)))
@@ -90,6 +92,8 @@ def _check_out(out: Path, paths: list[Path]) -> None:
 
 
 def _write(out: Path, results: list[FileFix], seconds: float) -> None:
+    from graphmode.transforms.helper_module import helper_module_diffs, helper_modules
+
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

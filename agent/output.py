@@ -11,7 +11,6 @@ from pathlib import Path
 
 import jinja2
 
-from graphmode.transforms.helper_module import helper_modules
 
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".graphmode*")
 
@@ -61,6 +60,10 @@ def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> N
     """A copy of the target folder with the rewritten sources in place, and graphmode's helper module beside those
     that import it, swapped in whole. The copy takes the files' contents, not their modes: a read-only target must
     not give a read-only copy that nobody can write the rewrites into, or delete."""
+    # Imported here: the module reads libcst, which the commands that use this file's other helpers never import
+    # (their refusals come before it; tests/test_refusals.py).
+    from graphmode.transforms.helper_module import helper_modules
+
     rewritten = {**rewritten, **helper_modules(rewritten)}
     with swapped_in(dest) as staging:
         shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile, dirs_exist_ok=True)
