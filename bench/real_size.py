@@ -85,6 +85,8 @@ GIB = 1024 ** 3
 def _classes(shape: Shape):
     """(original module, adapted module, config class name, the causal-LM class name) for the shape's release."""
     from graphmode.transforms.codemods import Options
+    from graphmode.transforms.codemods._helper_code import helper_module_text
+    from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
     from graphmode.transforms.pipeline import adapt_source
 
     package = f"transformers.models.{shape.model}"
@@ -92,6 +94,10 @@ def _classes(shape: Shape):
     entry = next(n for n in vars(original) if n.endswith("ForCausalLM"))
     source = Path(original.__file__).read_text(encoding="utf-8")
     adapted_text = adapt_source(source, Path(original.__file__).name, None, Options(entry_class=entry)).adapted
+    # graphmode's helper module where the adapted file's relative import looks for it, beside the original.
+    helpers = importlib.util.module_from_spec(importlib.util.spec_from_loader(f"{package}.{HELPER_MODULE}", None))
+    sys.modules[helpers.__name__] = helpers
+    exec(compile(helper_module_text(), f"{HELPER_MODULE}.py", "exec"), helpers.__dict__)
     # The adapted text as a sibling module of the original, so its relative imports resolve in the release.
     name = f"{package}.modeling_{shape.model}_graphmode"
     spec = importlib.util.spec_from_loader(name, loader=None)
@@ -111,31 +117,14 @@ def _config(shape: Shape, model_class):
     return config
 
 
-def _tensors(model) -> dict[str, object]:
-    """Every tensor the model holds, by name: parameters, buffers, and tensors kept in a module's own dict
-    (graphmode's stacked weights)."""
-    import torch
-
-    found = {f"param {n}": p for n, p in model.named_parameters()}
-    found.update({f"buffer {n}": b for n, b in model.named_buffers() if b is not None})
-    for prefix, module in model.named_modules():
-        for key, value in vars(module).items():
-            if key in ("_parameters", "_buffers"):
-                continue
-            values = value.values() if isinstance(value, dict) else [value]
-            for index, held in enumerate(values):
-                for tensor in held if isinstance(held, tuple) else [held]:
-                    if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter):
-                        found.setdefault(f"held {prefix}.{key}[{index}]", tensor)
-    return found
-
-
 def _bytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
 def measure(shape: Shape) -> dict:
     import torch
+
+    from graphmode.runners.static_addresses import held_tensors
 
     original_module, adapted_module, entry = _classes(shape)
     config = _config(shape, getattr(original_module, entry))
@@ -146,8 +135,8 @@ def measure(shape: Shape) -> dict:
     torch.set_default_dtype(torch.float32)
     length = shape.length
     adapted.setup_caches(1, length)
-    before = {n: _bytes(t) for n, t in _tensors(original).items()}
-    after = {n: (_bytes(t), tuple(t.shape), str(t.dtype)) for n, t in _tensors(adapted).items()}
+    before = {n: _bytes(t) for n, t in held_tensors(original).items()}
+    after = {n: (_bytes(t), tuple(t.shape), str(t.dtype)) for n, t in held_tensors(adapted).items()}
     added = {n: v for n, v in after.items() if before.get(n) != v[0]}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length * 2

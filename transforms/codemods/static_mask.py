@@ -121,7 +121,8 @@ class StaticMask(BufferCodemod):
                                                   "have a column per slot of the static cache, so that use needs "
                                                   "a look")
             return None
-        rows = self._rows(build)
+        boolean = self._boolean is not None and self._boolean.method is method
+        rows = self._rows(build, boolean)
         select = cst.parse_statement(f"{build.name} = {rows}{build.cast}\n").with_changes(
             leading_lines=[
                 *body[build.first].leading_lines,
@@ -133,22 +134,22 @@ class StaticMask(BufferCodemod):
         for stmt in body[build.first : build.last + 1]:
             self.record_edit(stmt, f"`{build.name}` computed as the causal mask's rows of the positions")
         rest = body[build.last + 1 :]
-        if self._boolean is not None and self._boolean.method is method:
+        if boolean:
             # Uses in this method, rewritten on the original statements (the traversal's are discarded).
             rest = [s.visit(ApplyPlan(self._boolean)) for s in rest]
         return replace_method(updated_node, method.name.value, method.with_changes(
             body=method.body.with_changes(body=[*body[: build.first], select, *rest])))
 
-    def _rows(self, build) -> str:
+    def _rows(self, build, boolean: bool) -> str:
         """The expression computing the mask's rows at the positions: the boolean rows of `tril` (True: visible), or
         the rows of `full(fill).triu(diagonal)`; each built by a helper from the positions, never as a square."""
         position = POSITION_TENSOR
-        if self._boolean is not None or build.kind == "ones":
-            diagonal = boolean_diagonal(build.diagonal) if self._boolean is not None else (
+        if boolean or build.kind == "ones":
+            diagonal = boolean_diagonal(build.diagonal) if boolean else (
                 "" if build.diagonal == "0" else build.diagonal)
             self._helpers.add(CAUSAL_ROWS)
             rows = f"{CAUSAL_ROWS}(self, {position}{', ' + diagonal if diagonal else ''})"
-            if self._boolean is None and build.dtype != "torch.bool":
+            if not boolean and build.dtype != "torch.bool":
                 rows += f".to({build.dtype or 'torch.get_default_dtype()'})"
             return rows
         self._helpers.update((CAUSAL_ROWS, FILLED_ROWS))
