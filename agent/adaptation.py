@@ -40,6 +40,12 @@ def parameter_values(state: RunState) -> dict:
     return {**found, **state.revisions}
 
 
+def static_length(state: RunState) -> int | None:
+    """The positions verification sets the adapted static path up for (`setup_caches`): a person's revision of
+    max_seq_len; None leaves it to the harness's MAX_SEQ_LEN, which analyze found."""
+    return state.revisions.get("max_seq_len")
+
+
 def fused_ops_for(backend: str) -> str:
     """The fused operators the fusions write for `backend` (its class says): torch_npu's under the NPU backends."""
     from graphmode.runners.backends import BACKEND_NAMES, get  # the registry imports no torch

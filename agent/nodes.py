@@ -9,7 +9,7 @@ from langgraph.types import interrupt
 
 from graphmode.agent import progress
 from graphmode.agent.adaptation import adapt_sources, evidence_caches, evidence_cache_writes, fusion_numbers, \
-    parameter_values, plan_changes
+    parameter_values, plan_changes, static_length
 from graphmode.agent.choices import choice_problem, needs_of, proposed_choice
 from graphmode.agent.diffs import change_diffs
 from graphmode.agent.errors import UserError
@@ -221,6 +221,7 @@ def verify(state: RunState) -> dict:
                 # With fusions applied, a third side: the same adaptation without them, timed in the same runs.
                 unfused_dir=Path(state.unfused_dir) if state.unfused_dir else None,
                 fusions=fusions_of(state.applied), full_config=full_config(Path(opts.target)),
+                static_length=static_length(state),
             )
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphmode.agent import progress
-from graphmode.agent.adaptation import adapt_sources, host_sync_lines
+from graphmode.agent.adaptation import adapt_sources, host_sync_lines, static_length
 from graphmode.agent.bisection import Bisection, bisect_changes
 from graphmode.agent.failures import causes_among, mapped_failures
 from graphmode.agent.output import remove_tree, write_adapted_tree
@@ -187,7 +187,7 @@ def bisect_applied(state: RunState) -> Bisection:
         write_adapted_tree(target, folder, {a.path: a.adapted for a in adaptations.values() if a.changed})
         progress.say(f"bisecting the changes: trial {number} ({','.join(ids)}): running")
         same, detail = matches_original(folder, opts.backend, opts.steps, v.original["tokens"], reference, logs,
-                                        f"bisect-{number}", opts.timeout_s, logs, atol)
+                                        f"bisect-{number}", opts.timeout_s, logs, atol, static_length(state))
         progress.say(f"bisecting the changes: trial {number} ({','.join(ids)}): {detail}")
         return (None if same is None else not same), detail
 

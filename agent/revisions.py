@@ -4,10 +4,10 @@ A person revises one at the prompt (`e C4 max_seq_len=4096`) or with `graphmode 
 C4.max_seq_len=4096`, and design runs again with the new value. A parameter is the session's, not one change's: one
 static length sizes every buffer, so a revision made on C4 holds for every change that shows that parameter.
 
-What a change shows is what its codemod is built with: one that sizes buffers by the static length and batch
-(`SIZES_BUFFERS`: `GRAPHMODE_MAX_SEQ_LEN`, `GRAPHMODE_MAX_BATCH_SIZE`), a fusion the backend's fused operators, the
-ones that look the model class up that class. The dims the traced run saw a cache grow along
-are shown beside them, as evidence (a trace is revised by running it again, not by typing).
+What a change shows is what its codemod is built with: one whose buffers `setup_caches` sizes by the static length
+and batch (`SIZES_BUFFERS`; verification sets the static path up at that length), a fusion the backend's fused
+operators, the ones that look the model class up that class. The dims the traced run saw a cache grow along are
+shown beside them, as evidence (a trace is revised by running it again, not by typing).
 """
 from __future__ import annotations
 

@@ -126,24 +126,25 @@ class Battery:
     """Both models, their harnesses and what every row needs."""
 
     def __init__(self, original_harness, original: torch.nn.Module, adapted_harness, adapted: torch.nn.Module,
-                 backend: Backend, atol: float = DEFAULT_ATOL) -> None:
+                 backend: Backend, atol: float = DEFAULT_ATOL, length: int | None = None) -> None:
         self.original_harness, self.original = original_harness, original.eval()
         self.adapted_harness, self.adapted = adapted_harness, adapted.eval()
         self.prompt = original_harness.make_prompt().to(backend.device)
         # The sized length: the static path's (a revision at confirmation may have made it other than the harness's).
-        self.max_seq_len = static_length(adapted, adapted_harness)
-        size_static_path(self.adapted, adapted_harness, self.prompt.shape[0])
+        self.max_seq_len = static_length(adapted_harness, length)
+        size_static_path(self.adapted, adapted_harness, self.prompt.shape[0], self.max_seq_len)
         self.backend, self.atol = backend, atol
 
     @classmethod
-    def from_folders(cls, original_dir: Path, adapted_dir: Path, backend: Backend, atol: float = DEFAULT_ATOL):
+    def from_folders(cls, original_dir: Path, adapted_dir: Path, backend: Backend, atol: float = DEFAULT_ATOL,
+                     length: int | None = None):
         """Each folder's harness builds its model (seeded by the harness: the same weights on both sides)."""
         original_harness = load_harness(original_dir)
         original = original_harness.build_model().to(backend.device)
         _forget_modules_under(original_dir)  # packages too (remote code): the adapted folder has its own copies
         adapted_harness = load_harness(adapted_dir)
         adapted = adapted_harness.build_model().to(backend.device)
-        return cls(original_harness, original, adapted_harness, adapted, backend, atol)
+        return cls(original_harness, original, adapted_harness, adapted, backend, atol, length)
 
     @cached_property
     def compiled_decode(self):
@@ -300,7 +301,8 @@ class Battery:
         except Exception as error:
             return Row(name, "static", FAILED, f"the adapted entries raise {type(error).__name__}: {_line(error)}")
         finally:
-            size_static_path(model, self.adapted_harness, self.prompt.shape[0])  # as the other rows found it
+            # as the other rows found it
+            size_static_path(model, self.adapted_harness, self.prompt.shape[0], self.max_seq_len)
         return _judged(name, "static", expected, got, self.atol)
 
     def _interleaved_static(self, prompts: list[torch.Tensor], switch) -> list[dict]:
@@ -373,9 +375,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--static-length", type=int, metavar="N",
+                        help="positions the adapted model's static path is set up for (default: the harness's "
+                             "MAX_SEQ_LEN)")
     args = parser.parse_args(argv)
     backend, _ = resolve(args.backend)
-    rows = Battery.from_folders(args.original.resolve(), args.adapted.resolve(), backend, args.atol).rows()
+    rows = Battery.from_folders(args.original.resolve(), args.adapted.resolve(), backend, args.atol,
+                                args.static_length).rows()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([asdict(row) for row in rows], indent=2))
 

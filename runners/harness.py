@@ -109,23 +109,20 @@ def max_seq_len(harness: ModuleType) -> int:
     return getattr(harness, "MAX_SEQ_LEN", DEFAULT_MAX_SEQ_LEN)
 
 
-def static_length(model: torch.nn.Module, harness: ModuleType) -> int:
-    """The positions an adapted model's static path holds: the `GRAPHMODE_MAX_SEQ_LEN` the module of graphmode's
-    `setup_caches` was written with (it also sizes the tables and masks; a person may have revised it at
-    confirmation), else the harness's MAX_SEQ_LEN."""
-    setup = getattr(model, "setup_caches", None)
-    written = getattr(sys.modules.get(getattr(setup, "__module__", None) or ""), "GRAPHMODE_MAX_SEQ_LEN", None)
-    return written if isinstance(written, int) and not isinstance(written, bool) and written > 0 \
-        else max_seq_len(harness)
+def static_length(harness: ModuleType, given: int | None = None) -> int:
+    """The positions an adapted model's static path is set up for: `given` (a person revised the session's
+    max_seq_len at confirmation), else the harness's MAX_SEQ_LEN."""
+    return given if given is not None else max_seq_len(harness)
 
 
-def size_static_path(model: torch.nn.Module, harness: ModuleType, max_batch_size: int) -> None:
+def size_static_path(model: torch.nn.Module, harness: ModuleType, max_batch_size: int,
+                     length: int | None = None) -> None:
     """Allocates an adapted model's static buffers for its static length, through graphmode's `setup_caches` (the
     one its entries come with, which says so). A model's own `setup_caches` (the harness calls it) and a model
     without one are left alone."""
     setup = getattr(model, "setup_caches", None)
     if callable(setup) and "graphmode" in (getattr(setup, "__doc__", None) or ""):
-        setup(max_batch_size=max_batch_size, max_seq_length=static_length(model, harness))
+        setup(max_batch_size=max_batch_size, max_seq_length=static_length(harness, length))
 
 
 def sources(harness: ModuleType, folder: Path) -> list[str]:

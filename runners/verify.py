@@ -361,7 +361,7 @@ BUCKETS_RUN = "adapted.buckets"
 
 
 def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], work: Path, timeout_s: float,
-                 log_dir: Path | None, partial_graph: bool) -> BucketSweep:
+                 log_dir: Path | None, partial_graph: bool, static_length: int | None = None) -> BucketSweep:
     """The bucket sweep in one more fresh graph-side process, against graph run 1's logits."""
     out = work / f"{BUCKETS_RUN}.json"
     args = ["--side", "adapted", "--folder", str(folder), "--steps", str(steps), "--backend", backend,
@@ -370,20 +370,26 @@ def _run_buckets(folder: Path, backend: str, steps: int, buckets: list[int], wor
             "--compile-log", str(work / f"{BUCKETS_RUN}.compile.log"), "--npu-compile-cache", "off"]
     if partial_graph:
         args.append("--partial-graph")
+    args += _length_args(static_length)
     # Its own empty inductor cache and no NPU compile cache: every bucket compiles cold, so their warm-ups compare.
     run_worker("graphmode.runners.worker", args, name=BUCKETS_RUN, timeout_s=timeout_s, log_dir=log_dir,
                error=VerificationError, env=_graph_env(work / f"{BUCKETS_RUN}.compile-cache"), cores_alone=True)
     return BucketSweep.from_dict(json.loads(out.read_text()))
 
 
+def _length_args(static_length: int | None) -> list[str]:
+    """The workers' argument for the static path's length, where verify was given one."""
+    return [] if static_length is None else ["--static-length", str(static_length)]
+
+
 def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work: Path,
               timeout_s: float, log_dir: Path | None,
               compile_cache: Path | None, name: str | None = None,
-              count_ops: bool = False) -> tuple[WorkerResult, torch.Tensor, float]:
+              count_ops: bool = False, static_length: int | None = None) -> tuple[WorkerResult, torch.Tensor, float]:
     name = name or run_name(side, run)
     out, logits = work / f"{name}.json", work / f"{name}.logits.pt"
     args = ["--side", side, "--folder", str(folder), "--steps", str(steps),
-            "--backend", backend, "--out", str(out), "--logits", str(logits)]
+            "--backend", backend, "--out", str(out), "--logits", str(logits), *_length_args(static_length)]
     if count_ops:
         args.append("--count-ops")
     env = None
@@ -401,12 +407,13 @@ def _run_side(side: str, run: int, folder: Path, backend: str, steps: int, work:
 
 def matches_original(folder: Path, backend: str, steps: int, reference_tokens: list[list[int]],
                      reference_logits: torch.Tensor | None, work: Path, name: str, timeout_s: float,
-                     log_dir: Path | None, atol: float = DEFAULT_LOGITS_ATOL) -> tuple[bool | None, str]:
+                     log_dir: Path | None, atol: float = DEFAULT_LOGITS_ATOL,
+                     static_length: int | None = None) -> tuple[bool | None, str]:
     """One graph run of the adaptation in `folder` (a bisection's trial) against the original's tokens and logits:
     whether it gives them (None: it did not run), and a one-line detail."""
     try:
         result, logits, _ = _run_side("adapted", 0, Path(folder).resolve(), backend, steps, work, timeout_s, log_dir,
-                                      None, name=name)
+                                      None, name=name, static_length=static_length)
     except VerificationError as error:
         return None, f"did not run: {error}"
     first = _first_divergence(reference_tokens, result.tokens)
@@ -424,12 +431,12 @@ BATTERY_RUN = "battery"
 
 
 def _run_battery(original_dir: Path, adapted_dir: Path, backend: str, work: Path, timeout_s: float,
-                 log_dir: Path | None, atol: float) -> list[dict[str, Any]]:
+                 log_dir: Path | None, atol: float, static_length: int | None = None) -> list[dict[str, Any]]:
     """The equivalence battery (runners/battery.py) in a process of its own: its rows, or one failed row saying
     why the battery could not run."""
     out = work / f"{BATTERY_RUN}.json"
     args = ["--original", str(original_dir), "--adapted", str(adapted_dir), "--backend", backend,
-            "--atol", repr(atol), "--out", str(out)]
+            "--atol", repr(atol), "--out", str(out), *_length_args(static_length)]
     try:
         run_worker("graphmode.runners.battery", args, name=BATTERY_RUN, timeout_s=timeout_s, log_dir=log_dir,
                    error=VerificationError, env=_graph_env(work / f"{BATTERY_RUN}.compile-cache"))
@@ -439,12 +446,13 @@ def _run_battery(original_dir: Path, adapted_dir: Path, backend: str, work: Path
 
 
 def _check_own_harness(adapted_dir: Path, backend: str, steps: int, work: Path, timeout_s: float,
-                       log_dir: Path | None, reference: list[list[int]]) -> dict[str, Any]:
+                       log_dir: Path | None, reference: list[list[int]],
+                       static_length: int | None = None) -> dict[str, Any]:
     """The original side's worker (the harness's own prefill/decode, eagerly) on the adapted folder: the model's
     callers keep working and choose the same tokens."""
     try:
         result, _, _ = _run_side("original", 0, adapted_dir, backend, steps, work, timeout_s, log_dir, None,
-                                 name=OWN_HARNESS_RUN)
+                                 name=OWN_HARNESS_RUN, static_length=static_length)
     except VerificationError as error:
         return {"ran": False, "tokens_equal": False, "first_divergent_step": None, "error": str(error)}
     first = _first_divergence(reference, result.tokens)
@@ -458,7 +466,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            batch_buckets: list[int] | None = None,
            progress: Callable[[str], None] | None = None,
            unfused_dir: Path | None = None, fusions: list[str] | None = None,
-           full_config: dict[str, Any] | None = None) -> VerifyResult:
+           full_config: dict[str, Any] | None = None, static_length: int | None = None) -> VerifyResult:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
@@ -466,6 +474,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     `unfused_dir`: the same adaptation without the fusion codemods `fusions` (their names): a third side in
     every run, timed against the adapted one (VerifyResult.fusion); it does not enter the verdict. `full_config`: the
     model's full-size config (a config.json's values), for the bytes-per-layer estimate at the sizes it names.
+    `static_length`: the positions the adapted side's static path is set up for (`setup_caches`), where a person
+    revised it; else the harness's MAX_SEQ_LEN.
     `progress` hears which run starts and how long each took, one line each."""
     say = progress or (lambda _: None)
     if steps < MIN_STEPS:
@@ -493,22 +503,25 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
                 say(f"{label}: running")
                 # Ops are counted once per side, in run 1.
                 sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
-                                             compile_cache, count_ops=run == 0 and unfused_dir is not None))
+                                             compile_cache, count_ops=run == 0 and unfused_dir is not None,
+                                             static_length=static_length))
                 say(f"{label}: done in {sides[side][-1][2]:.1f} s")
                 if side == "adapted" and unfused_dir is not None and unfused_error is None:
                     unfused_error = _run_unfused(unfused, run, runs, unfused_dir, backend.name, steps, work,
-                                                 timeout_s, log_dir, compile_cache, say)
+                                                 timeout_s, log_dir, compile_cache, say, static_length)
         timed_beside_others = waits_given_up() - given_up
         say("the original harness against the adapted sources: running")
         own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
-                                         sides["original"][0][0].tokens)
+                                         sides["original"][0][0].tokens, static_length)
         say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
         original_run, eager_logits = sides["original"][0][0], sides["original"][0][1]
         logits_atol = logits_tolerance(logits_atol, original_run.dtype, eager_logits)
-        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol)
+        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol,
+                               static_length)
         # After the runs, so it disturbs neither their alternation nor their figures.
         sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
-                             partial_graph=sides["adapted"][0][0].graph_breaks > 0) if batch_buckets else None
+                             partial_graph=sides["adapted"][0][0].graph_breaks > 0,
+                             static_length=static_length) if batch_buckets else None
     adapted_runs = [r for r, _, _ in sides["adapted"]]
     original_runs = [r for r, _, _ in sides["original"]]
     adapted, graph_logits = adapted_runs[0], sides["adapted"][0][1]
@@ -600,7 +613,8 @@ INDUCTOR_BASED = ("inductor", "inductor_cuda", "cudagraphs")
 
 def _run_unfused(done: list[tuple[WorkerResult, torch.Tensor, float]], run: int, runs: int, folder: Path,
                  backend: str, steps: int, work: Path, timeout_s: float, log_dir: Path | None,
-                 compile_cache: Path | None, say: Callable[[str], None]) -> str | None:
+                 compile_cache: Path | None, say: Callable[[str], None],
+                 static_length: int | None = None) -> str | None:
     """One run of the third side, the adaptation without the fusions, appended to `done`; its error instead
     (then no later run tries again). Its own compile cache: a sibling of the adapted side's would hold the same
     model's caches under another hash, and the NPU backends' caches are per function."""
@@ -609,7 +623,7 @@ def _run_unfused(done: list[tuple[WorkerResult, torch.Tensor, float]], run: int,
     cache = compile_cache / UNFUSED if compile_cache is not None else None
     try:
         done.append(_run_side("adapted", run, folder, backend, steps, work, timeout_s, log_dir, cache,
-                              name=run_name(UNFUSED, run), count_ops=run == 0))
+                              name=run_name(UNFUSED, run), count_ops=run == 0, static_length=static_length))
     except VerificationError as error:
         say(f"{label}: failed")
         return str(error)

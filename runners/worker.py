@@ -49,7 +49,7 @@ from graphmode.runners.decode_graph import capture_decode, inductor_kernels_afte
 from graphmode.runners.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.env_info import environment
 from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
-    require_entry_points, size_static_path
+    require_entry_points, size_static_path, static_length
 from graphmode.runners.line_trace import lines_run
 from graphmode.runners.memory import peak_memory
 from graphmode.runners.results import WorkerResult
@@ -289,6 +289,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--count-ops", action="store_true",
                         help="count what one Decode step does on its captured graph(s), after the timed steps: "
                              "ops, ops per layer, bytes moved, Inductor's kernels (the record's decode_graph)")
+    parser.add_argument("--static-length", type=int, metavar="N",
+                        help="positions the adapted model's static path is set up for (default: the harness's "
+                             "MAX_SEQ_LEN)")
     parser.add_argument("--partial-graph", action="store_true",
                         help="with --batch-buckets: compile with fullgraph=False (Decode has graph breaks)")
     return parser.parse_args(argv)
@@ -375,7 +378,7 @@ def count_decode(side: str, harness: ModuleType, model: torch.nn.Module, prompt:
     result["inductor_kernels"] = None
     parameter = next(model.parameters(), None)
     # The KV length attention reads at the last step: the positions so far on the original side (its cache grows),
-    # the whole static cache on the adapted side (sized to the harness's MAX_SEQ_LEN).
+    # the whole static cache on the adapted side (the length `setup_caches` was given).
     kv_len = last_position + 1 if side == "original" else limit
     result["config_traffic"] = config_traffic(model_config(model), batch=prompt.shape[0], kv_len=kv_len,
                                               dtype_bytes=parameter.element_size() if parameter is not None else None)
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.side == "adapted":
         batch = max([prompt.shape[0], *(args.batch_buckets or [])])
-        call_user("model.setup_caches", folder, lambda: size_static_path(model, harness, batch))
+        call_user("model.setup_caches", folder, lambda: size_static_path(model, harness, batch, args.static_length))
     if args.batch_buckets:
         bucket_sweep(args, backend, folder, model, prompt)
         return
@@ -438,7 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     memory = peak_memory(backend.device)
     # After every timed step, every logit and the peak memory are recorded: the capture resets Dynamo and runs a
     # step again.
-    decode_graph = count_decode(args.side, harness, model, prompt, trace, limit, folder) if args.count_ops else {}
+    decode_graph = count_decode(args.side, harness, model, prompt, trace, static_length(harness, args.static_length),
+                                folder) if args.count_ops else {}
     if adapted and "inductor_kernels" in decode_graph:
         decode_graph["inductor_kernels"] = adapted.inductor_kernels
     result = WorkerResult(

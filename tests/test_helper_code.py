@@ -377,18 +377,35 @@ def test_setup_keeps_the_buffers_dtype_and_starts_afresh():
     assert model.kv_cache.k_cache.dtype == torch.float16 and not model.kv_cache.k_cache.any()
 
 
-def test_setup_refuses_past_the_configs_limit_and_the_files_construction_sizes(monkeypatch):
+def test_setup_refuses_past_the_configs_limit_and_past_a_tables_rows():
     model = _Tiny()
     with pytest.raises(ValueError, match=r"setup_caches\(max_batch_size=1, max_seq_length=13\).*at most 12 "
                                          r"positions \(config.max_position_embeddings\)"):
         helpers.GraphmodeStaticPath.setup(model, max_seq_len=13)
-    # A file whose other buffers were built at construction (the size constants) serves no more than they hold.
-    monkeypatch.setattr(helpers, "GRAPHMODE_MAX_SEQ_LEN", 8, raising=False)
-    monkeypatch.setattr(helpers, "GRAPHMODE_MAX_BATCH_SIZE", 2, raising=False)
+    # A position table the model's own __init__ built (graphmode_table_buffers) serves no more than its rows.
+    model.kv_cache.freqs = torch.zeros(8, 2)
+    helpers.graphmode_table_buffers(model.kv_cache, ("freqs",))
+    assert "freqs" not in model.state_dict() and model.kv_cache.freqs.shape == (8, 2)
     helpers.GraphmodeStaticPath.setup(model)
     assert model.kv_cache.max_seq_len == 8
-    with pytest.raises(ValueError, match="at most 2 sequences"):
-        helpers.GraphmodeStaticPath.setup(model, max_batch_size=3)
+    with pytest.raises(ValueError, match=r"at most 8 positions \(the rows of StaticKVCache.freqs\)"):
+        helpers.GraphmodeStaticPath.setup(model, max_seq_len=9)
+
+
+def test_setup_allocates_the_models_own_caches_again_at_its_sizes():
+    """A cache the model's __init__ builds at its own sizes (graphmode_cache_buffers) follows the model's dtype, and
+    setup_caches allocates it for the sequences and positions asked for; beam search's reorder moves its rows."""
+    model, held = _Tiny(), torch.nn.Linear(4, 4)
+    held.cache_k = torch.ones(32, 12, 2, 4)
+    helpers.graphmode_cache_buffers(held, ("cache_k",), seq_dim=1)
+    model.held = held
+    model.to(torch.bfloat16)
+    assert "held.cache_k" not in model.state_dict()
+    helpers.GraphmodeStaticPath.setup(model, max_batch_size=2, max_seq_len=5)
+    assert held.cache_k.shape == (2, 5, 2, 4) and held.cache_k.dtype == torch.bfloat16 and not held.cache_k.any()
+    held.cache_k[1] = 1
+    helpers.GraphmodeStaticPath.reorder(model, torch.tensor([1, 1]))
+    assert held.cache_k.all()
 
 
 def test_setup_without_any_limit_asks_for_the_length():
@@ -420,6 +437,22 @@ def test_reorder_moves_the_static_rows_as_beam_search_reorders_its_cache():
 
 
 # -- left padding: rows share the slots, each has positions of its own, padded slots are hidden --------------------
+def test_positions_of_an_int_start_are_its_tokens_columns_and_a_tensor_stays_as_it_is():
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    assert helpers.graphmode_positions(5, tokens).tolist() == [5, 6, 7]
+    given = torch.tensor([9])
+    assert helpers.graphmode_positions(given, tokens) is given
+
+
+def test_table_buffers_keep_a_registered_tables_persistence_and_make_an_attribute_a_buffer():
+    module = torch.nn.Module()
+    module.register_buffer("cos", torch.ones(6, 2))  # persistent, as the model registered it
+    module.sin = torch.ones(4, 2)
+    helpers.graphmode_table_buffers(module, ("cos", "sin"))
+    assert set(module.state_dict()) == {"cos"} and module.graphmode_tables == {"cos": 0, "sin": 0}
+    assert module.to(torch.float16).sin.dtype == torch.float16
+
+
 def test_row_positions_count_each_rows_unpadded_slots():
     padding = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     assert helpers.graphmode_row_positions(torch.arange(5)).tolist() == [[0, 1, 2, 3, 4]]

@@ -21,11 +21,11 @@ from graphmode.transforms.pipeline import adapt_source
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "legacy_llm"
-LENGTH = 32  # the static path's positions (GRAPHMODE_MAX_SEQ_LEN); the model's own limit is 64
+LENGTH = 32  # the static path's positions (setup_caches); the model's own limit is 64
 OPTIONS = Options(entry_class="Transformer", max_seq_len=LENGTH)
 
 # Greedy tokens three ways, printed as JSON: the model's own forward, the static path with `decode` compiled whole,
-# and what `setup_caches` says to more positions than GRAPHMODE_MAX_SEQ_LEN (read from the model's module).
+# and what `setup_caches` says to more positions than the model's own limit (its args.max_seq_len).
 RUN = """
 import json, sys, torch
 {imports}
@@ -42,7 +42,7 @@ with torch.inference_mode():
     printed["own"] = own
     if hasattr(model, "decode"):
         try:
-            model.setup_caches(max_batch_size=1, max_seq_length={length} + 1)
+            model.setup_caches(max_batch_size=1, max_seq_length=64 + 1)
         except ValueError as error:
             printed["refused"] = str(error)
         model.setup_caches(max_batch_size=1, max_seq_length={length})
@@ -85,8 +85,8 @@ def test_a_plain_folder_gets_the_module_and_runs_its_static_path_from_the_writte
     assert not imports_helper_module(helper_module_text()) and _imported(helper_module_text()) == {"torch"}
     ran = _run(out, "sys.path.insert(0, '.')\nfrom model import ModelArgs, Transformer")
     assert ran["static"] == ran["own"] == _run(EXAMPLE, "sys.path.insert(0, '.')\nfrom model import *")["own"]
-    # GraphmodeStaticPath.setup runs in graphmode_static, and reads the size constant from the model's module.
-    assert f"at most {LENGTH} positions (GRAPHMODE_MAX_SEQ_LEN in the model's file)" in ran["refused"]
+    # GraphmodeStaticPath.setup runs in graphmode_static, and reads the limit from the model's arguments.
+    assert "at most 64 positions (args.max_seq_len)" in ran["refused"]
 
 
 def test_a_package_that_imports_relatively_imports_the_module_relatively_and_runs(tmp_path):

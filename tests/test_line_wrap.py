@@ -21,7 +21,7 @@ def wrapped(adapted: str) -> str:
     return text
 
 
-def test_a_long_call_gets_one_argument_per_line_and_a_long_comment_is_refilled():
+def test_a_long_call_gets_its_arguments_on_a_line_or_one_per_line_and_a_long_comment_is_refilled():
     adapted = '''\
         class Attention:
             def forward(self, x, mask):
@@ -30,13 +30,22 @@ def test_a_long_call_gets_one_argument_per_line_and_a_long_comment_is_refilled()
             def forward_static(self, x, mask):
                 # graphmode: attention reads every slot of the static cache, written in place at the positions.
                 return self.output(graphmode_hide_unwritten(self, self.attend(self.project(x), mask=mask)))
+
+            def decode(self, x, mask):
+                return self.output(graphmode_hide_unwritten(self, x), graphmode_written_slots(self, mask), x + self.bias)
         '''
     text = wrapped(adapted)
     assert max(len(line) for line in text.splitlines()) <= 89
     assert "        # graphmode: attention reads every slot of the static cache, written in place at\n" \
            "        # the positions.\n" in text
+    # Arguments that fit on one line inside the brackets go there, as a formatter hugs them; else one per line.
     assert ("        return self.output(\n"
-            "            graphmode_hide_unwritten(self, self.attend(self.project(x), mask=mask)),\n"
+            "            graphmode_hide_unwritten(self, self.attend(self.project(x), mask=mask))\n"
+            "        )\n") in text
+    assert ("        return self.output(\n"
+            "            graphmode_hide_unwritten(self, x),\n"
+            "            graphmode_written_slots(self, mask),\n"
+            "            x + self.bias,\n"
             "        )\n") in text
     # The model's own line, 89 columns, is the limit and is left alone.
     assert "        return self.output(self.attend(self.project(x), mask=mask, dropout=self.dropout))\n" in text
@@ -51,8 +60,7 @@ def test_a_long_signature_and_a_bare_tuple_of_values_are_bracketed_one_item_per_
     text = wrapped(adapted)
     assert text.startswith("def forward_static(\n    self,\n    hidden_states,\n")
     assert ("    keys, values = (\n"
-            "        self.cache.zeros_like(hidden_states, 1),\n"
-            "        self.cache.zeros_like(hidden_states, 2),\n"
+            "        self.cache.zeros_like(hidden_states, 1), self.cache.zeros_like(hidden_states, 2)\n"
             "    )\n") in text
 
 

@@ -40,8 +40,10 @@ def test_every_finding_is_fixed_by_the_chain():
     assert "self.cache_k[:bsz].index_copy_(1, input_pos, xk)" in adapted
     assert "keys = self.cache_k[:bsz]\n" in adapted
     assert "freqs_cis = self.freqs_cis[input_pos]" in adapted
-    assert 'self.register_buffer("freqs_cis", precompute_freqs_cis(' in adapted
-    assert "max(params.max_seq_len * 2, GRAPHMODE_MAX_SEQ_LEN)" in adapted
+    # The model's own table and caches, as it builds them, made buffers that setup_caches reads or sizes.
+    assert "self.freqs_cis = precompute_freqs_cis(" in result.adapted and "GRAPHMODE_MAX_SEQ_LEN" not in result.adapted
+    assert 'graphmode_table_buffers(self, ("freqs_cis",))' in result.adapted
+    assert 'graphmode_cache_buffers(self, ("cache_k", "cache_v"), seq_dim=1)' in result.adapted
     # The only length branch built the mask, so nothing the rules flag is left on the static path, and the
     # original bodies beside it are no step of the entries.
     # (The static view still holds graphmode's helpers pasted in, which the written file imports from

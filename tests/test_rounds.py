@@ -17,6 +17,7 @@ from test_fusion_report import _designed, _state
 from test_workflow import graphmode
 
 from graphmode.agent import nodes
+from graphmode.agent.adaptation import static_length
 from graphmode.agent.bisection import bisect_changes
 from graphmode.agent.choices import proposed_choice
 from graphmode.agent.repair import plan_repair
@@ -117,7 +118,9 @@ def test_a_revision_designs_again_with_the_new_value(tmp_path):
     again = revised.model_copy(update=nodes.design(revised))
     assert not again.revising and nodes.after_confirm(again.model_copy(update=nodes.take_answer(again, "all"))) \
         == "implement"
-    assert "GRAPHMODE_MAX_SEQ_LEN = 96" in Path(again.planned_diff_path).read_text()
+    # The file holds no size: the revised length is what verification sets the static path up for.
+    assert "GRAPHMODE_MAX_SEQ_LEN" not in Path(again.planned_diff_path).read_text()
+    assert static_length(again) == 96 and static_length(state) is None
     design = Path(again.design_path).read_text()
     assert "| Static buffer length | 96 positions (revised at confirmation" in design
     section = design.split(f"### {cache.id}.")[1].split("\n### ")[0]

@@ -125,17 +125,6 @@ def test_what_is_read_has_an_effect_or_is_the_models_own_stays(kept):
     assert tidied(kept) == textwrap.dedent(kept)
 
 
-def test_size_constants_go_when_nothing_reads_them_and_stay_when_something_does():
-    constants = ("# graphmode: sizes of the static Decode buffers.\n"
-                 "GRAPHMODE_MAX_SEQ_LEN = 64\nGRAPHMODE_MAX_BATCH_SIZE = 1\n")
-    uses_length = "\n\nclass M:\n    n = GRAPHMODE_MAX_SEQ_LEN\n"
-    assert tidied(constants + uses_length) == ("# graphmode: sizes of the static Decode buffers.\n"
-                                               "GRAPHMODE_MAX_SEQ_LEN = 64\n" + uses_length)
-    uses_batch = "\n\nclass M:\n    n = GRAPHMODE_MAX_BATCH_SIZE\n"
-    assert tidied(constants + uses_batch) == ("# graphmode: sizes of the static Decode buffers.\n"
-                                              "GRAPHMODE_MAX_BATCH_SIZE = 1\n" + uses_batch)
-
-
 def _functions_tidy_sees() -> list[cst.FunctionDef]:
     """graphmode's functions as the tidy pass gets them (before it), for every fixture and bundled example, and the
     functions of this file's cases."""

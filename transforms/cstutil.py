@@ -177,6 +177,12 @@ def single_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | Non
     return None
 
 
+def string_tuple(names: list[str]) -> str:
+    """The code of a tuple of these strings: `("a",)`, `("a", "b")`."""
+    quoted = [f'"{name}"' for name in names]
+    return f"({quoted[0]},)" if len(quoted) == 1 else f"({', '.join(quoted)})"
+
+
 def is_docstring(stmt: cst.CSTNode) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)

@@ -4,10 +4,10 @@ A codemod writes a call or a signature on one line (`self.register_buffer("cache
 persistent=False)`), and a file kept to 110 columns gets lines of 179. The limit is the file's own: its longest line
 before graphmode (at least 79). Only lines the original does not have are wrapped, so the model's own long lines
 stay as they were; a line is wrapped the way a formatter would: a call's arguments (a signature's parameters, the
-values of a tuple an assignment gives) one per line inside their brackets, the outermost first, then inner ones
-while a line is still too long; the operands of an `if` test's `and`/`or` chain one per line in brackets; a run of
-comment lines re-filled; a docstring's prose paragraph re-filled (its
-lists, examples and indented lines kept as written). Dict literals and f-strings are left as they are.
+values of a tuple an assignment gives) on one line of their own inside the brackets where they fit there, else one
+per line, the outermost first, then inner ones while a line is still too long; the operands of an `if` test's
+`and`/`or` chain one per line in brackets; a run of comment lines re-filled; a docstring's prose paragraph re-filled
+(its lists, examples and indented lines kept as written). Dict literals and f-strings are left as they are.
 """
 from __future__ import annotations
 
@@ -60,13 +60,14 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
         span = positions[statement]
         if not long & set(range(span.start.line, span.end.line + 1)):
             continue
-        # The outermost call (or bracketed tuple) that opens on a long line; its arguments then go one per line.
+        # The outermost call (or bracketed tuple) that opens on a long line; its arguments then go on lines of their own.
         for node in _nodes(statement, (cst.Call, cst.Tuple)):
             if (positions[node].start.line in long and _wrappable(node, parents.get(node))
                     and not _in_fstring(node, parents)):
                 depth = _wrapped_around(node, statement, parents)
                 wrap = _wrap_call if isinstance(node, cst.Call) else _wrap_tuple
-                chosen[node] = lambda updated, wrap=wrap, depth=depth: wrap(updated, depth)
+                room = limit - span.start.column  # the columns right of the statement's indentation
+                chosen[node] = lambda updated, wrap=wrap, depth=depth, room=room: wrap(updated, depth, room)
                 break
     for function in _nodes(module, cst.FunctionDef):
         header = positions[function].start.line
@@ -168,13 +169,34 @@ def _new_line(extra: str) -> cst.ParenthesizedWhitespace:
                                        last_line=cst.SimpleWhitespace(extra))
 
 
-def _wrap_call(call: cst.Call, depth: int) -> cst.Call:
-    """Each argument on its own line, one indent in from the brackets around it (`depth` of them already wrapped), a
-    comma after each, the closing parenthesis on a line of its own."""
+def _wrap_call(call: cst.Call, depth: int, room: int) -> cst.Call:
+    """The arguments on one line of their own inside the brackets when they fit in `room` columns there (as a
+    formatter hugs them), else each on its own line with a comma after it; one indent in from the brackets around
+    the call (`depth` of them already wrapped), the closing parenthesis on a line of its own."""
     inner, closing = "    " * (depth + 1), "    " * depth
+    hugged = _hugged(call.args, room - len(inner))
+    if hugged is not None:
+        return call.with_changes(whitespace_before_args=_new_line(inner),
+                                 args=[*hugged[:-1], hugged[-1].with_changes(whitespace_after_arg=_new_line(closing))])
     args = [arg.with_changes(comma=cst.Comma(whitespace_after=_new_line(closing if last else inner)))
             for last, arg in ((i == len(call.args) - 1, a) for i, a in enumerate(call.args))]
     return call.with_changes(whitespace_before_args=_new_line(inner), args=args)
+
+
+def _hugged(items, room: int) -> list | None:
+    """The arguments (or elements) with a comma and a space between them and none after the last, when they are
+    written on one line and that line fits in `room` columns; else None."""
+    last = len(items) - 1
+    hugged = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT if index == last else
+                                cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+              for index, item in enumerate(items)]
+    if isinstance(hugged[-1], cst.Arg):
+        hugged[-1] = hugged[-1].with_changes(whitespace_after_arg=cst.SimpleWhitespace(""))
+    text = "".join(_EMPTY.code_for_node(item) for item in hugged)
+    return hugged if "\n" not in text and len(text) <= room else None
+
+
+_EMPTY = cst.Module(body=[])
 
 
 def _in_fstring(node: cst.CSTNode, parents) -> bool:
@@ -187,14 +209,18 @@ def _in_fstring(node: cst.CSTNode, parents) -> bool:
     return False
 
 
-def _wrap_tuple(node: cst.Tuple, depth: int) -> cst.Tuple:
-    """A bracketed tuple's elements one per line, as a call's arguments."""
+def _wrap_tuple(node: cst.Tuple, depth: int, room: int) -> cst.Tuple:
+    """A bracketed tuple's elements hugged on one line, or one per line, as a call's arguments."""
     inner, closing = "    " * (depth + 1), "    " * depth
-    elements = [e.with_changes(comma=cst.Comma(whitespace_after=_new_line(closing if last else inner)))
-                for last, e in ((i == len(node.elements) - 1, e) for i, e in enumerate(node.elements))]
+    hugged = _hugged(node.elements, room - len(inner)) if len(node.elements) > 1 else None
     if not node.lpar:
         node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     lpar = [node.lpar[0].with_changes(whitespace_after=_new_line(inner)), *node.lpar[1:]]
+    if hugged is not None:  # the closing bracket on a line of its own
+        rpar = [*node.rpar[:-1], node.rpar[-1].with_changes(whitespace_before=_new_line(closing))]
+        return node.with_changes(lpar=lpar, rpar=rpar, elements=hugged)
+    elements = [e.with_changes(comma=cst.Comma(whitespace_after=_new_line(closing if last else inner)))
+                for last, e in ((i == len(node.elements) - 1, e) for i, e in enumerate(node.elements))]
     return node.with_changes(lpar=lpar, elements=elements)
 
 

@@ -51,9 +51,11 @@ import libcst as cst
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
+from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
+from graphmode.transforms.tidy import without_identical_branches
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 
@@ -76,6 +78,8 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
     originals = dict(_functions(original))
     changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
+    # Guarded eager-only statements are the same on both paths: such a function keeps its adapted form, untwinned.
+    changed = {q: f for q, f in changed.items() if not _guards_only(originals[q], f)}
     if not changed:
         return _put_back_statements(original, adapted)
     plan = _Plan()
@@ -502,8 +506,16 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
     keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
     runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
             difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
+    # A run whose static form only skips the original statements while Dynamo traces is the same on both paths
+    # (eager runs never trace): it takes the original's place, unforked.
+    guards = {run: theirs[run[2]] for run in runs if _eager_guard(ours[run[0]:run[1]], theirs[run[2]:run[3]])}
+    runs = [run for run in runs if run not in guards]
+    if not runs and guards:
+        return _with_guards(original, docstring, ours, guards)
     if not runs or len(runs) > _MOST_FORKS:
         return None
+    # A rewrite may have made both arms of a branch the same (one static form for every attention kind).
+    theirs = _merged_arms(theirs, runs)
     indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
     if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
         return None  # an original statement under `else:` would no longer fit the file's lines
@@ -517,9 +529,12 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
     body: list[cst.BaseStatement] = list(docstring)
     done = 0
-    for i1, i2, j1, j2 in runs:
+    for i1, i2, j1, j2 in sorted([*runs, *guards]):
         body += ours[done:i1]
         done = i2
+        if (i1, i2, j1, j2) in guards:
+            body.append(guards[i1, i2, j1, j2])
+            continue
         if i2 == len(ours) and j2 == len(theirs) and theirs[j1:j2] and _ends_the_call(theirs[j2 - 1]):
             # The static statements return: the original's follow the fork as written, not indented under `else`.
             body += [_fork(receiver, theirs[j1:j2], [], ours[i1:i2]), *ours[i1:i2]]
@@ -529,6 +544,48 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
     body += ours[done:]
     params = _merged_signature(original.params, static.params)[0]
     return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _merged_arms(theirs: list[cst.BaseStatement], runs: list[tuple[int, int, int, int]]) -> list[cst.BaseStatement]:
+    """The rewritten statements with the identical arms of a forked run's branch merged, where that leaves one
+    statement (so the runs keep their indexes)."""
+    merged = list(theirs)
+    for _, _, j1, j2 in runs:
+        for j in range(j1, j2):
+            flat = without_identical_branches([merged[j]])
+            if len(flat) == 1:
+                merged[j] = flat[0]
+    return merged
+
+
+def _guards_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
+    """Whether the rewrite only put eager-only guards around statements of the body (see _eager_guard)."""
+    if code_of(original.params) != code_of(adapted.params) or not isinstance(original.body, cst.IndentedBlock) \
+            or not isinstance(adapted.body, cst.IndentedBlock):
+        return False
+    ours, theirs = _split_docstring(list(original.body.body))[1], _split_docstring(list(adapted.body.body))[1]
+    matcher = difflib.SequenceMatcher(None, [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs],
+                                      autojunk=False)
+    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    return bool(runs) and all(_eager_guard(ours[i1:i2], theirs[j1:j2]) for i1, i2, j1, j2 in runs)
+
+
+def _eager_guard(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement]) -> bool:
+    """Whether the static statements are the original ones under `if not torch.compiler.is_compiling():` alone."""
+    if len(theirs) != 1 or not ours or not isinstance(theirs[0], cst.If) or theirs[0].orelse is not None \
+            or code_of(theirs[0].test).strip() != EAGER_ONLY:
+        return False
+    return [_statement_key(s) for s in theirs[0].body.body] == [_statement_key(s) for s in ours]
+
+
+def _with_guards(original: cst.FunctionDef, docstring: list[cst.BaseStatement], ours: list[cst.BaseStatement],
+                 guards: dict[tuple[int, int, int, int], cst.If]) -> cst.FunctionDef:
+    """The original body with only eager-only guards put around statements: nothing forks."""
+    body, done = list(docstring), 0
+    for (i1, i2, _, _), guard in sorted(guards.items()):
+        body += [*ours[done:i1], guard]
+        done = i2
+    return original.with_changes(body=original.body.with_changes(body=[*body, *ours[done:]]))
 
 
 def _unbreakable(line: str) -> str:

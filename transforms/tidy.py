@@ -2,11 +2,10 @@
 
 A codemod rewrites the lines its idiom covers and leaves the rest of a function as it was, so a static twin can keep
 a local the rewrite no longer reads (`kv_seq_len = self.kv_cache.max_seq_len` once attention reads every slot), a
-branch whose two arms became the same, or a size constant no buffer of this file is sized by. A person would not
-write them; a linter flags them.
+or a branch whose two arms became the same. A person would not write them; a linter flags them.
 
 Only code graphmode wrote is touched: functions whose docstring says "(added by graphmode)" (the static twins, the
-entries, the helpers) and graphmode's size constants. The model's own functions stay as they are, byte for byte:
+entries, the helpers). The model's own functions stay as they are, byte for byte:
 the adapted file still does everything the original does.
 """
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import FunctionScope, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
 from graphmode.transforms.cstutil import code_of, is_docstring, nodes_of_type, walk
 from graphmode.transforms.dispatch import Transformer
 
@@ -26,10 +24,8 @@ _PURE_FUNCTIONS = frozenset({"len", "max", "min", "isinstance"})
 
 
 def tidy(module: cst.Module) -> cst.Module:
-    """`module` with dead locals and identical branches taken out of graphmode's functions, and graphmode's size
-    constants that nothing reads removed."""
-    module = module.visit(_TidyFunctions())
-    return _without_unread_constants(module)
+    """`module` with dead locals and identical branches taken out of graphmode's functions."""
+    return module.visit(_TidyFunctions())
 
 
 def added_by_graphmode(function: cst.FunctionDef) -> bool:
@@ -359,6 +355,12 @@ class _DropAssignments(Transformer):
             value=cst.Tuple([cst.Element(v) for _, v in live], lpar=[], rpar=[]))])
 
 
+def without_identical_branches(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The statements with every `if test: A else: A` (a test that changes nothing) made `A`."""
+    block = cst.IndentedBlock(body=statements).visit(_MergeIdenticalBranches())
+    return list(block.body)
+
+
 class _MergeIdenticalBranches(Transformer):
     """`if test: A else: A` with a test that changes nothing becomes `A`: a rewrite made both arms the same."""
 
@@ -385,31 +387,3 @@ class _MergeIdenticalBranches(Transformer):
         return cst.FlattenSentinel(body)
 
 
-def _without_unread_constants(module: cst.Module) -> cst.Module:
-    """graphmode's size constants that nothing in the file reads, removed (buffers sized by `setup_caches` need
-    none). The comment above the pair stays with the one kept, and goes with the pair."""
-    if not any(_size_constant(stmt) for stmt in module.body):
-        return module
-    names = [n.value for n in nodes_of_type(module, cst.Name)]
-    kept: list[cst.BaseStatement] = []
-    carried: list[cst.EmptyLine] | None = None
-    for stmt in module.body:
-        name = _size_constant(stmt)
-        if name is not None and names.count(name) == 1:  # its own assignment is the only mention
-            carried = carried or list(stmt.leading_lines)
-            continue
-        if carried is not None and name is not None:
-            stmt = stmt.with_changes(leading_lines=carried)
-        carried = None
-        kept.append(stmt)
-    return module if len(kept) == len(module.body) else module.with_changes(body=kept)
-
-
-def _size_constant(stmt: cst.BaseStatement) -> str | None:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    assign = stmt.body[0]
-    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
-        name = assign.targets[0].target.value
-        return name if name in (MAX_SEQ_LEN_CONSTANT, MAX_BATCH_CONSTANT) else None
-    return None

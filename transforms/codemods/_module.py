@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT, GraphCodemod, Options
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name, walk
 from graphmode.transforms.parsed import ParsedSource
 
@@ -11,16 +11,6 @@ from graphmode.transforms.parsed import ParsedSource
 def _is_import(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-    )
-
-
-def _is_size_constant(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and any(
-        isinstance(s, cst.Assign) and any(
-            isinstance(t.target, cst.Name) and t.target.value in (MAX_SEQ_LEN_CONSTANT, MAX_BATCH_CONSTANT)
-            for t in s.targets
-        )
-        for s in stmt.body
     )
 
 
@@ -42,7 +32,7 @@ def insert_after_imports(module: cst.Module, statements: list[cst.BaseStatement]
     body = list(module.body)
     index = 0
     while index < len(body) and (
-        _is_import(body[index]) or (index == 0 and is_docstring(body[index])) or _is_size_constant(body[index])
+        _is_import(body[index]) or (index == 0 and is_docstring(body[index]))
     ):
         index += 1
     first = statements[0]
@@ -51,18 +41,6 @@ def insert_after_imports(module: cst.Module, statements: list[cst.BaseStatement]
     gap = [cst.EmptyLine() for _ in range(2 if isinstance(first, (cst.ClassDef, cst.FunctionDef)) else 1)]
     statements = [first.with_changes(leading_lines=[*gap, *first.leading_lines]), *statements[1:]]
     return module.with_changes(body=[*body[:index], *statements, *body[index:]])
-
-
-def ensure_size_constants(module: cst.Module, options: Options) -> cst.Module:
-    """The two constants every static buffer is sized by, defined once per module."""
-    if defined_at_top(module, MAX_SEQ_LEN_CONSTANT):
-        return module
-    block = cst.parse_module(
-        "# graphmode: sizes of the static Decode buffers. Raise them to serve longer sequences or larger batches.\n"
-        f"{MAX_SEQ_LEN_CONSTANT} = {options.max_seq_len}\n"
-        f"{MAX_BATCH_CONSTANT} = {options.max_batch_size}\n"
-    )
-    return insert_after_imports(module, list(block.body))
 
 
 def append_to_init(cls: cst.ClassDef, statements: list[cst.BaseStatement], comment: str) -> cst.ClassDef:
@@ -101,7 +79,7 @@ def self_attributes(cls: cst.ClassDef) -> set[str]:
 
 
 class BufferCodemod(GraphCodemod):
-    """A codemod that rewrites methods one at a time and adds buffers sized by the module constants."""
+    """A codemod that rewrites methods one at a time and adds static buffers, which `setup_caches` sizes."""
 
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
@@ -129,7 +107,8 @@ class BufferCodemod(GraphCodemod):
         return self.finish_module(updated_node) if self._changed else updated_node
 
     def finish_module(self, module: cst.Module) -> cst.Module:
-        return ensure_size_constants(module, self.options)
+        """The module once a method was rewritten: where a codemod inserts the helpers its rewrite calls."""
+        return module
 
 
 def moves_to_device(stmt: cst.BaseStatement, attribute: str) -> bool:

@@ -22,10 +22,6 @@ from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
 
-MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
-MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
-
-
 @dataclass(frozen=True)
 class Options:
     """What the rewrites need to know that the source does not say."""
@@ -108,8 +104,8 @@ class GraphCodemod(Codemod, Transformer):
     # The idiom lies inside one function and the rewrite changes only that function: a function whose own words
     # fail `idiom_in` is passed over (its body is neither walked nor rebuilt).
     IDIOM_IN_ONE_FUNCTION: ClassVar[bool] = False
-    # Its output holds buffers sized by the static length and batch (GRAPHMODE_MAX_SEQ_LEN, GRAPHMODE_MAX_BATCH_SIZE):
-    # the design shows those parameters on it, and a person may revise them (agent.revisions).
+    # Its output holds buffers `setup_caches` sizes by the static length and batch: the design shows those parameters
+    # on it, and a person may revise them (agent.revisions); verification sets the static path up at that size.
     SIZES_BUFFERS: ClassVar[bool] = False
     # A fusion: it makes Decode do the same work in fewer kernels, not compile. Verify times Decode with and without
     # the fusions the plan applied (an adaptation without them beside the one with them).

@@ -376,7 +376,7 @@ class CacheObject(GraphCodemod):
         guarded = _guarded_block(write, cache)
         if guarded is not None and _tuple_write(guarded, cache):
             plan.replace[write] = static.with_changes(leading_lines=[*write.leading_lines, _comment(
-                "written in place into the preallocated cache; attention reads the whole buffer.")])
+                "written in place at the positions; attention reads every slot.")])
             returned = _returned_tuple(body[write_index + 1:], cache, keys, values)
             if returned is not None:  # eager callers read the past length off the tuple they get back
                 plan.replace[returned] = returned.visit(_WrittenSlots(keys, values, slots))

@@ -7,20 +7,28 @@ Recognises the Meta reference style, in a class whose `__init__` creates the cac
     self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk                           # forward
     keys = self.cache_k[:bsz, : start_pos + seqlen]
 
-The caches become non-persistent buffers of `GRAPHMODE_MAX_BATCH_SIZE` x `GRAPHMODE_MAX_SEQ_LEN`
-slots, the write becomes `self.cache_k[:bsz].index_copy_(1, input_pos, xk)` and the read takes the
-whole buffer (`self.cache_k[:bsz]`): attention runs over every slot and the causal mask hides the
-ones not written yet. `self.cache_k = self.cache_k.to(...)` in the method is dropped (a buffer
-follows the model). A cache written but never read back whole (or the reverse), a slice of another
-shape, or a cache not created with `torch.zeros` in `__init__` is left to a person.
+The caches, as `__init__` builds them, become buffers (`graphmode_cache_buffers`: they follow the model's `.to()`,
+and `setup_caches` allocates them again for the sequences and positions it serves), the write becomes
+`self.cache_k[:bsz].index_copy_(1, input_pos, xk)` and the read takes the whole buffer (`self.cache_k[:bsz]`):
+attention runs over every slot and the causal mask hides the ones not written yet.
+`self.cache_k = self.cache_k.to(...)` in the method is dropped (a buffer follows the model). A cache written but
+never read back whole (or the reverse), a slice of another shape, or a cache not created with `torch.zeros` in
+`__init__` is left to a person.
 """
 from __future__ import annotations
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from graphmode.transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
-from graphmode.transforms.codemods.base import MAX_BATCH_CONSTANT, MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._module import (
+    BufferCodemod,
+    ReplaceNodes,
+    defined_at_top,
+    insert_after_imports,
+    moves_to_device,
+    replace_method,
+)
 from graphmode.transforms.cstutil import (
     POSITION_TENSOR,
     code_of,
@@ -31,6 +39,7 @@ from graphmode.transforms.cstutil import (
     names_in,
     position_param,
     self_attribute_name,
+    string_tuple,
     torch_call_name,
 )
 
@@ -75,28 +84,16 @@ def _zeros_cache(init: cst.FunctionDef, attribute: str) -> tuple[cst.SimpleState
     return None
 
 
-def _sized_zeros(call: cst.Call, dim: int) -> cst.Call | None:
-    """The zeros call with the sequence size set to the constant, and the batch (dim 0, when the sequence is not) to
-    the larger of the model's own and the constant."""
+def _sizes(call: cst.Call) -> list | None:
+    """The sizes a zeros call is given (one shape tuple or list, or one argument each); None where one is starred."""
     positional = [a for a in call.args if a.keyword is None]
     if len(positional) == 1 and isinstance(positional[0].value, (cst.Tuple, cst.List)):
-        shape = positional[0].value
-        sizes = list(shape.elements)
+        sizes = list(positional[0].value.elements)
     else:
-        shape, sizes = None, positional
-    if len(sizes) <= dim or any(isinstance(s, cst.StarredElement) or getattr(s, "star", "") for s in sizes):
+        sizes = positional
+    if any(isinstance(s, cst.StarredElement) or getattr(s, "star", "") for s in sizes):
         return None
-    new_sizes = list(sizes)
-    new_sizes[dim] = sizes[dim].with_changes(value=cst.Name(MAX_SEQ_LEN_CONSTANT))
-    if dim > 0:  # as many sequences as the model's own code may pass (the original body reads these buffers too)
-        new_sizes[0] = sizes[0].with_changes(value=cst.parse_expression(
-            f"max({code_of(sizes[0].value)}, {MAX_BATCH_CONSTANT})"))
-    if shape is not None:
-        args = [positional[0].with_changes(value=shape.with_changes(elements=new_sizes)),
-                *[a for a in call.args if a.keyword is not None]]
-    else:
-        args = [*new_sizes, *[a for a in call.args if a.keyword is not None]]
-    return call.with_changes(args=args)
+    return sizes
 
 
 class SlicedKVCache(BufferCodemod):
@@ -105,7 +102,8 @@ class SlicedKVCache(BufferCodemod):
     TITLE = "Write module-held KV caches in place at the position tensor"
     DESCRIPTION = (
         "Registers the key/value caches the attention module holds (`self.cache_k = torch.zeros(...)`) as "
-        f"non-persistent buffers of `{MAX_BATCH_CONSTANT}` x `{MAX_SEQ_LEN_CONSTANT}` slots, writes them with "
+        "buffers of the model's own size, which `setup_caches` allocates again for the sequences and positions it "
+        "serves, writes them with "
         f"`index_copy_` at `{POSITION_TENSOR}` instead of `cache[:bsz, start_pos : start_pos + n] = x`, and reads "
         "the whole buffer instead of `cache[:bsz, : start_pos + n]`. Attention runs over every slot and the causal "
         "mask hides unwritten ones, so every Decode step has the same shapes and addresses. The per-call "
@@ -179,12 +177,13 @@ class SlicedKVCache(BufferCodemod):
                                                  "dimensions")
                 return None
             found = _zeros_cache(init, attribute) if init is not None else None
-            sized = _sized_zeros(found[1], mine[0].dim) if found else None
-            if sized is None:
+            sizes = _sizes(found[1]) if found else None
+            if sizes is None or len(sizes) <= mine[0].dim or mine[0].dim == 0:
                 self.record_manual(mine[0].node, f"`self.{attribute}` is not created in __init__ as "
-                                                 "`torch.zeros(shape)` with the sequence dimension in its shape")
+                                                 "`torch.zeros(shape)` with the sequence dimension in its shape, "
+                                                 "after the batch")
                 return None
-            caches[attribute] = (found[0], sized)
+            caches[attribute] = (found[0], found[1], mine[0].dim)
 
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
         first_write = True
@@ -202,7 +201,7 @@ class SlicedKVCache(BufferCodemod):
             leading_lines = list(use.statement.leading_lines)
             if first_write:
                 leading_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(
-                    "# graphmode: written in place at the position tensor; attention reads the whole buffer.")))
+                    "# graphmode: written in place at the positions; attention reads every slot.")))
                 first_write = False
             replace[use.statement] = write.with_changes(leading_lines=leading_lines)
             self.record_edit(use.statement, f"`self.{use.attribute}` written with `index_copy_` at "
@@ -212,17 +211,26 @@ class SlicedKVCache(BufferCodemod):
             self.record_edit(stmt, "device move dropped: the cache is a buffer and follows the model")
         updated = replace_method(updated, method.name.value, method.visit(ReplaceNodes(replace, drop)))
 
+        # __init__: the model's own caches, as built, made buffers that setup_caches allocates again.
         current_init = find_method(updated, "__init__")
-        by_code: dict[str, cst.BaseStatement] = {}
-        for n, (attribute, (stmt, sized)) in enumerate(caches.items()):
-            register = cst.parse_statement(f'self.register_buffer("{attribute}", CACHE, persistent=False)\n')
-            register = register.visit(ReplaceNodes({register.body[0].value.args[1].value: sized}, set()))
-            leading_lines = list(stmt.leading_lines)
-            if n == 0:
-                leading_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(
-                    f"# graphmode: static caches for every slot up to {MAX_SEQ_LEN_CONSTANT}, moved with the model.")))
-            by_code[code_of(stmt)] = register.with_changes(leading_lines=leading_lines)
-            self.record_edit(stmt, f"`self.{attribute}` registered as a buffer of {MAX_SEQ_LEN_CONSTANT} slots")
-        new_body = [by_code.get(code_of(s), s) for s in current_init.body.body]
+        built = {code_of(stmt) for stmt, _, _ in caches.values()}
+        last = max(i for i, s in enumerate(current_init.body.body) if code_of(s) in built)
+        calls = []
+        for dim in dict.fromkeys(d for _, _, d in caches.values()):
+            names = string_tuple([a for a, (_, _, d) in caches.items() if d == dim])
+            calls.append(cst.parse_statement(f"{CACHE_BUFFERS}(self, {names}, seq_dim={dim})\n"))
+        calls[0] = calls[0].with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
+            "# graphmode: buffers (they follow the model), sized again by setup_caches."))])
+        for attribute, (stmt, _, _) in caches.items():
+            self.record_edit(stmt, f"`self.{attribute}` made a buffer that setup_caches sizes")
+        body = list(current_init.body.body)
         return replace_method(updated, "__init__", current_init.with_changes(
-            body=current_init.body.with_changes(body=new_body)))
+            body=current_init.body.with_changes(body=[*body[:last + 1], *calls, *body[last + 1:]])))
+
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        if defined_at_top(module, CACHE_BUFFERS):
+            return module
+        return insert_after_imports(module, helper_statements(CACHE_BUFFERS))
+
+
+CACHE_BUFFERS = "graphmode_cache_buffers"  # its code: helper-code/helpers.py, inserted by name

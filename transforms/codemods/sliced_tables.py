@@ -6,19 +6,23 @@ Recognises, in a method that takes a position `P`, a slice of a table the class 
     freqs_cis = self.freqs_cis[start_pos : start_pos + seqlen]                 # forward
 
 and turns the slice into `self.freqs_cis[input_pos]`: the same rows, selected by a tensor, so the
-step number is data rather than a constant Dynamo guards on. The table becomes a non-persistent
-buffer (it then follows the model's device, so `self.freqs_cis = self.freqs_cis.to(...)` in the
-method is dropped), and its length argument, the one that names the maximum length, is raised to at
-least `GRAPHMODE_MAX_SEQ_LEN`. A table whose length argument cannot be told is left to a person.
+step number is data rather than a constant Dynamo guards on. The table, as the model builds it, becomes a buffer
+(`graphmode_table_buffers`: it then follows the model's device, so `self.freqs_cis = self.freqs_cis.to(...)` in the
+method is dropped), and `setup_caches` serves no more positions than it has rows.
 """
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
-from graphmode.transforms.codemods._module import BufferCodemod, ReplaceNodes, moves_to_device, replace_method
-from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._module import (
+    BufferCodemod,
+    ReplaceNodes,
+    defined_at_top,
+    insert_after_imports,
+    moves_to_device,
+    replace_method,
+)
 from graphmode.transforms.cstutil import (
     POSITION_TENSOR,
     code_of,
@@ -26,10 +30,8 @@ from graphmode.transforms.cstutil import (
     is_position_window,
     position_param,
     self_attribute_name,
+    string_tuple,
 )
-
-_LENGTH = re.compile(r"max_(seq|position|len)")
-
 
 def _windows(method: cst.FunctionDef, name: str) -> list[cst.Subscript]:
     """Every `self.A[P : P + n]` in the method."""
@@ -65,19 +67,6 @@ def _table_statement(init: cst.FunctionDef,
     return None
 
 
-def _length_args(table: cst.BaseExpression) -> list[cst.Arg]:
-    """Arguments anywhere in the table expression that name the maximum length."""
-    found: list[cst.Arg] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Arg(self, node: cst.Arg) -> None:
-            if _LENGTH.search(code_of(node.value)):
-                found.append(node)
-
-    table.visit(_Collector())
-    return found
-
-
 class SlicedTables(BufferCodemod):
     NAME = "sliced_tables"
     SIZES_BUFFERS = True
@@ -85,9 +74,8 @@ class SlicedTables(BufferCodemod):
     DESCRIPTION = (
         "Replaces `self.table[start_pos : start_pos + n]` (a rotary table precomputed in `__init__`, sliced by the "
         f"Python-int position) with `self.table[{POSITION_TENSOR}]`, the same rows selected by the position tensor. "
-        "The table becomes a non-persistent buffer built for at least "
-        f"`{MAX_SEQ_LEN_CONSTANT}` positions, so the per-call `.to(device)` reassignment is dropped. Values are "
-        "identical; positions past the table now raise an index error."
+        "The table, as the model builds it, becomes a non-persistent buffer, so the per-call `.to(device)` "
+        "reassignment is dropped, and `setup_caches` refuses more positions than it has rows. Values are identical."
     )
     SKILL = "positions-as-tensors"
     FIXES = frozenset({"GM302"})
@@ -109,19 +97,14 @@ class SlicedTables(BufferCodemod):
             self.record_manual(windows[0], "a table sliced by the position, but the class has no __init__ building it")
             return None
         attributes = list(dict.fromkeys(self_attribute_name(w.value) for w in windows))
-        plans: dict[str, tuple[cst.SimpleStatementLine, cst.BaseExpression, cst.Arg]] = {}
+        plans: dict[str, tuple[cst.SimpleStatementLine, cst.BaseExpression]] = {}
         for attribute in attributes:
             site = next(w for w in windows if self_attribute_name(w.value) == attribute)
             found = _table_statement(init, attribute)
             if found is None:
                 self.record_manual(site, f"`self.{attribute}` is sliced by the position but not built in __init__")
                 return None
-            lengths = _length_args(found[1])
-            if len(lengths) != 1:
-                self.record_manual(site, f"cannot tell which argument sets the length of `self.{attribute}`, so "
-                                         f"that it covers {MAX_SEQ_LEN_CONSTANT} positions")
-                return None
-            plans[attribute] = (found[0], found[1], lengths[0])
+            plans[attribute] = found
 
         # The method: slices become indexes; device moves of the (now buffer) tables go.
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
@@ -135,26 +118,24 @@ class SlicedTables(BufferCodemod):
         new_method = method.visit(ReplaceNodes(replace, drop))
         updated = replace_method(updated, method.name.value, new_method)
 
-        # __init__: the table registered as a buffer, at least GRAPHMODE_MAX_SEQ_LEN long.
-        init_replace: dict[cst.CSTNode, cst.CSTNode] = {}
-        for attribute, (stmt, table, length) in plans.items():
-            wrapped = length.with_changes(value=cst.parse_expression(
-                f"max({code_of(length.value)}, {MAX_SEQ_LEN_CONSTANT})"))
-            table = table.visit(ReplaceNodes({length: wrapped}, set()))
-            small = stmt.body[0]
-            if isinstance(small, cst.Assign):
-                register = cst.parse_statement(f'self.register_buffer("{attribute}", TABLE, persistent=False)\n')
-                new_stmt = register.visit(ReplaceNodes({register.body[0].value.args[1].value: table}, set()))
-                new_stmt = new_stmt.with_changes(leading_lines=stmt.leading_lines)
-            else:
-                call = small.value
-                args = list(call.args)
-                args[1] = args[1].with_changes(value=table)
-                new_stmt = stmt.with_changes(body=[small.with_changes(value=call.with_changes(args=args))])
-            init_replace[stmt] = new_stmt
-            self.record_edit(stmt, f"`self.{attribute}` registered as a buffer covering {MAX_SEQ_LEN_CONSTANT}")
+        # __init__: the model's own tables, as built, made buffers whose rows setup_caches reads as a limit.
         current_init = find_method(updated, "__init__")
-        by_code = {code_of(k): v for k, v in init_replace.items()}
-        new_body = [by_code.get(code_of(s), s) for s in current_init.body.body]
+        built = {code_of(stmt) for stmt, _ in plans.values()}
+        last = max(i for i, s in enumerate(current_init.body.body) if code_of(s) in built)
+        call = cst.parse_statement(f"{TABLE_BUFFERS}(self, {string_tuple(list(plans))})\n").with_changes(
+            leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
+                "# graphmode: buffers; setup_caches serves no more positions than their rows."))])
+        for attribute, (stmt, _) in plans.items():
+            self.record_edit(stmt, f"`self.{attribute}` made a buffer; setup_caches serves no more positions than "
+                                   "its rows")
+        body = list(current_init.body.body)
         return replace_method(updated, "__init__", current_init.with_changes(
-            body=current_init.body.with_changes(body=new_body)))
+            body=current_init.body.with_changes(body=[*body[:last + 1], call, *body[last + 1:]])))
+
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        if defined_at_top(module, TABLE_BUFFERS):
+            return module
+        return insert_after_imports(module, helper_statements(TABLE_BUFFERS))
+
+
+TABLE_BUFFERS = "graphmode_table_buffers"  # its code: helper-code/helpers.py, inserted by name

@@ -26,12 +26,14 @@ from libcst.metadata import PositionProvider
 from graphmode.transforms.codemods._call_graph import THREADED
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import append_to_init, defined_at_top, insert_after_imports
-from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT, GraphCodemod
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.cache_object import MASK_CLASS, PADDED_ROWS
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS
+from graphmode.transforms.codemods.sliced_kv_cache import CACHE_BUFFERS
+from graphmode.transforms.codemods.sliced_tables import TABLE_BUFFERS
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
+from graphmode.transforms.codemods.static_rotary import RESIZE
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
-from graphmode.transforms.line_wrap import fill_words
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
@@ -39,8 +41,9 @@ FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, o
 SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
 ROW_POSITIONS = "graphmode_row_positions"  # each row's positions from a padding mask, as generate() counts them
 _PADDING = "attention_mask"  # the 2-D padding mask the keyword entries take where the mask rows apply it
-# The helpers whose buffers `setup_caches` allocates (static_kv_cache, carried_cache, cache_object insert them).
-_SIZED_BY_SETUP = (CACHE_CLASS, BUFFERS_CLASS, MASK_CLASS)
+# The helpers whose buffers `setup_caches` allocates or checks (static_kv_cache, carried_cache, cache_object,
+# sliced_kv_cache and sliced_tables insert them); static_rotary writes a `graphmode_resize` method instead.
+_SIZED_BY_SETUP = (CACHE_CLASS, BUFFERS_CLASS, MASK_CLASS, CACHE_BUFFERS, TABLE_BUFFERS)
 # The helper whose `with` puts the entries' calls on the static path (static_path.SWITCH).
 STATIC_PATH = "GraphmodeStaticPath"
 
@@ -168,7 +171,8 @@ class SplitDecode(GraphCodemod):
         module = super().transform_module_impl(tree)
         if not any("entry points added" in e.summary for e in self.edits):
             return module
-        sized = any(defined_at_top(module, name) for name in (MAX_SEQ_LEN_CONSTANT, *_SIZED_BY_SETUP))
+        sized = any(defined_at_top(module, name) for name in _SIZED_BY_SETUP) \
+            or f"def {RESIZE}(" in self.code_of_module(module)
         if sized and not defined_at_top(module, FITS):
             module, checked = _prefill_checks_sizes(module, self.options.entry_class)
             if checked:
@@ -269,16 +273,12 @@ class SplitDecode(GraphCodemod):
             return _add_after_forward(updated_node, _copied_entries(forward, decode_body, omitted, positions, signature,
                                                                     call, self._cache_in_buffers,
                                                                     self.options.prefill_resets, slots))
-        if settled:
-            said = ("`forward` on one token per sequence, the optional arguments at their defaults: Dynamo settles "
-                    "the branches only Prefill takes while it traces, so the graph holds Decode's path alone "
-                    f"({', '.join(f'`{test}`' for test in settled)}).")
-            about = "\n".join(fill_words(said, 88, 88))
-        else:
-            about = "`forward` has no branch only Prefill takes, so Decode calls it as it is."
+        # Decode's docstring names what tracing settles, so a reviewer sees why `decode` may simply call `forward`.
+        about = (f"Tracing settles the branches only Prefill takes: {', '.join(f'`{test}`' for test in settled)}."
+                 if settled else "")
         logits_only = self._cache_in_buffers and _returns_logits_and_cache(decode_body)
         if logits_only:
-            about += "\nThe cache lives in buffers, so only the logits come back."
+            about += " The cache lives in buffers; only the logits come back."
         return _add_after_forward(updated_node, _entry_methods(
             signature, call, about, f"return {call}" + ("[0]" if logits_only else ""), self.options.prefill_resets,
             slots))
@@ -353,15 +353,13 @@ class SplitDecode(GraphCodemod):
             passed["position_ids"] = f"{ROW_POSITIONS}({POSITION_TENSOR}, {_PADDING})"
             signature += f", {_PADDING}=None"
             padding, self._padded_entries = _PADDING, True
-            about = (f"\n`{_PADDING}` (rows, slots), optional: 0 at a row's padded slots (left padding); in Decode, "
-                     "pass it at the\nfull length `setup_caches` set, so every step has the same shapes.")
+            about = (f"\n\n`{_PADDING}` (rows, slots), optional: 0 at a row's padded slots (left padding); in "
+                     "Decode, pass it at the full length `setup_caches` set, so every step has the same shapes.")
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
-        return _entry_methods(signature, call,
-                              "`forward` with Decode's keywords: the branches it takes on them are settled while "
-                              "tracing.\nThe cache lives in buffers, so none goes in or out; the logits come back."
-                              + about, f"return {call}", self.options.prefill_resets, POSITION_TENSOR, padding)
+        return _entry_methods(signature, call, "The cache lives in buffers; only the logits come back." + about,
+                              f"return {call}", self.options.prefill_resets, POSITION_TENSOR, padding)
 
 
 # How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
@@ -395,12 +393,15 @@ _DECODE_KEYWORDS = {"use_cache": "False", "return_dict": "False"}
 def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_statement: str,
                    resets: tuple[str, ...] = (), slots: str | None = None,
                    padding: str | None = None) -> list[cst.FunctionDef]:
-    """`prefill` (calls the `resets` methods, then returns prefill_call) and `decode` (its docstring says
+    """`prefill` (calls the `resets` methods, then returns prefill_call) and `decode` (its docstring goes on with
     decode_about; its body is decode_statement), parsed inside a class so the docstrings get the method
     indentation. Both enter the static path with the slots they write (`slots`, where they take positions) and
-    the padding mask they take (`padding`)."""
+    the padding mask they take (`padding`). The docstrings are written on long lines: transforms.line_wrap fills
+    them to the file's own limit."""
     switch = _switch(slots, padding)
-    about = "".join(f"        {line}\n" for line in decode_about.splitlines())
+    about = " ".join(["one new token per sequence; compile this alone.", decode_about.lstrip(" ")]).rstrip(" ")
+    # A paragraph after a blank line goes at the method's indentation (the blank line holds none).
+    about = "\n".join(f"        {line}" if number and line else line for number, line in enumerate(about.split("\n")))
     setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(
         "class Entries:\n"
@@ -411,10 +412,7 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
         f"            return {prefill_call}\n"
         f"\n"
         f"    def decode({signature}):\n"
-        f'        """Decode entry (added by graphmode): one new token per sequence; compile this alone.\n'
-        f"\n"
-        f"{about}"
-        f'        """\n'
+        f'        """Decode entry (added by graphmode): {about}"""\n'
         f"        with {switch}:\n"
         f"            {decode_statement}\n"
     ).body.body)
@@ -453,10 +451,8 @@ def _setup_method() -> cst.FunctionDef:
     return cst.parse_statement(
         "class Entries:\n"
         f"    def {SETUP}(self, max_batch_size=1, max_seq_length=None):\n"
-        '        """Allocates the buffers of the static path (added by graphmode): `prefill` and `decode` serve up to\n'
-        "        `max_batch_size` sequences of `max_seq_length` positions, by default as many as the model's config\n"
-        "        names. Calling it again starts afresh; `forward` and `generate()` never read these buffers.\n"
-        '        """\n'
+        '        """Allocates the static path\'s buffers (added by graphmode) for `max_batch_size` sequences of '
+        "`max_seq_length` positions (default: the config's limit); `forward` never reads them.\"\"\"\n"
         f"        {STATIC_PATH}.setup(self, max_batch_size, max_seq_length)\n"
     ).body.body[0]
 
@@ -492,9 +488,9 @@ def _copied_entries(forward: cst.FunctionDef, decode_body: list[cst.BaseStatemen
     bindings += [cst.parse_statement(f"{name} = {value}\n") for name, value in positions.items()
                  if name != value and name in names_in(cst.Module(body=decode_body))]
     decorators = ", ".join(f"`@{cst.Module([]).code_for_node(d.decorator)}`" for d in forward.decorators)
-    prefill, decode = _entry_methods(signature, call, "\n".join(fill_words(
+    prefill, decode = _entry_methods(signature, call, (
         f"The body of `forward` with the branches only Prefill takes folded away: called instead, `forward` would "
-        f"bring its decorators ({decorators}) into the compiled graph.", 88, 88)), "pass", resets, slots)
+        f"bring its decorators ({decorators}) into the compiled graph."), "pass", resets, slots)
     docstring = decode.body.body[0]
     block = cst.With(items=[cst.WithItem(cst.parse_expression(_switch(slots)))],
                      body=cst.IndentedBlock(body=[*bindings, *decode_body]))

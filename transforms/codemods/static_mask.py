@@ -127,7 +127,7 @@ class StaticMask(BufferCodemod):
             leading_lines=[
                 *body[build.first].leading_lines,
                 cst.EmptyLine(indent=True, comment=cst.Comment(
-                    "# graphmode: the mask's rows for these positions, computed per call; later slots stay "
+                    "# graphmode: the causal rows of these positions; later slots stay "
                     "hidden.")),
             ]
         )

@@ -18,6 +18,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from graphmode.transforms.codemods._helper_code import helper_statements
+from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, position_params, torch_call_name
 
@@ -61,7 +63,14 @@ class StaticPositions(GraphCodemod):
             return tree
         for node, summary in plan.edits:
             self.record_edit(node, summary)
-        return tree.visit(_ApplyPositions(plan, self.options.entry_class))
+        apply = _ApplyPositions(plan, self.options.entry_class)
+        tree = tree.visit(apply)
+        if apply.uses_helper and not defined_at_top(tree, POSITIONS):
+            tree = insert_after_imports(tree, helper_statements(POSITIONS))
+        return tree
+
+
+POSITIONS = "graphmode_positions"  # its code: helper-code/helpers.py, inserted by name
 
 
 class _PositionPlan(cst.CSTVisitor):
@@ -163,6 +172,7 @@ class _PositionPlan(cst.CSTVisitor):
 class _ApplyPositions(cst.CSTTransformer):
     def __init__(self, plan: _PositionPlan, entry_class: str | None) -> None:
         self.plan = plan
+        self.uses_helper = False
         self.entry_class = entry_class
         self._classes: list[str] = []
 
@@ -183,12 +193,10 @@ class _ApplyPositions(cst.CSTTransformer):
                 or not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
         tokens = params[1].name.value
-        guard = cst.parse_statement(
-            f"if not isinstance({POSITION_TENSOR}, torch.Tensor):\n"
-            f"    {POSITION_TENSOR} = torch.arange({POSITION_TENSOR}, {POSITION_TENSOR} + {tokens}.shape[1], "
-            f"device={tokens}.device)\n")
+        guard = cst.parse_statement(f"{POSITION_TENSOR} = {POSITIONS}({POSITION_TENSOR}, {tokens})\n")
         guard = guard.with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-            "# graphmode: a caller may still pass the int start position; the layers take its positions."))])
+            "# graphmode: the layers take a position tensor; a caller may pass the int start."))])
+        self.uses_helper = True
         body = list(updated_node.body.body)
         at = 1 if body and is_docstring(body[0]) else 0
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body[:at], guard, *body[at:]]))

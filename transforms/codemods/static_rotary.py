@@ -9,8 +9,9 @@ length read through `.item()`, and returns rows of it selected by a position ten
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[positions], emb.sin()[positions]
 
-The table statements move to the end of `__init__` with the length set to the maximum, the
-tables become non-persistent buffers, and the method only indexes them.
+The table statements move to a `graphmode_resize(self, max_batch_size, max_seq_len, like=None)` method beside it,
+which `setup_caches` calls on every module that has one: the length becomes `max_seq_len`, the device the model's
+(`like`), the tables non-persistent buffers, and the method only indexes them.
 
 Also recognises the legacy Hugging Face rotary cache that grows on demand (transformers 4.36
 `LlamaRotaryEmbedding`): `__init__` calls `self._set_cos_sin_cache(seq_len=..., ...)`, which sets
@@ -29,8 +30,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods._module import BufferCodemod, append_to_init, replace_method, self_attributes
-from graphmode.transforms.codemods.base import MAX_SEQ_LEN_CONSTANT
+from graphmode.transforms.codemods._module import BufferCodemod, replace_method, self_attributes
 from graphmode.transforms.cstutil import (
     find_method,
     is_docstring,
@@ -40,6 +40,7 @@ from graphmode.transforms.cstutil import (
     torch_call_name,
 )
 
+RESIZE = "graphmode_resize"  # the name GraphmodeStaticPath.setup calls on every module that has it
 _ALWAYS_VISIBLE = frozenset({"self", "torch", "math", "float", "int", "None", "True", "False"})
 
 
@@ -83,10 +84,10 @@ class StaticRotary(BufferCodemod):
     SIZES_BUFFERS = True
     TITLE = "Build position tables once, at the maximum length"
     DESCRIPTION = (
-        "Moves a table built from `torch.arange(length)` on every call (rotary cos/sin) into `__init__`, "
-        f"built once for `{MAX_SEQ_LEN_CONSTANT}` positions and registered as non-persistent buffers. "
-        "The method then only selects rows by the position tensor, so the length read with `.item()` is no "
-        "longer needed. Values are identical; positions past the maximum now raise an index error. "
+        "Moves a table built from `torch.arange(length)` on every call (rotary cos/sin) into a `graphmode_resize` "
+        "method, which `setup_caches` calls: the tables are built once, for the positions it serves, and registered "
+        "as non-persistent buffers. The method then only selects rows by the position tensor, so the length read "
+        "with `.item()` is no longer needed. Values are identical. "
         "A rotary cache that grows on demand (`if seq_len > self.max_seq_len_cached: self._set_cos_sin_cache(...)`) "
         "keeps the tables `__init__` builds for the model's own length (as far as `setup_caches` serves), the "
         "growth branch (which re-registered the buffers and changed an int attribute, a recompile) goes, and "
@@ -105,10 +106,6 @@ class StaticRotary(BufferCodemod):
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
         self._module_names: set[str] = set()
-        self._sized_by_constant = False  # a table built in __init__ for GRAPHMODE_MAX_SEQ_LEN positions
-
-    def finish_module(self, module: cst.Module) -> cst.Module:
-        return super().finish_module(module) if self._sized_by_constant else module
 
     def visit_Module(self, node: cst.Module) -> None:
         for stmt in node.body:
@@ -145,7 +142,7 @@ class StaticRotary(BufferCodemod):
         for stmt in table_statements:
             assigned = single_assignment(stmt)
             if assigned is None or not names_in(assigned[1]) <= visible:
-                self.record_manual(stmt, "a table statement reads a call argument; it cannot move to __init__")
+                self.record_manual(stmt, "a table statement reads a call argument; it cannot move to `graphmode_resize`")
                 return None
             visible.add(assigned[0])
         if not all(names_in(t) <= visible for t in tables):
@@ -155,38 +152,46 @@ class StaticRotary(BufferCodemod):
                                "`torch.arange` with a start or step; only `arange(length)` is rewritten")
             return None
 
-        # The table, built in __init__ at the maximum length; `device=` went with the call's inputs.
-        init_arange = arange.with_changes(
-            args=[
-                cst.Arg(cst.Name(MAX_SEQ_LEN_CONSTANT)),
-                *[a for a in arange.args if a.keyword is not None and a.keyword.value != "device"],
-            ]
-        )
-        init_arange_args = list(init_arange.args)
-        init_arange_args[-1] = init_arange_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        init_statements = [
-            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(arange_var))],
-                                                init_arange.with_changes(args=init_arange_args))]),
+        # The tables, built by `setup_caches` for the positions it serves (a `graphmode_resize` method, which it
+        # calls on every module that has one), on the device of the model's parameters (`like`).
+        resize_arange = arange.with_changes(args=[
+            cst.Arg(cst.Name("max_seq_len"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            *[a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in arange.args
+              if a.keyword is not None and a.keyword.value != "device"],
+            cst.Arg(cst.parse_expression("like.device"), keyword=cst.Name("device"),
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))),
+        ])
+        resize_statements = [
+            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(arange_var))], resize_arange)]),
             *[s.with_changes(leading_lines=[]) for s in table_statements],
         ]
         taken = self_attributes(cls)
         names = [_buffer_name(t, taken, i) for i, t in enumerate(tables)]
         for name, table in zip(names, tables):
             register = cst.parse_statement(f'self.register_buffer("{name}", TABLE, persistent=False)\n')
-            init_statements.append(register.visit(_ReplaceName("TABLE", table)))
+            resize_statements.append(register.visit(_ReplaceName("TABLE", table)))
+        resize = cst.parse_statement(
+            "class C:\n"
+            f"    def {RESIZE}(self, max_batch_size, max_seq_len, like=None):\n"
+            f'        """`{method.name.value}`\'s tables, built by `setup_caches` (added by graphmode)."""\n'
+            "        pass\n").body.body[0]
+        resize = resize.with_changes(body=resize.body.with_changes(body=[resize.body.body[0], *resize_statements]),
+                                     leading_lines=[cst.EmptyLine(indent=False)])
 
         selects = ", ".join(f"self.{name}[{position}]" for name in names)
         new_body = [*docstring, cst.parse_statement(f"return {selects}\n").with_changes(
             leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: the table is built once in __init__, for every position Decode can reach."))]
+                "# graphmode: tables built by setup_caches, for every position it serves."))]
         )]
-        self.record_edit(method, f"table moved to __init__ as buffers {', '.join(names)}")
+        self.record_edit(method, f"table built by setup_caches as buffers {', '.join(names)}")
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
         updated = replace_method(updated, method.name.value, new_method)
-        self._sized_by_constant = True
-        return append_to_init(updated, init_statements,
-                              f"`{method.name.value}` tables, built once at the maximum length.")
-
+        members = []
+        for member in updated.body.body:
+            members.append(member)
+            if isinstance(member, cst.FunctionDef) and member.name.value == method.name.value:
+                members.append(resize)
+        return updated.with_changes(body=updated.body.with_changes(body=members))
 
     # -- a cache that grows on demand --------------------------------------------------------------
     def _rewrite_growing_cache(self, cls, updated, method, body, growth):

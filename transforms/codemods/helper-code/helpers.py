@@ -9,8 +9,7 @@ At the end of the chain every inserted definition moves out of the user's file i
 it, which is this file's imports and all its definitions under a docstring of its own (`helper_module_text`), and the
 user's file imports the names it uses from there. So a helper runs in that module, not the model's: it imports what
 this file imports, and reads nothing from the model's module but through the model (tests/test_helper_code.py runs
-each helper on small tensors). Where a model's file defines the size constants (`_module.ensure_size_constants`:
-buffers built once at construction), `GraphmodeStaticPath.setup` reads them from the modules of the model's classes.
+each helper on small tensors).
 
 Importing torch is what no graphmode.transforms module may do at import time (`graphmode scan` runs without
 torch): so this file sits in a folder whose name is no Python identifier, which neither an import nor the package
@@ -253,6 +252,42 @@ def graphmode_key_slots(module, position_ids):
         return module.graphmode_static_state["max_seq_len"]
     return int(position_ids.reshape(-1)[-1]) + 1
 
+# Inserted by static_positions at the top of the entry class's `forward`, whose callers pass an int start position.
+def graphmode_positions(start, tokens):
+    """The positions of `tokens`' columns as a tensor, where a caller passed the int position of the first (added
+    by graphmode); a position tensor as it is."""
+    if isinstance(start, torch.Tensor):
+        return start
+    return torch.arange(start, start + tokens.shape[1], device=tokens.device)
+
+
+# Inserted by sliced_kv_cache after the `__init__` statements that build caches its forward slices by position.
+def graphmode_cache_buffers(module, names, seq_dim, batch_dim=0):
+    """Makes the caches `names` that the model's own `__init__` built buffers of `module`, so they follow the
+    model's `.to()`; `setup_caches` allocates them again, zeroed, for the sequences (`batch_dim`) and positions
+    (`seq_dim`) it serves, in the model's dtype, and `forward` then reads them at that size too (added by
+    graphmode)."""
+    for name in names:
+        if name not in module._buffers:
+            module.register_buffer(name, module.__dict__.pop(name), persistent=False)
+    if "graphmode_caches" not in module.__dict__:
+        module.graphmode_caches = {}
+    module.graphmode_caches.update({name: (seq_dim, batch_dim) for name in names})
+
+
+# Inserted by sliced_tables after the `__init__` statements that build position tables its forward slices.
+def graphmode_table_buffers(module, names, seq_dim=0):
+    """Makes the position tables `names` that the model's own `__init__` built buffers of `module` (those it
+    registered stay as they are), so they follow the model's `.to()`; `setup_caches` serves no more positions than
+    they have rows along `seq_dim` (added by graphmode)."""
+    for name in names:
+        if name not in module._buffers:
+            module.register_buffer(name, module.__dict__.pop(name), persistent=False)
+    if "graphmode_tables" not in module.__dict__:
+        module.graphmode_tables = {}
+    module.graphmode_tables.update({name: seq_dim for name in names})
+
+
 # Inserted by split_decode around the body of `prefill` and `decode`: the only way onto the static path, and where
 # it is sized.
 class GraphmodeStaticPath:
@@ -305,18 +340,12 @@ class GraphmodeStaticPath:
             if name is not None:
                 limits.append((getattr(owner, name), f"{owner_name}.{name}"))
                 break
-        # Buffers the model's files build once at construction (rotary tables, masks of their own) hold this many
-        # positions and sequences: the size constants of the modules its classes are defined in, the smallest. (`sys`
-        # is imported here, not at the top: a helper also runs pasted into a model's file, which may not import it.)
-        import sys
-
-        files = {sys.modules.get(type(module).__module__) for module in model.modules()}
-        built = [
-            min((getattr(f, name) for f in files if isinstance(getattr(f, name, None), int)), default=None)
-            for name in ("GRAPHMODE_MAX_SEQ_LEN", "GRAPHMODE_MAX_BATCH_SIZE")
-        ]
-        if built[0] is not None:
-            limits.append((built[0], "GRAPHMODE_MAX_SEQ_LEN in the model's file"))
+        # Position tables the model's own `__init__` builds (`graphmode_table_buffer`): no more positions than their
+        # rows. Caches of its own (`graphmode_cache_buffer`) are allocated below at the sizes asked for.
+        for module in model.modules():
+            for name, seq_dim in getattr(module, "graphmode_tables", {}).items():
+                rows = getattr(module, name).shape[seq_dim]
+                limits.append((rows, f"the rows of {type(module).__name__}.{name}"))
         if max_seq_len is None:
             if not limits:
                 raise ValueError(
@@ -329,11 +358,6 @@ class GraphmodeStaticPath:
             for limit, name in limits
             if max_seq_len > limit
         ]
-        if built[1] is not None and max_batch_size > built[1]:
-            refused.append(
-                f"at most {built[1]} sequences "
-                "(GRAPHMODE_MAX_BATCH_SIZE in the model's file)"
-            )
         if max_batch_size < 1 or max_seq_len < 1:
             refused.append("at least one sequence of one position")
         if refused:
@@ -349,6 +373,11 @@ class GraphmodeStaticPath:
             resize = getattr(module, "graphmode_resize", None)
             if callable(resize):
                 resize(max_batch_size, max_seq_len, like)
+            for name, (seq_dim, batch_dim) in getattr(module, "graphmode_caches", {}).items():
+                held = getattr(module, name)
+                shape = list(held.shape)
+                shape[seq_dim], shape[batch_dim] = max_seq_len, max_batch_size
+                module.register_buffer(name, (held if like is None else like).new_zeros(shape), persistent=False)
         state.update(max_batch_size=max_batch_size, max_seq_len=max_seq_len)
 
     @staticmethod
@@ -376,6 +405,9 @@ class GraphmodeStaticPath:
                 ):
                     if buffer is not None and buffer.shape[0] >= rows.shape[0]:
                         buffer[: rows.shape[0]] = buffer.index_select(0, rows)
+            for name, (_, batch_dim) in getattr(module, "graphmode_caches", {}).items():
+                buffer = getattr(module, name).narrow(batch_dim, 0, rows.shape[0])
+                buffer.copy_(buffer.index_select(batch_dim, rows))
 
 
 # Inserted by cache_object where attention writes the static cache and its model takes no `cache_position`.
