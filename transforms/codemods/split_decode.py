@@ -452,7 +452,7 @@ def _setup_method() -> cst.FunctionDef:
         "class Entries:\n"
         f"    def {SETUP}(self, max_batch_size=1, max_seq_length=None):\n"
         '        """Allocates the static path\'s buffers (added by graphmode) for `max_batch_size` sequences of '
-        "`max_seq_length` positions (default: the config's limit); `forward` never reads them.\"\"\"\n"
+        "`max_seq_length` positions (default: the config's limit).\"\"\"\n"
         f"        {STATIC_PATH}.setup(self, max_batch_size, max_seq_length)\n"
     ).body.body[0]
 
