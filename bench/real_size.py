@@ -71,6 +71,18 @@ SHAPES = [
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, max_position_embeddings=32768, num_local_experts=8, num_experts_per_tok=2,
         rope_theta=1000000.0, sliding_window=None)),
+    # MLA: 4.57's file expands the latent through kv_b_proj before its cache write (16 heads x (192 + 128) per token
+    # and layer); the static path caches the latent and the rope key instead (absorbed_mla). 5.x's file caches the
+    # latent itself, but its attention takes neither `position_ids` nor `cache_position`, so graphmode leaves it.
+    Shape("DeepSeek-V2-Lite", "4.57.1", "deepseek_v2", dict(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, num_hidden_layers=27, num_attention_heads=16,
+        num_key_value_heads=16, max_position_embeddings=163840, kv_lora_rank=512, q_lora_rank=None,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1, moe_layer_freq=1, n_group=1,
+        topk_group=1, topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0, rope_theta=10000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 0.707, "mscale_all_dim": 0.707})),
 ]
 # The real run: Llama-3.2-1B's published shape.
 ONE_B = Shape("Llama-3.2-1B", "4.44.2", "llama", dict(
@@ -82,7 +94,7 @@ GIB = 1024 ** 3
 
 
 # -- in the child: one release on sys.path ---------------------------------------------------------------------
-def _classes(shape: Shape):
+def release_modules(shape: Shape):
     """(original module, adapted module, config class name, the causal-LM class name) for the shape's release."""
     from graphmode.transforms.codemods import Options
     from graphmode.transforms.codemods._helper_code import helper_module_text
@@ -126,7 +138,7 @@ def measure(shape: Shape) -> dict:
 
     from graphmode.runners.static_addresses import held_tensors
 
-    original_module, adapted_module, entry = _classes(shape)
+    original_module, adapted_module, entry = release_modules(shape)
     config = _config(shape, getattr(original_module, entry))
     torch.set_default_dtype(torch.bfloat16)  # as from_pretrained(torch_dtype=torch.bfloat16) builds it
     with torch.device("meta"):
@@ -140,10 +152,16 @@ def measure(shape: Shape) -> dict:
     added = {n: v for n, v in after.items() if before.get(n) != v[0]}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length * 2
+    extra = {}
+    if getattr(config, "kv_lora_rank", None):  # MLA: what a serving engine caches, the latent and the rope key
+        kv = config.num_hidden_layers * length * (config.kv_lora_rank + config.qk_rope_head_dim) * 2
+        # ... and what a cache of the keys and values kv_b_proj expands them to would hold
+        extra["expanded_kv_bytes"] = config.num_hidden_layers * length * config.num_attention_heads * (
+            config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) * 2
     largest = sorted(added.items(), key=lambda item: -item[1][0])[:4]
     return {"shape": shape.name, "release": shape.release, "positions": length, "kv_bytes": kv,
             "static_bytes": sum(v[0] for v in added.values()), "added": len(added),
-            "largest": [[n, b, list(s), d] for n, (b, s, d) in largest]}
+            "largest": [[n, b, list(s), d] for n, (b, s, d) in largest], **extra}
 
 
 def run_1b(positions: int, steps: int) -> dict:
@@ -152,7 +170,7 @@ def run_1b(positions: int, steps: int) -> dict:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    original_module, adapted_module, entry = _classes(ONE_B)
+    original_module, adapted_module, entry = release_modules(ONE_B)
     config = _config(ONE_B, getattr(original_module, entry))
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
@@ -231,6 +249,9 @@ def _print(row: dict) -> None:
     ratio = row["static_bytes"] / row["kv_bytes"]
     print(f"{row['shape']:<14} {row['release']:<8} {row['positions']:>7} {row['kv_bytes'] / GIB:>9.2f} "
           f"{row['static_bytes'] / GIB:>10.3f} {ratio:>7.3f}")
+    if "expanded_kv_bytes" in row:
+        print(f"{'':<16}MLA: the KV figure is the latent + rope key; expanded keys and values would be "
+              f"{row['expanded_kv_bytes'] / GIB:.2f} GiB ({row['expanded_kv_bytes'] / row['kv_bytes']:.1f}x)")
     for name, size, shape, dtype in row["largest"]:
         print(f"{'':<16}{size / GIB:>9.3f} GiB  {name} {shape} {dtype}")
 
