@@ -7,9 +7,11 @@ For each shape below, the transformers release's own modeling file is adapted by
 published config on the meta device, in bf16, as `from_pretrained` builds a model before it loads weights. Then
 `setup_caches(1, L)` at the model's own context length L, and the bytes of every buffer and tensor the adapted model
 holds that the original does not (meta tensors: counted, never allocated) are printed next to the bytes of a bf16
-KV cache of that length (2 x layers x KV heads x head size x L x 2 bytes). Goal: at most 1.02x, plus tables linear in
-L. Each release runs in a process of its own, against that release's wheel unzipped into the corpus cache
-(tests/corpus/hf.py; GRAPHMODE_CORPUS_CACHE, by default ~/.cache/graphmode-corpus), never the installed one.
+KV cache of that length (2 x layers x KV heads x head size x L x 2 bytes; for multi-head latent attention, DeepSeek's,
+what serving engines cache: layers x L x (kv_lora_rank + qk_rope_head_dim) x 2 bytes, the latent and the rope key).
+Goal: at most 1.02x, plus tables linear in L. Each release runs in a process of its own, against that release's
+wheel unzipped into the corpus cache (tests/corpus/hf.py; GRAPHMODE_CORPUS_CACHE, by default
+~/.cache/graphmode-corpus), never the installed one.
 
 `--run-1b` then runs Llama-3.2-1B's shape for real on CPU, bf16 with random weights: the eager original (its own
 growing cache) against the adapted model with `decode` compiled (inductor, fullgraph, dynamic=False) and the static
@@ -244,10 +246,10 @@ def _child(names: list[str], release: str, extra: list[str]) -> list[dict]:
 
 def _print(row: dict) -> None:
     if "error" in row:
-        print(f"{row['shape']:<14} {row['release']:<8} FAILED: {' '.join(row['error'])}")
+        print(f"{row['shape']:<16} {row['release']:<8} FAILED: {' '.join(row['error'])}")
         return
     ratio = row["static_bytes"] / row["kv_bytes"]
-    print(f"{row['shape']:<14} {row['release']:<8} {row['positions']:>7} {row['kv_bytes'] / GIB:>9.2f} "
+    print(f"{row['shape']:<16} {row['release']:<8} {row['positions']:>7} {row['kv_bytes'] / GIB:>9.2f} "
           f"{row['static_bytes'] / GIB:>10.3f} {ratio:>7.3f}")
     if "expanded_kv_bytes" in row:
         print(f"{'':<16}MLA: the KV figure is the latent + rope key; expanded keys and values would be "
@@ -275,7 +277,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         return 0
     wanted = [BY_NAME[n] for n in args.shapes.split(",") if n]
-    print(f"{'shape':<14} {'release':<8} {'L':>7} {'KV GiB':>9} {'static GiB':>10} {'ratio':>7}")
+    print(f"{'shape':<16} {'release':<8} {'L':>7} {'KV GiB':>9} {'static GiB':>10} {'ratio':>7}")
     failed = False
     for release in sorted({s.release for s in wanted}):
         for row in _child([s.name for s in wanted if s.release == release], release, []):

@@ -25,7 +25,7 @@ values and the concatenated query go from the static path; the model's own path 
 It acts only where every piece is found in the one method: the `kv_b_proj` expansion of a split's first part, the
 static write of the keys and values, the concatenated query (`torch.cat((q_nope, q_pe), dim=-1)`) and an attention
 call taking `(self, query, keys, values, mask, ..., scaling=...)`; and where nothing after the attention call reads
-the expanded tensors. Else the file keeps cache_object's expanded cache, and a person is told why.
+the expanded tensors. Else the file keeps cache_object's expanded cache, and a person is told so.
 """
 from __future__ import annotations
 
@@ -136,6 +136,13 @@ class AbsorbedMLA(GraphCodemod):
                 else:
                     plans.append((cls.name.value, plan))
         if not plans:
+            for method in unrewritten:  # MLA all the same: say what its expanded cache costs
+                if f"self.{UP_PROJECTION}(" in code_of(method):
+                    self.record_manual(method, f"MLA whose keys and values `{UP_PROJECTION}` expands are cached, in a "
+                                               f"form `{self.NAME}` does not recognise (it needs the expansion, the "
+                                               "concatenated query and an attention call taking `scaling=`): the "
+                                               "static cache holds heads x (key + value sizes) per token; cache the "
+                                               "latent and the rope key and absorb the up-projection by hand")
             return tree
         if unrewritten:  # one cache shape for the file: every static write must take the latent, or none
             self.edits.clear()
