@@ -1,6 +1,6 @@
 """What the adapted static path allocates at published model shapes, against the KV cache it has to hold.
 
-    python bench/real_size.py [--shapes NAME,...] [--run-1b] [--positions 4096] [--steps 32] [--threads N]
+    python bench/real_size.py [--shapes NAME,...] [--run-1b] [--run-mla] [--positions 4096] [--steps 32] [--threads N]
 
 For each shape below, the transformers release's own modeling file is adapted by graphmode's chain (as
 `graphmode fix --entry-class <Model>ForCausalLM` would), and the original and the adapted model are built from the
@@ -16,6 +16,10 @@ wheel unzipped into the corpus cache (tests/corpus/hf.py; GRAPHMODE_CORPUS_CACHE
 `--run-1b` then runs Llama-3.2-1B's shape for real on CPU, bf16 with random weights: the eager original (its own
 growing cache) against the adapted model with `decode` compiled (inductor, fullgraph, dynamic=False) and the static
 path set up for `--positions` positions: greedy tokens must be identical, with 0 graph breaks and 0 recompiles.
+`--run-mla` does the same at DeepSeek-V2-Lite's attention sizes (16 heads, latent 512, rope 64, 4.57.1's file) with
+2 dense layers: the adapted Decode attends over the cached latent with kv_b_proj absorbed, the original over the keys
+and values it expands, so their bf16 roundings differ; the row gives the smallest top-2 margin of the original's
+logits to judge a token that differs by.
 """
 from __future__ import annotations
 
@@ -91,7 +95,13 @@ ONE_B = Shape("Llama-3.2-1B", "4.44.2", "llama", dict(
     vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
     num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
     rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, rms_norm_eps=1e-5, tie_word_embeddings=True))
-BY_NAME = {s.name: s for s in [*SHAPES, ONE_B]}
+# The real MLA run: DeepSeek-V2-Lite's attention and vocabulary, 2 layers, both dense (the release's MoE dispatch is a
+# host loop over the experts, which graphmode does not make static yet).
+MLA_RUN = Shape("DeepSeek-V2-Lite-2L", "4.57.1", "deepseek_v2", {
+    **next(s for s in SHAPES if s.name == "DeepSeek-V2-Lite").config, "num_hidden_layers": 2,
+    "first_k_dense_replace": 2})
+BY_NAME = {s.name: s for s in [*SHAPES, ONE_B, MLA_RUN]}
+RUNS = {"run-1b": ONE_B, "run-mla": MLA_RUN}
 GIB = 1024 ** 3
 
 
@@ -166,14 +176,18 @@ def measure(shape: Shape) -> dict:
             "largest": [[n, b, list(s), d] for n, (b, s, d) in largest], **extra}
 
 
-def run_1b(positions: int, steps: int) -> dict:
-    """Llama-3.2-1B's shape for real: the eager original against the adapted Decode compiled, bf16, CPU."""
+def _logits(output):
+    return getattr(output, "logits", output)
+
+
+def run_real(shape: Shape, positions: int, steps: int) -> dict:
+    """A published shape for real: the eager original against the adapted Decode compiled, bf16, CPU."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    original_module, adapted_module, entry = release_modules(ONE_B)
-    config = _config(ONE_B, getattr(original_module, entry))
+    original_module, adapted_module, entry = release_modules(shape)
+    config = _config(shape, getattr(original_module, entry))
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     original = getattr(original_module, entry)(config).eval()
@@ -208,16 +222,17 @@ def run_1b(positions: int, steps: int) -> dict:
         decode = torch.compile(adapted.decode, backend="inductor", fullgraph=True, dynamic=False)
         counters.clear()
         started = time.perf_counter()
-        logits = adapted.prefill(prompt, torch.arange(prompt.shape[1]))
+        # The entries hand back what `forward` does: the logits (4.44's files, with return_dict=False) or an output.
+        logits = _logits(adapted.prefill(prompt, torch.arange(prompt.shape[1])))
         token, graph_tokens = logits[:, -1:].argmax(-1), []
         for step in range(steps):
             graph_tokens.append(int(token))
             position = torch.tensor([prompt.shape[1] + step])
-            token = decode(token, position)[:, -1:].argmax(-1)
+            token = _logits(decode(token, position))[:, -1:].argmax(-1)
         graph_s = time.perf_counter() - started
     breaks = sum(counters["graph_break"].values())
     compiles = counters["stats"]["unique_graphs"]
-    return {"shape": ONE_B.name, "positions": positions, "steps": steps, "tokens_equal": eager_tokens == graph_tokens,
+    return {"shape": shape.name, "positions": positions, "steps": steps, "tokens_equal": eager_tokens == graph_tokens,
             "first_difference": next((i for i, (a, b) in enumerate(zip(eager_tokens, graph_tokens)) if a != b),
                                      None),
             "smallest_margin": round(min(margins), 4),
@@ -262,8 +277,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     parser.add_argument("--run-1b", action="store_true", help="also run Llama-3.2-1B's shape on CPU, bf16")
-    parser.add_argument("--positions", type=int, default=4096, help="the static path's length for --run-1b")
-    parser.add_argument("--steps", type=int, default=32, help="Decode steps for --run-1b")
+    parser.add_argument("--run-mla", action="store_true", help="also run DeepSeek-V2-Lite's attention on CPU, bf16")
+    parser.add_argument("--positions", type=int, default=4096, help="the static path's length for the runs")
+    parser.add_argument("--steps", type=int, default=32, help="Decode steps for the runs")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -273,7 +289,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     if args.child:
         for name in args.child.split(","):
-            row = run_1b(args.positions, args.steps) if name == "run-1b" else measure(BY_NAME[name])
+            row = run_real(RUNS[name], args.positions, args.steps) if name in RUNS else measure(BY_NAME[name])
             print(json.dumps(row), flush=True)
         return 0
     wanted = [BY_NAME[n] for n in args.shapes.split(",") if n]
@@ -283,11 +299,13 @@ def main() -> int:
         for row in _child([s.name for s in wanted if s.release == release], release, []):
             _print(row)
             failed |= "error" in row or row["static_bytes"] > 1.02 * row["kv_bytes"]
-    if args.run_1b:
-        extra = ["--positions", str(args.positions), "--steps", str(args.steps)]
-        if args.threads:
-            extra += ["--threads", str(args.threads)]
-        for row in _child(["run-1b"], ONE_B.release, extra):
+    extra = ["--positions", str(args.positions), "--steps", str(args.steps)]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    for run, wanted_run in (("run-1b", args.run_1b), ("run-mla", args.run_mla)):
+        if not wanted_run:
+            continue
+        for row in _child([run], RUNS[run].release, extra):
             print(json.dumps(row))
             failed |= not row.get("tokens_equal") or row.get("graph_breaks") or row.get("recompiles")
     return 1 if failed else 0
