@@ -1,19 +1,25 @@
 """What the adapted static path allocates at published model shapes, against the KV cache it has to hold.
 
-    python bench/real_size.py [--shapes NAME,...] [--run-1b] [--positions 4096] [--steps 32] [--threads N]
+    python bench/real_size.py [--shapes NAME,...] [--run-1b] [--run-mla] [--positions 4096] [--steps 32] [--threads N]
 
 For each shape below, the transformers release's own modeling file is adapted by graphmode's chain (as
 `graphmode fix --entry-class <Model>ForCausalLM` would), and the original and the adapted model are built from the
 published config on the meta device, in bf16, as `from_pretrained` builds a model before it loads weights. Then
 `setup_caches(1, L)` at the model's own context length L, and the bytes of every buffer and tensor the adapted model
 holds that the original does not (meta tensors: counted, never allocated) are printed next to the bytes of a bf16
-KV cache of that length (2 x layers x KV heads x head size x L x 2 bytes). Goal: at most 1.02x, plus tables linear in
-L. Each release runs in a process of its own, against that release's wheel unzipped into the corpus cache
-(tests/corpus/hf.py; GRAPHMODE_CORPUS_CACHE, by default ~/.cache/graphmode-corpus), never the installed one.
+KV cache of that length (2 x layers x KV heads x head size x L x 2 bytes; for multi-head latent attention, DeepSeek's,
+what serving engines cache: layers x L x (kv_lora_rank + qk_rope_head_dim) x 2 bytes, the latent and the rope key).
+Goal: at most 1.02x, plus tables linear in L. Each release runs in a process of its own, against that release's
+wheel unzipped into the corpus cache (tests/corpus/hf.py; GRAPHMODE_CORPUS_CACHE, by default
+~/.cache/graphmode-corpus), never the installed one.
 
 `--run-1b` then runs Llama-3.2-1B's shape for real on CPU, bf16 with random weights: the eager original (its own
 growing cache) against the adapted model with `decode` compiled (inductor, fullgraph, dynamic=False) and the static
 path set up for `--positions` positions: greedy tokens must be identical, with 0 graph breaks and 0 recompiles.
+`--run-mla` does the same at DeepSeek-V2-Lite's attention sizes (16 heads, latent 512, rope 64, 4.57.1's file) with
+2 dense layers: the adapted Decode attends over the cached latent with kv_b_proj absorbed, the original over the keys
+and values it expands, so their bf16 roundings differ; the row gives the smallest top-2 margin of the original's
+logits to judge a token that differs by.
 """
 from __future__ import annotations
 
@@ -71,18 +77,36 @@ SHAPES = [
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, max_position_embeddings=32768, num_local_experts=8, num_experts_per_tok=2,
         rope_theta=1000000.0, sliding_window=None)),
+    # MLA: 4.57's file expands the latent through kv_b_proj before its cache write (16 heads x (192 + 128) per token
+    # and layer); the static path caches the latent and the rope key instead (absorbed_mla). 5.x's file caches the
+    # latent itself, but its attention takes neither `position_ids` nor `cache_position`, so graphmode leaves it.
+    Shape("DeepSeek-V2-Lite", "4.57.1", "deepseek_v2", dict(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, num_hidden_layers=27, num_attention_heads=16,
+        num_key_value_heads=16, max_position_embeddings=163840, kv_lora_rank=512, q_lora_rank=None,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1, moe_layer_freq=1, n_group=1,
+        topk_group=1, topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0, rope_theta=10000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 0.707, "mscale_all_dim": 0.707})),
 ]
 # The real run: Llama-3.2-1B's published shape.
 ONE_B = Shape("Llama-3.2-1B", "4.44.2", "llama", dict(
     vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
     num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
     rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, rms_norm_eps=1e-5, tie_word_embeddings=True))
-BY_NAME = {s.name: s for s in [*SHAPES, ONE_B]}
+# The real MLA run: DeepSeek-V2-Lite's attention and vocabulary, 2 layers, both dense (the release's MoE dispatch is a
+# host loop over the experts, which graphmode does not make static yet).
+MLA_RUN = Shape("DeepSeek-V2-Lite-2L", "4.57.1", "deepseek_v2", {
+    **next(s for s in SHAPES if s.name == "DeepSeek-V2-Lite").config, "num_hidden_layers": 2,
+    "first_k_dense_replace": 2})
+BY_NAME = {s.name: s for s in [*SHAPES, ONE_B, MLA_RUN]}
+RUNS = {"run-1b": ONE_B, "run-mla": MLA_RUN}
 GIB = 1024 ** 3
 
 
 # -- in the child: one release on sys.path ---------------------------------------------------------------------
-def _classes(shape: Shape):
+def release_modules(shape: Shape):
     """(original module, adapted module, config class name, the causal-LM class name) for the shape's release."""
     from graphmode.transforms.codemods import Options
     from graphmode.transforms.codemods._helper_code import helper_module_text
@@ -126,7 +150,7 @@ def measure(shape: Shape) -> dict:
 
     from graphmode.runners.static_addresses import held_tensors
 
-    original_module, adapted_module, entry = _classes(shape)
+    original_module, adapted_module, entry = release_modules(shape)
     config = _config(shape, getattr(original_module, entry))
     torch.set_default_dtype(torch.bfloat16)  # as from_pretrained(torch_dtype=torch.bfloat16) builds it
     with torch.device("meta"):
@@ -140,20 +164,30 @@ def measure(shape: Shape) -> dict:
     added = {n: v for n, v in after.items() if before.get(n) != v[0]}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length * 2
+    extra = {}
+    if getattr(config, "kv_lora_rank", None):  # MLA: what a serving engine caches, the latent and the rope key
+        kv = config.num_hidden_layers * length * (config.kv_lora_rank + config.qk_rope_head_dim) * 2
+        # ... and what a cache of the keys and values kv_b_proj expands them to would hold
+        extra["expanded_kv_bytes"] = config.num_hidden_layers * length * config.num_attention_heads * (
+            config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) * 2
     largest = sorted(added.items(), key=lambda item: -item[1][0])[:4]
     return {"shape": shape.name, "release": shape.release, "positions": length, "kv_bytes": kv,
             "static_bytes": sum(v[0] for v in added.values()), "added": len(added),
-            "largest": [[n, b, list(s), d] for n, (b, s, d) in largest]}
+            "largest": [[n, b, list(s), d] for n, (b, s, d) in largest], **extra}
 
 
-def run_1b(positions: int, steps: int) -> dict:
-    """Llama-3.2-1B's shape for real: the eager original against the adapted Decode compiled, bf16, CPU."""
+def _logits(output):
+    return getattr(output, "logits", output)
+
+
+def run_real(shape: Shape, positions: int, steps: int) -> dict:
+    """A published shape for real: the eager original against the adapted Decode compiled, bf16, CPU."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    original_module, adapted_module, entry = _classes(ONE_B)
-    config = _config(ONE_B, getattr(original_module, entry))
+    original_module, adapted_module, entry = release_modules(shape)
+    config = _config(shape, getattr(original_module, entry))
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     original = getattr(original_module, entry)(config).eval()
@@ -188,16 +222,17 @@ def run_1b(positions: int, steps: int) -> dict:
         decode = torch.compile(adapted.decode, backend="inductor", fullgraph=True, dynamic=False)
         counters.clear()
         started = time.perf_counter()
-        logits = adapted.prefill(prompt, torch.arange(prompt.shape[1]))
+        # The entries hand back what `forward` does: the logits (4.44's files, with return_dict=False) or an output.
+        logits = _logits(adapted.prefill(prompt, torch.arange(prompt.shape[1])))
         token, graph_tokens = logits[:, -1:].argmax(-1), []
         for step in range(steps):
             graph_tokens.append(int(token))
             position = torch.tensor([prompt.shape[1] + step])
-            token = decode(token, position)[:, -1:].argmax(-1)
+            token = _logits(decode(token, position))[:, -1:].argmax(-1)
         graph_s = time.perf_counter() - started
     breaks = sum(counters["graph_break"].values())
     compiles = counters["stats"]["unique_graphs"]
-    return {"shape": ONE_B.name, "positions": positions, "steps": steps, "tokens_equal": eager_tokens == graph_tokens,
+    return {"shape": shape.name, "positions": positions, "steps": steps, "tokens_equal": eager_tokens == graph_tokens,
             "first_difference": next((i for i, (a, b) in enumerate(zip(eager_tokens, graph_tokens)) if a != b),
                                      None),
             "smallest_margin": round(min(margins), 4),
@@ -226,11 +261,14 @@ def _child(names: list[str], release: str, extra: list[str]) -> list[dict]:
 
 def _print(row: dict) -> None:
     if "error" in row:
-        print(f"{row['shape']:<14} {row['release']:<8} FAILED: {' '.join(row['error'])}")
+        print(f"{row['shape']:<16} {row['release']:<8} FAILED: {' '.join(row['error'])}")
         return
     ratio = row["static_bytes"] / row["kv_bytes"]
-    print(f"{row['shape']:<14} {row['release']:<8} {row['positions']:>7} {row['kv_bytes'] / GIB:>9.2f} "
+    print(f"{row['shape']:<16} {row['release']:<8} {row['positions']:>7} {row['kv_bytes'] / GIB:>9.2f} "
           f"{row['static_bytes'] / GIB:>10.3f} {ratio:>7.3f}")
+    if "expanded_kv_bytes" in row:
+        print(f"{'':<16}MLA: the KV figure is the latent + rope key; expanded keys and values would be "
+              f"{row['expanded_kv_bytes'] / GIB:.2f} GiB ({row['expanded_kv_bytes'] / row['kv_bytes']:.1f}x)")
     for name, size, shape, dtype in row["largest"]:
         print(f"{'':<16}{size / GIB:>9.3f} GiB  {name} {shape} {dtype}")
 
@@ -239,8 +277,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     parser.add_argument("--run-1b", action="store_true", help="also run Llama-3.2-1B's shape on CPU, bf16")
-    parser.add_argument("--positions", type=int, default=4096, help="the static path's length for --run-1b")
-    parser.add_argument("--steps", type=int, default=32, help="Decode steps for --run-1b")
+    parser.add_argument("--run-mla", action="store_true", help="also run DeepSeek-V2-Lite's attention on CPU, bf16")
+    parser.add_argument("--positions", type=int, default=4096, help="the static path's length for the runs")
+    parser.add_argument("--steps", type=int, default=32, help="Decode steps for the runs")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -250,21 +289,23 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     if args.child:
         for name in args.child.split(","):
-            row = run_1b(args.positions, args.steps) if name == "run-1b" else measure(BY_NAME[name])
+            row = run_real(RUNS[name], args.positions, args.steps) if name in RUNS else measure(BY_NAME[name])
             print(json.dumps(row), flush=True)
         return 0
     wanted = [BY_NAME[n] for n in args.shapes.split(",") if n]
-    print(f"{'shape':<14} {'release':<8} {'L':>7} {'KV GiB':>9} {'static GiB':>10} {'ratio':>7}")
+    print(f"{'shape':<16} {'release':<8} {'L':>7} {'KV GiB':>9} {'static GiB':>10} {'ratio':>7}")
     failed = False
     for release in sorted({s.release for s in wanted}):
         for row in _child([s.name for s in wanted if s.release == release], release, []):
             _print(row)
             failed |= "error" in row or row["static_bytes"] > 1.02 * row["kv_bytes"]
-    if args.run_1b:
-        extra = ["--positions", str(args.positions), "--steps", str(args.steps)]
-        if args.threads:
-            extra += ["--threads", str(args.threads)]
-        for row in _child(["run-1b"], ONE_B.release, extra):
+    extra = ["--positions", str(args.positions), "--steps", str(args.steps)]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    for run, wanted_run in (("run-1b", args.run_1b), ("run-mla", args.run_mla)):
+        if not wanted_run:
+            continue
+        for row in _child([run], RUNS[run].release, extra):
             print(json.dumps(row))
             failed |= not row.get("tokens_equal") or row.get("graph_breaks") or row.get("recompiles")
     return 1 if failed else 0

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import graphmode.transforms
 from graphmode.transforms.codemods._helper_code import HELPER_CODE, helper_names, helper_source
+from graphmode.transforms.codemods.absorbed_mla import ABSORBED_ATTENTION, LATENT_CACHE
 from graphmode.transforms.codemods._new_positions import KEY_SLOTS
 from graphmode.transforms.codemods._slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS
@@ -24,7 +25,8 @@ from graphmode.transforms.codemods.split_decode import FITS, STATIC_PATH
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 
 INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
-            STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK, MERGED_LINEAR, STACKER)
+            STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK, MERGED_LINEAR, STACKER, LATENT_CACHE,
+            ABSORBED_ATTENTION)
 
 
 def _load() -> ModuleType:
@@ -276,6 +278,46 @@ def test_attention_over_the_static_cache_and_its_mask_rows_matches_attention_ove
         grown = F.scaled_dot_product_attention(q, grown_k, grown_v,
                                                attn_mask=causal.rows(positions, start + tokens))
         torch.testing.assert_close(static, grown)
+
+
+# -- MLA: attention over the cached latent with kv_b_proj absorbed is attention over the expanded keys and values ---
+def _expanded_attention(kv_b_proj, q_nope, q_pe, latent, k_pe, mask, scaling):
+    """What transformers' DeepSeek-V2 computes: the latent expanded per head through kv_b_proj, then attention."""
+    batch, heads, _, nope = q_nope.shape
+    kv = kv_b_proj(latent[:, 0]).view(batch, latent.shape[2], heads, -1).transpose(1, 2)
+    k_nope, values = kv[..., :nope], kv[..., nope:]
+    keys = torch.cat([k_nope, k_pe.expand(-1, heads, -1, -1)], dim=-1)
+    scores = torch.cat([q_nope, q_pe], dim=-1) @ keys.transpose(2, 3) * scaling + mask
+    return (torch.softmax(scores, dim=-1) @ values).transpose(1, 2)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_absorbed_mla_attention_over_the_latent_is_attention_over_the_expanded_keys_and_values(bias):
+    torch.manual_seed(0)
+    batch, heads, nope, rope, v_dim, rank, slots, tokens = 2, 3, 6, 4, 5, 8, 7, 2
+    kv_b_proj = torch.nn.Linear(rank, heads * (nope + v_dim), bias=bias)
+    q_nope, q_pe = torch.randn(batch, heads, tokens, nope), torch.randn(batch, heads, tokens, rope)
+    latent, k_pe = torch.randn(batch, 1, slots, rank), torch.randn(batch, 1, slots, rope)
+    visible = torch.rand(batch, 1, tokens, slots) > 0.3
+    visible[..., 0] = True  # every token sees a slot
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    expected = _expanded_attention(kv_b_proj, q_nope, q_pe, latent, k_pe, additive, 0.3)
+    with torch.no_grad():
+        for mask in (additive, visible):  # additive rows, or True where visible
+            output, weights = helpers.graphmode_absorbed_mla(kv_b_proj, q_nope, q_pe, latent, k_pe, mask, 0.3)
+            assert weights is None and output.shape == (batch, tokens, heads, v_dim)
+            torch.testing.assert_close(output, expected)
+
+
+def test_static_latent_cache_holds_the_latent_and_the_rope_key_one_row_per_token():
+    cache = helpers.StaticLatentCache(8, 4)
+    cache.graphmode_resize(2, 10, like=torch.zeros((), dtype=torch.bfloat16))
+    assert (cache.k_cache.shape, cache.v_cache.shape) == ((2, 1, 10, 8), (2, 1, 10, 4))
+    assert cache.k_cache.dtype == cache.v_cache.dtype == torch.bfloat16
+    latent, rope = torch.randn(2, 1, 3, 8, dtype=torch.bfloat16), torch.randn(2, 1, 3, 4, dtype=torch.bfloat16)
+    held_latent, held_rope = cache.update(torch.tensor([4, 5, 6]), latent, rope)
+    assert torch.equal(held_latent[:, :, 4:7], latent) and torch.equal(held_rope[:, :, 4:7], rope)
+    assert not held_latent[:, :, :4].any() and not held_rope[:, :, 7:].any()
 
 
 class _Attention(torch.nn.Module):

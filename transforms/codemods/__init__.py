@@ -1,6 +1,7 @@
 """The codemods, in the order they run. Each one is a module; register it in CHAIN."""
 from __future__ import annotations
 
+from graphmode.transforms.codemods.absorbed_mla import AbsorbedMLA
 from graphmode.transforms.codemods.added_cache import AddedCache
 from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
 from graphmode.transforms.codemods.cache_object import CacheObject
@@ -30,7 +31,7 @@ from graphmode.transforms.codemods.tensor_branches import TensorBranches
 # rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
     StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
-    CacheObject, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedAddRMSNorm,
+    CacheObject, AbsorbedMLA, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedAddRMSNorm,
     FusedRMSNorm, FusedAttention, MergedProjections, FusedRotary, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}

@@ -77,6 +77,64 @@ class StaticKVCache(torch.nn.Module):
         shape[0], shape[seq_dim] = self.max_batch_size, self.max_seq_len
         return new.new_zeros(shape)
 
+# Inserted by absorbed_mla: MLA's cache, the compressed latent and the rope key instead of the keys and values
+# kv_b_proj expands them to (71x less at DeepSeek-V3's sizes).
+class StaticLatentCache(StaticKVCache):
+    """Multi-head latent attention's cache for every position the static path serves (added by graphmode): the
+    normed KV latent (`kv_lora_rank` wide) in `k_cache` and the rotated rope key (`rope_head_dim` wide) in
+    `v_cache`, each `(batch, 1, length, width)`: one row per token, shared by every head. Attention reads them
+    through the absorbed up-projection (`graphmode_absorbed_mla`), so the per-head keys and values are never held.
+    """
+
+    def __init__(self, kv_lora_rank, rope_head_dim):
+        super().__init__(1, kv_lora_rank, seq_dim=2)
+        self.rope_head_dim = rope_head_dim
+        self.v_cache = torch.zeros(self._rope_shape())
+
+    def _rope_shape(self):
+        return [self.max_batch_size, 1, self.max_seq_len, self.rope_head_dim]
+
+    def graphmode_resize(self, max_batch_size, max_seq_len, like=None):
+        """Fresh zeros for `max_batch_size` sequences of `max_seq_len` positions, in the dtype and device of `like`
+        where given (as `StaticKVCache.graphmode_resize`)."""
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.k_cache = (self.k_cache if like is None else like).new_zeros(self._shape())
+        self.v_cache = (self.v_cache if like is None else like).new_zeros(self._rope_shape())
+
+
+# Inserted by absorbed_mla with StaticLatentCache: attention straight over the cached latent.
+def graphmode_absorbed_mla(kv_b_proj, q_nope, q_pe, latent, k_pe, attention_mask, scaling):
+    """Multi-head latent attention over the cached latent, with `kv_b_proj` absorbed (added by graphmode), as
+    serving engines run MLA's Decode. `kv_b_proj` maps the latent to each head's key part without rope (W_UK) and
+    value (W_UV). Rather than expanding every cached position through it, the query takes W_UK
+    (`q_nope @ W_UK` scores against the latent itself: the same product, associated the other way) and the output
+    takes W_UV after attention has weighed the latent. Per token attention then reads `kv_lora_rank + rope` numbers
+    instead of `heads x (key + value head sizes)`.
+
+    q_nope (batch, heads, tokens, nope), q_pe (batch, heads, tokens, rope), latent (batch, 1, slots, rank),
+    k_pe (batch, 1, slots, rope), attention_mask additive (or boolean, True where visible) over the slots.
+    Returns (attention output (batch, tokens, heads, v_head_dim), None), as the attention interfaces do.
+    """
+    heads, nope = q_nope.shape[1], q_nope.shape[-1]
+    weight = kv_b_proj.weight.view(heads, -1, kv_b_proj.in_features)  # (heads, nope + v, rank)
+    w_uk, w_uv = weight[:, :nope], weight[:, nope:]
+    q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk)
+    scores = q_latent @ latent.transpose(-1, -2) + q_pe @ k_pe.transpose(-1, -2)
+    if kv_b_proj.bias is not None:  # the key bias's share of each score, the same for every slot
+        scores = scores + (q_nope * kv_b_proj.bias.view(heads, 1, -1)[..., :nope]).sum(-1, keepdim=True)
+    scores = scores * scaling
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q_nope.dtype)
+    output = torch.einsum("bhtr,hvr->bhtv", weights @ latent, w_uv)
+    if kv_b_proj.bias is not None:  # the weights sum to 1: the value bias passes through whole
+        output = output + kv_b_proj.bias.view(heads, 1, -1)[..., nope:]
+    return output.transpose(1, 2), None
+
+
 # Inserted by carried_cache: the cache of a tuple-cache model in any layout, shaped by its first write.
 class StaticKVBuffers(torch.nn.Module):
     """Keys and values for every position the static path serves, written in place (added by graphmode).
