@@ -54,6 +54,7 @@ from graphmode.transforms.codemods._module import defined_at_top, insert_after_i
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
+from graphmode.transforms.positions import module_code
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 
@@ -118,7 +119,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
                 plan.renamed[qualname] = _twin_name(unchanged[qualname].name.value)
     # The original's statements a fork puts under `else:` stay as written only where one level deeper still fits the
     # file's longest line (line_wrap would wrap them otherwise): else the method becomes a twin.
-    width = max([MIN_LIMIT, *(len(line) for line in original.code.splitlines())])
+    width = max([MIN_LIMIT, *(len(line) for line in module_code(original).splitlines())])
     module = adapted.visit(_Split(originals, changed, plan, width))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):

@@ -21,6 +21,7 @@ from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.positions import module_code
 
 MAX_SEQ_LEN_CONSTANT = "GRAPHMODE_MAX_SEQ_LEN"
 MAX_BATCH_CONSTANT = "GRAPHMODE_MAX_BATCH_SIZE"
@@ -182,7 +183,7 @@ class GraphCodemod(Codemod, Transformer):
 
     def code_of_module(self, tree: cst.Module) -> str:
         """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
-        return self.source.text if tree is self.source.module else tree.code
+        return self.source.text if tree is self.source.module else module_code(tree)
 
     def ast_of(self, node: cst.CSTNode) -> ast.AST:
         """What the chain's one `ast` parse of the text (`self.source.tree`) holds where the original `node` sits:
@@ -238,7 +239,7 @@ class StepCodemod(GraphCodemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._step_functions = self.source.step_functions if tree is self.source.module else \
-            step_qualnames(tree.code)
+            step_qualnames(module_code(tree))
         return super().transform_module_impl(tree)
 
     def passes_over(self, qualname: str) -> bool:
