@@ -72,8 +72,9 @@ class _Plan:
     kept: set[str] = field(default_factory=set)  # rewritten only by renaming parameters: the original serves both
 
 
-def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
-    """The adapted module with every function the chain changed split into its original and its static twin."""
+def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
+    """The adapted module with every function the chain changed split into its original and its static twin.
+    `original_text`: the original's code, where the caller has it (else it is generated again)."""
     originals = dict(_functions(original))
     changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
@@ -119,7 +120,9 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
                 plan.renamed[qualname] = _twin_name(unchanged[qualname].name.value)
     # The original's statements a fork puts under `else:` stay as written only where one level deeper still fits the
     # file's longest line (line_wrap would wrap them otherwise): else the method becomes a twin.
-    width = max([MIN_LIMIT, *(len(line) for line in module_code(original).splitlines())])
+    if original_text is None:
+        original_text = module_code(original)
+    width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
     module = adapted.visit(_Split(originals, changed, plan, width))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
