@@ -10,6 +10,7 @@ parse but for punctuation libcst leaves to its defaults, and the positions and p
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gc
 from pathlib import Path
@@ -20,13 +21,14 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods._imports import with_plain_imports
 from graphmode.transforms.cstutil import UNWALKED, walk
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.parsed import ParsedSource, _child_nodes, _walk
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import position_table, positions_and_parents
+from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -267,3 +269,40 @@ def test_the_fast_dispatch_calls_what_libcst_calls(path):
     assert module.visit(fast).code == module.visit(slow).code
     assert fast.calls == slow.calls and {name for name, _ in slow.calls} == {
         "visit_FunctionDef", "leave_Name", "visit_Call_args", "leave_If_test"}
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_plain_code_generation_is_libcsts(path):
+    """positions.code_for_node and module_code skip libcst's syntactic-position context: the same text."""
+    module = cst.parse_module(path.read_text())
+    assert module_code(module) == module.code == path.read_text()
+    # Statements and expressions: what the codemods generate alone (an annotation, say, needs its parent's context).
+    nodes = [node for node in walk(module) if isinstance(node, (cst.BaseStatement, cst.BaseExpression))]
+    assert len(nodes) > 10  # not vacuous
+    assert all(code_for_node(node) == cst.Module(body=[]).code_for_node(node) for node in nodes)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_word_tables_and_step_functions_are_the_ast_walks(path):
+    """ParsedSource's walks of Python's AST read node fields directly: the nodes `ast.walk` gives, in its order
+    (where order matters), and the step functions of the text's own parse."""
+    source = path.read_text()
+    parsed = ParsedSource(source)
+    tree = parsed.tree
+    assert _walk(tree) == list(ast.walk(tree))
+    assert all(_child_nodes(node) == list(ast.iter_child_nodes(node)) for node in ast.walk(tree))
+    by_walk: set[str] = set()
+    for node in ast.walk(tree):
+        by_walk.add(f":{type(node).__name__}")
+        if isinstance(node, ast.Name):
+            by_walk.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            by_walk.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            by_walk.add(node.name)
+        elif isinstance(node, ast.arg):
+            by_walk.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            by_walk.add(node.arg)
+    assert parsed.words == by_walk and len(by_walk) > 10
+    assert parsed.step_functions == step_qualnames(source)
