@@ -8,6 +8,7 @@ that class supports cost four times a plain walk of the tree, and no codemod her
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
@@ -150,7 +151,7 @@ class GraphCodemod(Codemod, Transformer):
         return words is not None and not self.idiom_in(words, self.options)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+        if _is_scope(type(node)):
             self._scopes.append(node.name.value)
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
                 self._passed_over.add(node)
@@ -158,7 +159,7 @@ class GraphCodemod(Codemod, Transformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        if isinstance(original_node, (cst.ClassDef, cst.FunctionDef)):
+        if _is_scope(type(original_node)):
             self._scopes.pop()
             if original_node in self._passed_over:
                 return updated_node
@@ -231,6 +232,13 @@ class GraphCodemod(Codemod, Transformer):
                 names.append(current.name.value)
             current = self.get_metadata(ParentNodeProvider, current, None)
         return ".".join(reversed(names))
+
+
+@functools.cache
+def _is_scope(node_type: type) -> bool:
+    """A class or a function: asked once per type, as every node of a walk asks it (an `isinstance` against libcst's
+    classes goes through their abstract base class's check)."""
+    return issubclass(node_type, (cst.ClassDef, cst.FunctionDef))
 
 
 class StepCodemod(GraphCodemod):
