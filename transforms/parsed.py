@@ -35,15 +35,21 @@ class ParsedSource:
         return _StatementPositions(self)
 
     @classmethod
-    def generated(cls, module: cst.Module) -> ParsedSource:
+    def generated(cls, module: cst.Module, earlier: ParsedSource | None = None) -> ParsedSource:
         """The text a codemod's tree generates, with that tree as its parse: the next codemod of the chain needs no
         parse of its own. Positions and parents are keyed by node, so a tree that holds one node in two places (a
-        rewrite that kept a statement and also copied it) is parsed again from its text instead."""
-        generated = layout_of(module)
+        rewrite that kept a statement and also copied it) is parsed again from its text instead. `earlier`: the
+        source the codemod was given; what it knows of a top-level statement the tree holds as the same node (its
+        text, parents and positions) is not computed again."""
+        earlier_layout = earlier.__dict__.get("layout") if earlier is not None else None
+        generated = layout_of(module, earlier_layout)
         if generated.parents is None:
             return cls(generated.text)
         carried = cls(generated.text, module)
         carried.__dict__["layout"] = generated
+        if earlier is not None and "positions" in earlier.__dict__ and earlier_layout is not None \
+                and earlier_layout.defaults == generated.defaults:
+            carried.positions.carry(earlier.positions, generated.first_lines)
         return carried
 
     @cached_property
@@ -302,6 +308,11 @@ class _StatementPositions(Mapping):
         (start_line, start_column), (end_line, end_column) = self._done[statement][node]
         shift = self._source.layout.first_lines[statement] - 1
         return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
+
+    def carry(self, earlier: _StatementPositions, statements: Mapping[cst.CSTNode, int]) -> None:
+        """Takes the tables `earlier` computed for the statements this source holds as the same nodes: a statement's
+        table is of the statement generated alone, so it holds wherever the statement sits."""
+        self._done.update((statement, table) for statement, table in earlier._done.items() if statement in statements)
 
     def __iter__(self) -> Iterator:
         raise TypeError("positions are computed per node; iterate the tree instead")

@@ -116,7 +116,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
             continue
         # A codemod records an edit for every span it rewrites (tests/test_pipeline_shortcuts.py holds them to it), so
         # one that recorded none left the text as it was, and generating it again would only cost time.
-        generated = ParsedSource.generated(tree) if codemod.edits else parsed
+        generated = ParsedSource.generated(tree, parsed) if codemod.edits else parsed
         new = generated.text
         result.manual += [replace(m, line=_span(to_original, m.line, m.line)[0]) for m in codemod.manual]
         if new == current:

@@ -140,6 +140,7 @@ class GraphCodemod(Codemod, Transformer):
         self._scopes: list[str] = []  # names of the classes and functions the walk is in
         self._passed_over: set[cst.FunctionDef] = set()
         self._tree_is_source = tree is self.source.module  # the words of functions are the source's
+        self._changed_under: list[bool] = []  # per node the walk is in: whether a handler changed anything under it yet
         return tree.visit(self)
 
     def passes_over(self, qualname: str) -> bool:
@@ -151,6 +152,7 @@ class GraphCodemod(Codemod, Transformer):
         return words is not None and not self.idiom_in(words, self.options)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        self._changed_under.append(False)
         if _is_scope(type(node)):
             self._scopes.append(node.name.value)
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
@@ -159,11 +161,20 @@ class GraphCodemod(Codemod, Transformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        changed = self._changed_under.pop()
         if _is_scope(type(original_node)):
             self._scopes.pop()
             if original_node in self._passed_over:
                 return updated_node
-        return super().on_leave(original_node, updated_node)
+        left = super().on_leave(original_node, updated_node)
+        if changed or left is not updated_node:
+            if self._changed_under:
+                self._changed_under[-1] = True
+            return left
+        # A statement of the module's body that no handler changed is handed on as the node it was, not as libcst's
+        # rebuilt copy: the chain reuses what it knows of that node (its text, parents and positions,
+        # ParsedSource.generated) instead of generating it again.
+        return original_node if len(self._changed_under) == 1 else left
 
     def transform_source(self, source: ParsedSource) -> cst.Module:
         """`transform_module` on a text the chain parsed once: its metadata (`source.metadata()`) is built when a
