@@ -51,7 +51,7 @@ import libcst as cst
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
 from graphmode.transforms.positions import module_code
@@ -333,6 +333,15 @@ class _RenameCalls(cst.CSTTransformer):
     def __init__(self, targets: dict[tuple[str | None, str], str], keywords: dict[str, str]) -> None:
         self.targets, self.keywords = targets, keywords
 
+    def renames_in(self, node: cst.CSTNode) -> bool:
+        """Whether visiting `node` would change anything: a call `leave_Call` rewrites is under it. A walk, where
+        the visit rebuilds every node."""
+        return any(isinstance(call, cst.Call) and (
+            _call_target(call, self.targets) is not None
+            or (self.keywords and _module_call(call.func)
+                and any(a.keyword is not None and a.keyword.value in self.keywords for a in call.args)))
+            for call in walk(node))
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         key = _call_target(original_node, self.targets)
         if key is not None:  # the twin itself takes the adapted names
@@ -383,7 +392,9 @@ class _Split(cst.CSTTransformer):
             return kept.with_changes(params=_merged_signature(kept.params, updated_node.params)[0],
                                      leading_lines=updated_node.leading_lines)
         if qualname not in self.changed:
-            return updated_node if qualname in self.originals else updated_node.visit(renames)
+            if qualname in self.originals or not renames.renames_in(updated_node):
+                return updated_node  # (a function the chain added, the helpers among them, mostly calls no twin)
+            return updated_node.visit(renames)
         if qualname in self.plan.dispatched:
             indent = len(self.scope) + 1  # levels of the method's body
             forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))

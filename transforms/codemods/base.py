@@ -171,10 +171,10 @@ class GraphCodemod(Codemod, Transformer):
             if self._changed_under:
                 self._changed_under[-1] = True
             return left
-        # A statement of the module's body that no handler changed is handed on as the node it was, not as libcst's
-        # rebuilt copy: the chain reuses what it knows of that node (its text, parents and positions,
-        # ParsedSource.generated) instead of generating it again.
-        return original_node if len(self._changed_under) == 1 else left
+        # A statement of the module's body, a class or a function that no handler changed is handed on as the node it
+        # was, not as libcst's rebuilt copy: the chain reuses what it knows of a statement (its text, parents and
+        # positions, ParsedSource.generated), and static_path knows an untouched function by identity.
+        return original_node if len(self._changed_under) == 1 or _is_scope(type(original_node)) else left
 
     def transform_source(self, source: ParsedSource) -> cst.Module:
         """`transform_module` on a text the chain parsed once: its metadata (`source.metadata()`) is built when a
