@@ -82,7 +82,12 @@ def test_positions_and_parents_equal_libcsts(path):
 
 
 def _handed_on(source: str, options: Options) -> list[tuple[cst.Module, ParsedSource]]:
-    """Each tree a codemod of the chain returned with an edit, and what the chain hands the next codemod."""
+    """Each tree a codemod of the chain returned with an edit, and what the chain hands the next codemod (reusing
+    what the text the codemod was given knows of the statements it handed on untouched, as the pipeline does)."""
+    return [(tree, parsed) for tree, parsed, _ in _handed_on_with_earlier(source, options)]
+
+
+def _handed_on_with_earlier(source: str, options: Options) -> list[tuple[cst.Module, ParsedSource, ParsedSource]]:
     found = []
     parsed = ParsedSource(source)
     for codemod_class in CHAIN:
@@ -91,9 +96,40 @@ def _handed_on(source: str, options: Options) -> list[tuple[cst.Module, ParsedSo
         codemod = codemod_class(CodemodContext(filename="model.py"), options)
         tree = codemod.transform_source(parsed)
         if codemod.edits:
-            parsed = ParsedSource.generated(tree)
-            found.append((tree, parsed))
+            earlier, parsed = parsed, ParsedSource.generated(tree, parsed)
+            found.append((tree, parsed, earlier))
     return found
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_a_layout_reusing_untouched_statements_is_the_layout_generated_whole(path):
+    """ParsedSource.generated copies the text and parents of the statements a codemod handed on as the same node:
+    the same text, parents, first lines and positions as a generation of the whole tree."""
+    reused = 0
+    for tree, handed, earlier in _handed_on_with_earlier(path.read_text(), options_for(path)):
+        whole = ParsedSource.generated(tree)
+        assert handed.text == whole.text == tree.code
+        if handed.module is not tree:
+            assert whole.module is not tree  # parsed again only where a node sits in two places
+            continue
+        assert handed.layout.parents == whole.layout.parents and handed.layout.first_lines == whole.layout.first_lines
+        assert handed.layout.statement_texts == whole.layout.statement_texts
+        kept = [s for s in tree.body if s in earlier.module.body]
+        reused += len(kept)
+        for statement in kept:
+            assert handed.positions[statement] == whole.positions[statement]
+    if path.name == "model.py":
+        assert reused > 0  # not vacuous: the codemods hand untouched statements on as they were
+
+
+def test_a_statement_reused_twice_is_parsed_again():
+    module = cst.parse_module("x = 1\ny = 2\n")
+    earlier = ParsedSource("x = 1\ny = 2\n", module)
+    earlier.layout  # what `generated` reuses
+    twice = module.with_changes(body=[module.body[0], module.body[0], module.body[1]])
+    handed = ParsedSource.generated(twice, earlier)
+    assert handed.text == "x = 1\nx = 1\ny = 2\n"
+    assert handed.module is not twice
 
 
 def _differences(carried: object, parsed: object, where: str = "module") -> list[str]:
