@@ -10,6 +10,7 @@ parse but for punctuation libcst leaves to its defaults, and the positions and p
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gc
 from pathlib import Path
@@ -20,13 +21,14 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods._imports import with_plain_imports
 from graphmode.transforms.cstutil import UNWALKED, walk
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.parsed import ParsedSource, _child_nodes, _walk
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import position_table, positions_and_parents
+from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -80,7 +82,12 @@ def test_positions_and_parents_equal_libcsts(path):
 
 
 def _handed_on(source: str, options: Options) -> list[tuple[cst.Module, ParsedSource]]:
-    """Each tree a codemod of the chain returned with an edit, and what the chain hands the next codemod."""
+    """Each tree a codemod of the chain returned with an edit, and what the chain hands the next codemod (reusing
+    what the text the codemod was given knows of the statements it handed on untouched, as the pipeline does)."""
+    return [(tree, parsed) for tree, parsed, _ in _handed_on_with_earlier(source, options)]
+
+
+def _handed_on_with_earlier(source: str, options: Options) -> list[tuple[cst.Module, ParsedSource, ParsedSource]]:
     found = []
     parsed = ParsedSource(source)
     for codemod_class in CHAIN:
@@ -89,9 +96,40 @@ def _handed_on(source: str, options: Options) -> list[tuple[cst.Module, ParsedSo
         codemod = codemod_class(CodemodContext(filename="model.py"), options)
         tree = codemod.transform_source(parsed)
         if codemod.edits:
-            parsed = ParsedSource.generated(tree)
-            found.append((tree, parsed))
+            earlier, parsed = parsed, ParsedSource.generated(tree, parsed)
+            found.append((tree, parsed, earlier))
     return found
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_a_layout_reusing_untouched_statements_is_the_layout_generated_whole(path):
+    """ParsedSource.generated copies the text and parents of the statements a codemod handed on as the same node:
+    the same text, parents, first lines and positions as a generation of the whole tree."""
+    reused = 0
+    for tree, handed, earlier in _handed_on_with_earlier(path.read_text(), options_for(path)):
+        whole = ParsedSource.generated(tree)
+        assert handed.text == whole.text == tree.code
+        if handed.module is not tree:
+            assert whole.module is not tree  # parsed again only where a node sits in two places
+            continue
+        assert handed.layout.parents == whole.layout.parents and handed.layout.first_lines == whole.layout.first_lines
+        assert handed.layout.statement_texts == whole.layout.statement_texts
+        kept = [s for s in tree.body if s in earlier.module.body]
+        reused += len(kept)
+        for statement in kept:
+            assert handed.positions[statement] == whole.positions[statement]
+    if path.name == "model.py":
+        assert reused > 0  # not vacuous: the codemods hand untouched statements on as they were
+
+
+def test_a_statement_reused_twice_is_parsed_again():
+    module = cst.parse_module("x = 1\ny = 2\n")
+    earlier = ParsedSource("x = 1\ny = 2\n", module)
+    earlier.layout  # what `generated` reuses
+    twice = module.with_changes(body=[module.body[0], module.body[0], module.body[1]])
+    handed = ParsedSource.generated(twice, earlier)
+    assert handed.text == "x = 1\nx = 1\ny = 2\n"
+    assert handed.module is not twice
 
 
 def _differences(carried: object, parsed: object, where: str = "module") -> list[str]:
@@ -267,3 +305,40 @@ def test_the_fast_dispatch_calls_what_libcst_calls(path):
     assert module.visit(fast).code == module.visit(slow).code
     assert fast.calls == slow.calls and {name for name, _ in slow.calls} == {
         "visit_FunctionDef", "leave_Name", "visit_Call_args", "leave_If_test"}
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_plain_code_generation_is_libcsts(path):
+    """positions.code_for_node and module_code skip libcst's syntactic-position context: the same text."""
+    module = cst.parse_module(path.read_text())
+    assert module_code(module) == module.code == path.read_text()
+    # Statements and expressions: what the codemods generate alone (an annotation, say, needs its parent's context).
+    nodes = [node for node in walk(module) if isinstance(node, (cst.BaseStatement, cst.BaseExpression))]
+    assert len(nodes) > 10  # not vacuous
+    assert all(code_for_node(node) == cst.Module(body=[]).code_for_node(node) for node in nodes)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_word_tables_and_step_functions_are_the_ast_walks(path):
+    """ParsedSource's walks of Python's AST read node fields directly: the nodes `ast.walk` gives, in its order
+    (where order matters), and the step functions of the text's own parse."""
+    source = path.read_text()
+    parsed = ParsedSource(source)
+    tree = parsed.tree
+    assert _walk(tree) == list(ast.walk(tree))
+    assert all(_child_nodes(node) == list(ast.iter_child_nodes(node)) for node in ast.walk(tree))
+    by_walk: set[str] = set()
+    for node in ast.walk(tree):
+        by_walk.add(f":{type(node).__name__}")
+        if isinstance(node, ast.Name):
+            by_walk.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            by_walk.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            by_walk.add(node.name)
+        elif isinstance(node, ast.arg):
+            by_walk.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            by_walk.add(node.arg)
+    assert parsed.words == by_walk and len(by_walk) > 10
+    assert parsed.step_functions == step_qualnames(source)

@@ -16,6 +16,7 @@ import libcst as cst
 import libcst.matchers as m
 
 
+from graphmode.transforms.positions import code_for_node
 from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
 
 __all__ = ["POSITION_PARAM_NAMES", "POSITION_TENSOR", "TENSOR_FACTORIES"]
@@ -161,7 +162,7 @@ def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
 
 
 def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
+    return code_for_node(node)
 
 
 def single_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:

@@ -36,9 +36,7 @@ def move_helpers_out(module: cst.Module, original: cst.Module, original_text: st
     if len(body) == len(module.body):
         return module
     module = module.with_changes(body=body)
-    reads = _Reads()
-    module.visit(reads)
-    used = sorted(helpers & reads.names)
+    used = sorted(helpers & _names(module))
     if not used:
         return module
     limit = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
@@ -70,33 +68,19 @@ def helper_module_diffs(adapted: dict[str, str]) -> str:
         for path, text in sorted(helper_modules(adapted).items()))
 
 
-class _Reads(cst.CSTVisitor):
+def _names(module: cst.Module) -> set[str]:
     """Every name the module reads or defines; an attribute's name (`self.x`) is not one."""
+    return {node.value for node in walk(module, _attribute_values) if isinstance(node, cst.Name)}
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
+def _attribute_values(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    return [node.value] if isinstance(node, cst.Attribute) else None
 
 
 def _imports_relatively(module: cst.Module) -> bool:
-    found = []
-
-    class _Relative(cst.CSTVisitor):
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-            found.append(bool(node.relative))
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False  # an import inside a function says nothing of how the file is loaded
-
-    module.visit(_Relative())
-    return any(found)
+    # An import inside a function says nothing of how the file is loaded.
+    return any(isinstance(node, cst.ImportFrom) and node.relative
+               for node in walk(module, lambda node: [] if isinstance(node, cst.FunctionDef) else None))
 
 
 def _relative_import(statement: cst.BaseStatement) -> bool:

@@ -19,7 +19,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, Posi
 
 from graphmode.transforms.cstutil import is_docstring, nodes_of_type, walk
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.positions import Span, positions_and_parents
+from graphmode.transforms.positions import Span, module_code, positions_and_parents
 
 MIN_LIMIT = 79
 _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
@@ -34,14 +34,14 @@ def wrapped_with_code(module: cst.Module, original: str) -> tuple[cst.Module, st
     """`wrap_long_lines` and the wrapped module's code, which it generates anyway (once per round)."""
     known = set(original.splitlines())
     limit = max([MIN_LIMIT, *(len(line) for line in known)])
-    code = module.code
+    code = module_code(module)
     for _ in range(_ROUNDS):
         lines = code.splitlines()
         long = {number for number, line in enumerate(lines, 1) if len(line) > limit and line not in known}
         if not long:
             break
         wrapped = _wrap_round(module, long, limit, lines)
-        wrapped_code = wrapped.code
+        wrapped_code = module_code(wrapped)
         if wrapped_code == code:
             break
         module, code = wrapped, wrapped_code

@@ -116,7 +116,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
             continue
         # A codemod records an edit for every span it rewrites (tests/test_pipeline_shortcuts.py holds them to it), so
         # one that recorded none left the text as it was, and generating it again would only cost time.
-        generated = ParsedSource.generated(tree) if codemod.edits else parsed
+        generated = ParsedSource.generated(tree, parsed) if codemod.edits else parsed
         new = generated.text
         result.manual += [replace(m, line=_span(to_original, m.line, m.line)[0]) for m in codemod.manual]
         if new == current:
@@ -131,7 +131,7 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
         # The helpers the codemods inserted go to graphmode_static.py beside the file, which it imports.
-        split = move_helpers_out(keep_original_path(original.module, parsed.module), original.module, source)
+        split = move_helpers_out(keep_original_path(original.module, parsed.module, source), original.module, source)
         module = tidy(split)
         if options.entry_class is None:  # no entries, so no `setup_caches` for graphmode's words to point to
             module = without_entry_promises(module, source)

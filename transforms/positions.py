@@ -26,27 +26,100 @@ class Layout:
     text: str  # the module's code
     parents: dict[cst.CSTNode, cst.CSTNode] | None  # None when a node sits in two places in the tree
     first_lines: dict[cst.CSTNode, int]  # top-level statement -> line its text (leading lines included) starts on
+    # What a later layout may reuse of a top-level statement handed on as the same node: its text (leading lines
+    # included) and the parents of the nodes under it; and the module's defaults its text was generated with.
+    statement_texts: dict[cst.CSTNode, str]
+    statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]]
+    defaults: tuple[str, str]
 
 
-def layout_of(module: cst.Module) -> Layout:
+class _NoRecord:
+    """The context `record_syntactic_position` gives where no position is recorded. libcst's own is a generator-based
+    context manager entered for every statement and many expressions: a third of plain code generation's time."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+_NO_RECORD = _NoRecord()
+
+
+class _TextState(CodegenState):
+    """libcst's state for plain code generation (`Module.code`, `code_for_node`), less the cost of recording nothing."""
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
+                                  end_node: cst.CSTNode | None = None) -> _NoRecord:
+        return _NO_RECORD
+
+
+def code_for_node(node: cst.CSTNode, default_indent: str = " " * 4, default_newline: str = "\n") -> str:
+    """`Module.code_for_node` of a module with these defaults (an empty module's, by default): the same text."""
+    state = _TextState(default_indent=default_indent, default_newline=default_newline)
+    node._codegen(state)
+    return "".join(state.tokens)
+
+
+def module_code(module: cst.Module) -> str:
+    """`module.code`: the same text."""
+    return code_for_node(module, module.default_indent, module.default_newline)
+
+
+def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
+    """The module's layout. A top-level statement that `earlier` (the layout of the tree a codemod was given) holds
+    as the same node is not generated again: its text and parents are the same (nodes never change; the codemods
+    hand an untouched statement on as it was, base.GraphCodemod.on_leave)."""
     state = _LayoutState(module)
-    module._codegen(state)
-    return Layout("".join(state.tokens), None if state.duplicated else state.parents, state.first_lines)
+    defaults = (module.default_indent, module.default_newline)
+    if earlier is None or earlier.defaults != defaults or not module.has_trailing_newline:
+        module._codegen(state)
+    else:
+        # libcst's Module._codegen with the statements `earlier` holds copied (tests/test_pipeline_shortcuts.py holds
+        # the text to libcst's). A module without a trailing newline drops its last token: generated above.
+        state.before_codegen(module)
+        for line in module.header:
+            line._codegen(state)
+        for statement in module.body:
+            text = earlier.statement_texts.get(statement)
+            if text is None:
+                statement._codegen(state)
+            else:
+                state.add_generated(statement, text, earlier.statement_parents[statement])
+        for line in module.footer:
+            line._codegen(state)
+        if not state.tokens:
+            state.add_token(state.default_newline)
+        state.after_codegen(module)
+    parents = dict(state.top)
+    for below in state.statement_parents.values():
+        parents.update(below)
+    held = len(state.top) + sum(map(len, state.statement_parents.values()))
+    duplicated = state.duplicated or len(parents) != held
+    return Layout("".join(state.tokens), None if duplicated else parents, state.first_lines, state.statement_texts,
+                  state.statement_parents, defaults)
 
 
 def _newlines(value: str) -> int:
     return value.count("\n") + value.count("\r") - value.count("\r\n")  # libcst's newlines: \r\n, \r and \n
 
 
-class _LayoutState(CodegenState):
+class _LayoutState(_TextState):
     def __init__(self, module: cst.Module) -> None:
         super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
         self.module = module
-        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.top: dict[cst.CSTNode, cst.CSTNode] = {}  # parents of the module's own children
+        self.statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]] = {}  # and of those under each
+        self.statement_texts: dict[cst.CSTNode, str] = {}
         self.first_lines: dict[cst.CSTNode, int] = {}
         self.duplicated = False
         self.line = 1
         self._generating: list[cst.CSTNode] = []
+        self._into = self.top  # where the parents of the nodes being generated go
+        self._statement_start = 0  # the token the statement being generated starts at
 
     def add_token(self, value: str) -> None:
         self.tokens.append(value)
@@ -55,7 +128,7 @@ class _LayoutState(CodegenState):
 
     def before_codegen(self, node: cst.CSTNode) -> None:
         # Called for every node of the tree: one look-up of each table, and a node already held is seen by the size.
-        generating, parents = self._generating, self.parents
+        generating, parents = self._generating, self._into
         if generating:
             parent = generating[-1]
             held = len(parents)
@@ -64,10 +137,27 @@ class _LayoutState(CodegenState):
                 self.duplicated = True
             if parent is self.module and isinstance(node, cst.BaseStatement):
                 self.first_lines[node] = self.line
+                self._into = self.statement_parents[node] = {}
+                self._statement_start = len(self.tokens)
         generating.append(node)
 
     def after_codegen(self, node: cst.CSTNode) -> None:
-        self._generating.pop()
+        generating = self._generating
+        generating.pop()
+        if len(generating) == 1 and self._into is not self.top:  # the end of a statement of the module's body
+            self.statement_texts[node] = "".join(self.tokens[self._statement_start:])
+            self._into = self.top
+
+    def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode]) -> None:
+        """A statement of the module's body as an earlier layout generated it: its text and the parents under it."""
+        held = len(self.top)
+        self.top[statement] = self.module
+        if len(self.top) == held:
+            self.duplicated = True
+        self.first_lines[statement] = self.line
+        self.statement_parents[statement] = below
+        self.statement_texts[statement] = text
+        self.add_token(text)
 
 
 def position_table(module: cst.Module) -> dict[cst.CSTNode, Span]:

@@ -52,9 +52,10 @@ from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
+from graphmode.transforms.positions import module_code
 from graphmode.transforms.tidy import without_identical_branches
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
@@ -73,8 +74,9 @@ class _Plan:
     kept: set[str] = field(default_factory=set)  # rewritten only by renaming parameters: the original serves both
 
 
-def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
-    """The adapted module with every function the chain changed split into its original and its static twin."""
+def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
+    """The adapted module with every function the chain changed split into its original and its static twin.
+    `original_text`: the original's code, where the caller has it (else it is generated again)."""
     originals = dict(_functions(original))
     changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
@@ -122,7 +124,9 @@ def keep_original_path(original: cst.Module, adapted: cst.Module) -> cst.Module:
                 plan.renamed[qualname] = _twin_name(unchanged[qualname].name.value)
     # The original's statements a fork puts under `else:` stay as written only where one level deeper still fits the
     # file's longest line (line_wrap would wrap them otherwise): else the method becomes a twin.
-    width = max([MIN_LIMIT, *(len(line) for line in original.code.splitlines())])
+    if original_text is None:
+        original_text = module_code(original)
+    width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
     module = adapted.visit(_Split(originals, changed, plan, width))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
@@ -333,6 +337,15 @@ class _RenameCalls(cst.CSTTransformer):
     def __init__(self, targets: dict[tuple[str | None, str], str], keywords: dict[str, str]) -> None:
         self.targets, self.keywords = targets, keywords
 
+    def renames_in(self, node: cst.CSTNode) -> bool:
+        """Whether visiting `node` would change anything: a call `leave_Call` rewrites is under it. A walk, where
+        the visit rebuilds every node."""
+        return any(isinstance(call, cst.Call) and (
+            _call_target(call, self.targets) is not None
+            or (self.keywords and _module_call(call.func)
+                and any(a.keyword is not None and a.keyword.value in self.keywords for a in call.args)))
+            for call in walk(node))
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         key = _call_target(original_node, self.targets)
         if key is not None:  # the twin itself takes the adapted names
@@ -383,7 +396,9 @@ class _Split(cst.CSTTransformer):
             return kept.with_changes(params=_merged_signature(kept.params, updated_node.params)[0],
                                      leading_lines=updated_node.leading_lines)
         if qualname not in self.changed:
-            return updated_node if qualname in self.originals else updated_node.visit(renames)
+            if qualname in self.originals or not renames.renames_in(updated_node):
+                return updated_node  # (a function the chain added, the helpers among them, mostly calls no twin)
+            return updated_node.visit(renames)
         if qualname in self.plan.dispatched:
             indent = len(self.scope) + 1  # levels of the method's body
             forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))

@@ -141,7 +141,11 @@ def _calls(function: Function) -> tuple[set[str], set[str]]:
 def step_qualnames(source: str) -> set[str]:
     """Qualified names ("Attention.forward", "helper") of the functions a model step reaches, for
     rewrites that should touch step code only. Raises SyntaxError like ast.parse."""
-    module = ast.parse(source)
+    return step_qualnames_in(ast.parse(source))
+
+
+def step_qualnames_in(module: ast.Module) -> set[str]:
+    """`step_qualnames` of a text already parsed (the chain's one `ast` parse of it); the tree is only read."""
     reached = reachable_functions(module)
     names = {f.name for f in module.body if isinstance(f, FUNCTION_TYPES) and f in reached}
     for cls in (s for s in module.body if isinstance(s, ast.ClassDef)):

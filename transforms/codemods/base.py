@@ -8,6 +8,7 @@ that class supports cost four times a plain walk of the tree, and no codemod her
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
@@ -21,6 +22,7 @@ from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.positions import module_code
 
 @dataclass(frozen=True)
 class Options:
@@ -134,6 +136,7 @@ class GraphCodemod(Codemod, Transformer):
         self._scopes: list[str] = []  # names of the classes and functions the walk is in
         self._passed_over: set[cst.FunctionDef] = set()
         self._tree_is_source = tree is self.source.module  # the words of functions are the source's
+        self._changed_under: list[bool] = []  # per node the walk is in: whether a handler changed anything under it yet
         return tree.visit(self)
 
     def passes_over(self, qualname: str) -> bool:
@@ -145,7 +148,8 @@ class GraphCodemod(Codemod, Transformer):
         return words is not None and not self.idiom_in(words, self.options)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+        self._changed_under.append(False)
+        if _is_scope(type(node)):
             self._scopes.append(node.name.value)
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
                 self._passed_over.add(node)
@@ -153,11 +157,20 @@ class GraphCodemod(Codemod, Transformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        if isinstance(original_node, (cst.ClassDef, cst.FunctionDef)):
+        changed = self._changed_under.pop()
+        if _is_scope(type(original_node)):
             self._scopes.pop()
             if original_node in self._passed_over:
                 return updated_node
-        return super().on_leave(original_node, updated_node)
+        left = super().on_leave(original_node, updated_node)
+        if changed or left is not updated_node:
+            if self._changed_under:
+                self._changed_under[-1] = True
+            return left
+        # A statement of the module's body, a class or a function that no handler changed is handed on as the node it
+        # was, not as libcst's rebuilt copy: the chain reuses what it knows of a statement (its text, parents and
+        # positions, ParsedSource.generated), and static_path knows an untouched function by identity.
+        return original_node if len(self._changed_under) == 1 or _is_scope(type(original_node)) else left
 
     def transform_source(self, source: ParsedSource) -> cst.Module:
         """`transform_module` on a text the chain parsed once: its metadata (`source.metadata()`) is built when a
@@ -178,7 +191,7 @@ class GraphCodemod(Codemod, Transformer):
 
     def code_of_module(self, tree: cst.Module) -> str:
         """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
-        return self.source.text if tree is self.source.module else tree.code
+        return self.source.text if tree is self.source.module else module_code(tree)
 
     def ast_of(self, node: cst.CSTNode) -> ast.AST:
         """What the chain's one `ast` parse of the text (`self.source.tree`) holds where the original `node` sits:
@@ -228,13 +241,20 @@ class GraphCodemod(Codemod, Transformer):
         return ".".join(reversed(names))
 
 
+@functools.cache
+def _is_scope(node_type: type) -> bool:
+    """A class or a function: asked once per type, as every node of a walk asks it (an `isinstance` against libcst's
+    classes goes through their abstract base class's check)."""
+    return issubclass(node_type, (cst.ClassDef, cst.FunctionDef))
+
+
 class StepCodemod(GraphCodemod):
     """A codemod that only touches code a model step reaches (`forward`, `decode`, ... and what they call in
     the same file; transforms.analysis.reach), as the rules only report there."""
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._step_functions = self.source.step_functions if tree is self.source.module else \
-            step_qualnames(tree.code)
+            step_qualnames(module_code(tree))
         return super().transform_module_impl(tree)
 
     def passes_over(self, qualname: str) -> bool:
