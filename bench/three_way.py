@@ -1,7 +1,7 @@
 """Decode speed of the bundled example three ways, in one process: eager original, graphmode-adapted, hand-written.
 
     python bench/three_way.py [--backend inductor] [--steps 32] [--repeats 5] [--threads N]
-                              [--hand-attention sdpa|matmul]
+                              [--hand-attention sdpa|matmul] [--shape default|larger] [--clock wall|thread]
 
 - eager:   examples/legacy_llm/model.py as it is, driven like its harness (concatenated cache), eagerly.
 - adapted: the same file through transforms.pipeline.adapt_source (all codemods), Prefill eager,
@@ -14,6 +14,11 @@ Compilation and one warm-up generation happen before timing. The repeats are int
 (eager, adapted, hand, eager, ...) so machine noise hits all three alike; each repeat is one
 Prefill plus `steps` Decode steps, and its figure is the median Decode ms/step. Printed: the
 median [min, max] over repeats, and the ratios. Goal: adapted / hand <= 1.0.
+
+`--shape larger` builds all three at dim 1024, 8 layers, 16 heads over 4 KV heads (hidden 2816), where the
+weights, not the per-step overhead, take most of a step. `--clock thread` times each step in this thread's CPU time
+(`time.thread_time`) instead of wall time: with `--threads 1` all of a step's work runs in this thread, and on a
+machine shared with other work the time other processes take from it no longer counts.
 """
 from __future__ import annotations
 
@@ -42,6 +47,12 @@ from graphmode.transforms.pipeline import adapt_source  # noqa: E402
 EXAMPLE = ROOT / "examples" / "legacy_llm"
 MAX_SEQ_LEN = 64
 VERSIONS = ("eager", "adapted", "hand")
+# ModelArgs fields over the example's defaults (dim 128, 2 layers, 4 heads over 2 KV heads, hidden 344).
+SHAPES = {
+    "default": {},
+    "larger": {"dim": 1024, "n_layers": 8, "n_heads": 16, "n_kv_heads": 4, "hidden_dim": 2816},
+}
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
 def import_file(path: Path, name: str) -> ModuleType:
@@ -68,27 +79,29 @@ class Version:
         self.tokens: torch.Tensor | None = None
         self.logits: list[torch.Tensor] = []
 
-    def generate(self, prompt: torch.Tensor, steps: int, sync: Callable[[], None]) -> list[float]:
-        """Prefill, then `steps` greedy Decode steps; returns ms per Decode step."""
+    def generate(self, prompt: torch.Tensor, steps: int, sync: Callable[[], None],
+                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
+        """Prefill, then `steps` greedy Decode steps; returns ms per Decode step, as `clock` counts them."""
         logits, state = self.prefill(prompt)
         all_logits, tokens, times = [logits], [], []
         for _ in range(steps):
             token = logits.argmax(-1, keepdim=True)
             tokens.append(token)
             sync()
-            started = time.perf_counter()
+            started = clock()
             logits, state = self.step(token, state)
             sync()
-            times.append((time.perf_counter() - started) * 1e3)
+            times.append((clock() - started) * 1e3)
             all_logits.append(logits)
         self.tokens, self.logits = torch.cat(tokens, dim=1), all_logits
         return times
 
 
-def build(backend: Backend, tmp: Path, hand_sdpa: bool) -> dict[str, Version]:
+def build(backend: Backend, tmp: Path, hand_sdpa: bool, shape: str = "default") -> dict[str, Version]:
+    sizes = {**SHAPES[shape], "max_seq_len": MAX_SEQ_LEN}
     original_mod = import_file(EXAMPLE / "model.py", "gm3_original_model")
     torch.manual_seed(0)  # the harness's build_model()
-    original = original_mod.Transformer(original_mod.ModelArgs(max_seq_len=MAX_SEQ_LEN)).eval()
+    original = original_mod.Transformer(original_mod.ModelArgs(**sizes)).eval()
 
     adaptation = adapt_source((EXAMPLE / "model.py").read_text(), "model.py", None,
                               Options(max_seq_len=MAX_SEQ_LEN, entry_class="Transformer"))
@@ -98,7 +111,7 @@ def build(backend: Backend, tmp: Path, hand_sdpa: bool) -> dict[str, Version]:
         (tmp / "adapted" / name).write_text(text)
     sys.path.insert(0, str(tmp / "adapted"))  # the adapted file imports graphmode_static, as a harness has it
     adapted_mod = import_file(tmp / "adapted" / "model.py", "gm3_adapted_model")
-    adapted = adapted_mod.Transformer(adapted_mod.ModelArgs(max_seq_len=MAX_SEQ_LEN)).eval()
+    adapted = adapted_mod.Transformer(adapted_mod.ModelArgs(**sizes)).eval()
     adapted.load_state_dict(original.state_dict(), strict=True)
     adapted.setup_caches(max_batch_size=1, max_seq_length=MAX_SEQ_LEN)  # the static buffers, as the hand-written has
 
@@ -156,6 +169,10 @@ def main() -> None:
     parser.add_argument("--hand-attention", choices=("sdpa", "matmul"), default="sdpa",
                         help="the hand-written model's attention: F.scaled_dot_product_attention "
                              "(gpt-fast) or the original's matmul/softmax")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="default",
+                        help="the example's own sizes, or dim 1024, 8 layers, 16 heads over 4 KV heads")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (steadier on a shared machine; use --threads 1)")
     args = parser.parse_args()
     if args.steps + 8 > MAX_SEQ_LEN:
         parser.error(f"--steps must be at most {MAX_SEQ_LEN - 8} (prompt 8 + steps <= {MAX_SEQ_LEN})")
@@ -165,7 +182,8 @@ def main() -> None:
     assert backend.device == "cpu", "this benchmark runs on CPU backends"
 
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        versions = build(backend, Path(tmp), args.hand_attention == "sdpa")
+        versions = build(backend, Path(tmp), args.hand_attention == "sdpa", args.shape)
+        clock = CLOCKS[args.clock]
         prompt = make_prompt(512)
         warmup: dict[str, float] = {}
         for name, version in versions.items():  # compiles (first call) and warms up, untimed
@@ -175,16 +193,18 @@ def main() -> None:
         with torch.compiler.set_stance("fail_on_recompile"):  # a recompile now would be timed
             for _ in range(args.repeats):
                 for version in versions.values():
-                    version.medians.append(statistics.median(version.generate(prompt, args.steps, backend.synchronize)))
+                    times = version.generate(prompt, args.steps, backend.synchronize, clock)
+                    version.medians.append(statistics.median(times))
 
     eager, adapted, hand = (versions[n] for n in VERSIONS)
     same = all(torch.equal(v.tokens, eager.tokens) for v in versions.values())
     diffs = {n: max((a - b).abs().max().item() for a, b in zip(versions[n].logits, eager.logits))
              for n in ("adapted", "hand")}
 
+    shape = ", ".join(f"{name} {value}" for name, value in SHAPES[args.shape].items()) or "the example's own sizes"
     print(f"backend {backend.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
           f"prompt 8, {args.steps} Decode steps x {args.repeats} interleaved repeats, "
-          f"hand-written attention: {args.hand_attention}")
+          f"hand-written attention: {args.hand_attention}; shape: {shape}; clock: {args.clock}")
     print(f"greedy tokens equal (all three): {same}; max |logit diff| vs eager: "
           f"adapted {diffs['adapted']:.2e}, hand {diffs['hand']:.2e}")
     print(f"{'version':<9} {'Decode ms/step: median [min, max] over repeats':<46} first run (compile+warm-up)")
