@@ -77,7 +77,7 @@ def test_adapt_yes_verifies_the_meta_example_and_leaves_it_untouched(tmp_path):
     env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     done = subprocess.run(
         [sys.executable, "-m", "graphmode.agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
-         "--out", str(tmp_path / "out")],
+         "--runs", "1", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
