@@ -130,6 +130,7 @@ path = "hang"
 """
 
 
+@pytest.mark.slow
 def test_a_batch_killed_half_way_resumes_skipping_what_finished_and_lists_every_target_once(tmp_path):
     broken(tmp_path)
     hanging(tmp_path)
@@ -240,6 +241,7 @@ def test_sigterm_stops_the_running_targets_and_leaves_them_pending(tmp_path):
     assert "interrupted" in log.read_text()
 
 
+@pytest.mark.slow
 def test_a_target_runs_as_a_ray_task_and_comes_back_into_the_summary(tmp_path):
     pytest.importorskip("ray")
     broken(tmp_path)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from graphmode.transforms.codemods._helper_code import helper_names
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source, fixed_by
@@ -74,12 +76,13 @@ def _fingerprint(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.py"))}
 
 
+@pytest.mark.slow
 def test_adapt_yes_verifies_the_meta_example_and_leaves_it_untouched(tmp_path):
     before = _fingerprint(EXAMPLE)
     env = {**os.environ, "GRAPHMODE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     done = subprocess.run(
         [sys.executable, "-m", "graphmode.agent.cli", "adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager",
-         "--out", str(tmp_path / "out")],
+         "--runs", "1", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr

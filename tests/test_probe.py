@@ -19,6 +19,7 @@ import pytest
 from graphmode.runners import backends
 from graphmode.runners.backends import BackendUnavailable
 from graphmode.runners.crash import describe_crash, exception_chain
+from graphmode.runners.harness import load_harness
 from graphmode.runners.probe import probe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +193,22 @@ def test_example_triage_stops_at_aot_eager_with_recompiles(example_report):
     assert first["graph_breaks"] == report["graph_breaks"]
     assert stages["force_eager"]["status"] == stages["backend"]["status"] == "skipped"
     assert all("aot_eager" in stages[name]["reason"] for name in ("force_eager", "backend"))
+
+
+@pytest.mark.slow
+def test_example_recompiles_where_the_harness_passes_an_int_and_breaks_at_item(example_report):
+    report = example_report
+    assert report["entry_class"] == "Transformer" and report["entry_file"] == "model.py"
+    assert report["sources"] == ["model.py"] and report["max_seq_len"] == load_harness(EXAMPLE).MAX_SEQ_LEN
+    assert report["recompiles"] > 0 and len(report["recompile_reasons"]) == report["recompiles"]
+    sites = {(site["file"], site["line"]) for site in report["recompile_sites"]}
+    # The Python-int position is guarded where the harness passes it to the model.
+    assert ("harness.py", _line_of(EXAMPLE / "harness.py", 'model(token, state["pos"]')) in sites
+    # The graph breaks come from .item() calls, pointed at in model.py.
+    assert report["graph_breaks"] > 0
+    item_lines = {n for n, line in enumerate((EXAMPLE / "model.py").read_text().splitlines(), 1) if ".item()" in line}
+    assert {r["line"] for r in report["break_reasons"] if r["file"] == "model.py"} <= item_lines
+    assert any(r["line"] in item_lines for r in report["break_reasons"])
 
 
 @pytest.mark.slow

@@ -235,7 +235,7 @@ def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
     out = tmp_path / "a.json"
     compile_log = tmp_path / "adapted.compile.log"
     run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
-                                  "--backend", "aot_eager", "--out", str(out), "--compile-log", str(compile_log)],
+                                  "--backend", "eager", "--out", str(out), "--compile-log", str(compile_log)],
                name="adapted", timeout_s=180, env={"TORCH_LOGS": "graph_breaks,recompiles"})
     result = json.loads(out.read_text())
     # The compile log keeps Dynamo's own recompile records (the watch's counting is unaffected).
@@ -248,22 +248,6 @@ def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
     assert all(d["file"] == "model.py" and d["line"] == calls_line for d in result["recompile_details"])
     assert all("self.calls" in text for text in result["recompile_reasons"])
     assert len(result["tokens"][0]) == steps  # the run finished eagerly after the limit
-
-
-@pytest.mark.slow
-def test_probe_reports_recompiles_on_the_original():
-    report = probe(EXAMPLE, steps=4, timeout_s=240)
-    assert report["entry_class"] == "Transformer" and report["entry_file"] == "model.py"
-    assert report["sources"] == ["model.py"] and report["max_seq_len"] == load_harness(EXAMPLE).MAX_SEQ_LEN
-    assert report["recompiles"] > 0 and len(report["recompile_reasons"]) == report["recompiles"]
-    sites = {(site["file"], site["line"]) for site in report["recompile_sites"]}
-    # The Python-int position is guarded where the harness passes it to the model.
-    assert ("harness.py", _line_of(EXAMPLE / "harness.py", 'model(token, state["pos"]')) in sites
-    # The graph breaks come from .item() calls, pointed at in model.py.
-    assert report["graph_breaks"] > 0
-    item_lines = {n for n, line in enumerate((EXAMPLE / "model.py").read_text().splitlines(), 1) if ".item()" in line}
-    assert {r["line"] for r in report["break_reasons"] if r["file"] == "model.py"} <= item_lines
-    assert any(r["line"] in item_lines for r in report["break_reasons"])
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+@pytest.mark.slow
 def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp_path, home):
     before = fingerprint(EXAMPLE)
     done = graphmode("adapt", str(EXAMPLE), "--yes", "--backend", "inductor", "--runs", "2",
@@ -140,6 +141,7 @@ def _unstable_headline_is_not_quoted(run: Path, home: Path) -> None:
     assert "rerun on a quiet machine" in text
 
 
+@pytest.mark.slow
 def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     out = tmp_path / "out"
     stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
@@ -186,6 +188,7 @@ def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     assert again.returncode == 0 and "has finished" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly(tmp_path, home):
     out = tmp_path / "out"
     stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--out", str(out), home=home, cwd=tmp_path)
