@@ -32,7 +32,7 @@ def test_a_long_call_gets_its_arguments_on_a_line_or_one_per_line_and_a_long_com
                 return self.output(graphmode_hide_unwritten(self, self.attend(self.project(x), mask=mask)))
 
             def decode(self, x, mask):
-                return self.output(graphmode_hide_unwritten(self, x), graphmode_written_slots(self, mask), x + self.bias)
+                return self.output(graphmode_hide_unwritten(self, x), graphmode_written_slots(self, mask), x + self.b)
         '''
     text = wrapped(adapted)
     assert max(len(line) for line in text.splitlines()) <= 89
@@ -45,7 +45,7 @@ def test_a_long_call_gets_its_arguments_on_a_line_or_one_per_line_and_a_long_com
     assert ("        return self.output(\n"
             "            graphmode_hide_unwritten(self, x),\n"
             "            graphmode_written_slots(self, mask),\n"
-            "            x + self.bias,\n"
+            "            x + self.b,\n"
             "        )\n") in text
     # The model's own line, 89 columns, is the limit and is left alone.
     assert "        return self.output(self.attend(self.project(x), mask=mask, dropout=self.dropout))\n" in text

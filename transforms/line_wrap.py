@@ -60,7 +60,7 @@ def _wrap_round(module: cst.Module, long: set[int], limit: int, lines: list[str]
         span = positions[statement]
         if not long & set(range(span.start.line, span.end.line + 1)):
             continue
-        # The outermost call (or bracketed tuple) that opens on a long line; its arguments then go on lines of their own.
+        # The outermost call (or bracketed tuple) that opens on a long line; its arguments go on lines of their own.
         for node in _nodes(statement, (cst.Call, cst.Tuple)):
             if (positions[node].start.line in long and _wrappable(node, parents.get(node))
                     and not _in_fstring(node, parents)):

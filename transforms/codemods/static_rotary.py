@@ -142,7 +142,8 @@ class StaticRotary(BufferCodemod):
         for stmt in table_statements:
             assigned = single_assignment(stmt)
             if assigned is None or not names_in(assigned[1]) <= visible:
-                self.record_manual(stmt, "a table statement reads a call argument; it cannot move to `graphmode_resize`")
+                self.record_manual(stmt, "a table statement reads a call argument; it cannot move to "
+                                         "`graphmode_resize`")
                 return None
             visible.add(assigned[0])
         if not all(names_in(t) <= visible for t in tables):
