@@ -163,7 +163,7 @@ class SlicedKVCache(BufferCodemod):
                                          "not recognised; write it with `index_copy_` at the position tensor by hand")
             return None
         init = find_method(cls, "__init__")
-        caches: dict[str, tuple[cst.SimpleStatementLine, cst.Call]] = {}
+        caches: dict[str, tuple[cst.SimpleStatementLine, int]] = {}  # the statement building it, its sequence dim
         for attribute in dict.fromkeys(u.attribute for u in uses):
             mine = [u for u in uses if u.attribute == attribute]
             kinds = {u.kind for u in mine}
@@ -183,7 +183,7 @@ class SlicedKVCache(BufferCodemod):
                                                  "`torch.zeros(shape)` with the sequence dimension in its shape, "
                                                  "after the batch")
                 return None
-            caches[attribute] = (found[0], found[1], mine[0].dim)
+            caches[attribute] = (found[0], mine[0].dim)
 
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
         first_write = True
@@ -213,15 +213,15 @@ class SlicedKVCache(BufferCodemod):
 
         # __init__: the model's own caches, as built, made buffers that setup_caches allocates again.
         current_init = find_method(updated, "__init__")
-        built = {code_of(stmt) for stmt, _, _ in caches.values()}
+        built = {code_of(stmt) for stmt, _ in caches.values()}
         last = max(i for i, s in enumerate(current_init.body.body) if code_of(s) in built)
         calls = []
-        for dim in dict.fromkeys(d for _, _, d in caches.values()):
-            names = string_tuple([a for a, (_, _, d) in caches.items() if d == dim])
+        for dim in dict.fromkeys(d for _, d in caches.values()):
+            names = string_tuple([a for a, (_, d) in caches.items() if d == dim])
             calls.append(cst.parse_statement(f"{CACHE_BUFFERS}(self, {names}, seq_dim={dim})\n"))
         calls[0] = calls[0].with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
             "# graphmode: buffers (they follow the model), sized again by setup_caches."))])
-        for attribute, (stmt, _, _) in caches.items():
+        for attribute, (stmt, _) in caches.items():
             self.record_edit(stmt, f"`self.{attribute}` made a buffer that setup_caches sizes")
         body = list(current_init.body.body)
         return replace_method(updated, "__init__", current_init.with_changes(
