@@ -398,8 +398,8 @@ class GraphmodeStaticPath:
             if name is not None:
                 limits.append((getattr(owner, name), f"{owner_name}.{name}"))
                 break
-        # Position tables the model's own `__init__` builds (`graphmode_table_buffer`): no more positions than their
-        # rows. Caches of its own (`graphmode_cache_buffer`) are allocated below at the sizes asked for.
+        # Position tables the model's own `__init__` builds (`graphmode_table_buffers`): no more positions than their
+        # rows. Caches of its own (`graphmode_cache_buffers`) are allocated below at the sizes asked for.
         for module in model.modules():
             for name, seq_dim in getattr(module, "graphmode_tables", {}).items():
                 rows = getattr(module, name).shape[seq_dim]
