@@ -19,7 +19,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, Posi
 
 from graphmode.transforms.cstutil import is_docstring, nodes_of_type, walk
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.positions import Span, module_code, positions_and_parents
+from graphmode.transforms.positions import Span, code_for_node, module_code, positions_and_parents
 
 MIN_LIMIT = 79
 _ROUNDS = 12  # each round wraps one call (or signature) per statement; nesting is rarely deeper
@@ -192,11 +192,8 @@ def _hugged(items, room: int) -> list | None:
               for index, item in enumerate(items)]
     if isinstance(hugged[-1], cst.Arg):
         hugged[-1] = hugged[-1].with_changes(whitespace_after_arg=cst.SimpleWhitespace(""))
-    text = "".join(_EMPTY.code_for_node(item) for item in hugged)
+    text = "".join(code_for_node(item) for item in hugged)
     return hugged if "\n" not in text and len(text) <= room else None
-
-
-_EMPTY = cst.Module(body=[])
 
 
 def _in_fstring(node: cst.CSTNode, parents) -> bool:

@@ -518,16 +518,12 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
         return None
     docstring, ours = _split_docstring(list(original.body.body))
     _, theirs = _split_docstring(list(renamed.body))
-    keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
-    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
-            difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
+    runs = _changed_runs(ours, theirs)
     # A run whose static form only skips the original statements while Dynamo traces is the same on both paths
     # (eager runs never trace): it takes the original's place, unforked.
     guards = {run: theirs[run[2]] for run in runs if _eager_guard(ours[run[0]:run[1]], theirs[run[2]:run[3]])}
     runs = [run for run in runs if run not in guards]
-    if not runs and guards:
-        return _with_guards(original, docstring, ours, guards)
-    if not runs or len(runs) > _MOST_FORKS:
+    if not (runs or guards) or len(runs) > _MOST_FORKS:
         return None
     # A rewrite may have made both arms of a branch the same (one static form for every attention kind).
     theirs = _merged_arms(theirs, runs)
@@ -579,10 +575,15 @@ def _guards_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
             or not isinstance(adapted.body, cst.IndentedBlock):
         return False
     ours, theirs = _split_docstring(list(original.body.body))[1], _split_docstring(list(adapted.body.body))[1]
-    matcher = difflib.SequenceMatcher(None, [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs],
-                                      autojunk=False)
-    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    runs = _changed_runs(ours, theirs)
     return bool(runs) and all(_eager_guard(ours[i1:i2], theirs[j1:j2]) for i1, i2, j1, j2 in runs)
+
+
+def _changed_runs(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement]) -> list[tuple[int, int, int, int]]:
+    """The runs of statements that differ between two bodies: (i1, i2) of `ours` became (j1, j2) of `theirs`."""
+    keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
+    return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
+            difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
 
 
 def _eager_guard(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement]) -> bool:
@@ -591,16 +592,6 @@ def _eager_guard(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement])
             or code_of(theirs[0].test).strip() != EAGER_ONLY:
         return False
     return [_statement_key(s) for s in theirs[0].body.body] == [_statement_key(s) for s in ours]
-
-
-def _with_guards(original: cst.FunctionDef, docstring: list[cst.BaseStatement], ours: list[cst.BaseStatement],
-                 guards: dict[tuple[int, int, int, int], cst.If]) -> cst.FunctionDef:
-    """The original body with only eager-only guards put around statements: nothing forks."""
-    body, done = list(docstring), 0
-    for (i1, i2, _, _), guard in sorted(guards.items()):
-        body += [*ours[done:i1], guard]
-        done = i2
-    return original.with_changes(body=original.body.with_changes(body=[*body, *ours[done:]]))
 
 
 def _unbreakable(line: str) -> str:
