@@ -24,8 +24,9 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods._imports import with_plain_imports
-from graphmode.transforms.cstutil import UNWALKED, walk
-from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.cstutil import UNWALKED, types_under, walk
+from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _walk
 from graphmode.transforms.pipeline import adapt_source
 from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
@@ -342,3 +343,58 @@ def test_word_tables_and_step_functions_are_the_ast_walks(path):
             by_walk.add(node.arg)
     assert parsed.words == by_walk and len(by_walk) > 10
     assert parsed.step_functions == step_qualnames(source)
+
+
+def _outcome(source: str, path: Path, selected: set[str] | None) -> tuple:
+    result = adapt_source(source, path.name, selected, options_for(path))
+    return result.adapted, result.static_view, result.edits, result.manual, result.applied
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids)
+def test_passing_over_classes_and_functions_without_handled_nodes_changes_nothing(path, monkeypatch):
+    """A codemod's walk does not enter a class or function under which no node has a handler of the codemod's
+    (GraphCodemod._handles_some_node_under): the chain's outcome is the one of walks that enter every one."""
+    source = path.read_text()
+    selections = [None] if path in EXAMPLES else [None, {path.parent.name}]
+    fast = [_outcome(source, path, selected) for selected in selections]
+    entered: list[int] = []
+    real = GraphCodemod._handles_some_node_under
+
+    def enter_all(self, node):
+        entered.append(not real(self, node))
+        return True
+
+    monkeypatch.setattr(GraphCodemod, "_handles_some_node_under", enter_all)
+    assert [_outcome(source, path, selected) for selected in selections] == fast
+    if path.name == "model.py":
+        assert any(entered)  # not vacuous: the shortcut passes over some
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::8]], ids=_ids)
+def test_types_under_a_node_are_those_a_visitor_meets(path):
+    module = cst.parse_module(path.read_text())
+    known: dict[cst.CSTNode, frozenset[type]] = {}
+    scopes = [node for node in walk(module) if isinstance(node, (cst.ClassDef, cst.FunctionDef))]
+    assert scopes  # not vacuous
+    for node in scopes:
+        visited = _Visited()
+        node.visit(visited)
+        assert types_under(node, known) == {type(n) for n in visited.order[1:]}
+    assert types_under(scopes[0], {}) == known[scopes[0]]
+
+
+def test_handled_types_are_the_visit_and_leave_handlers():
+    class Handles(Transformer):
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            pass
+
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            return updated_node
+
+    class WithFieldHook(Handles):
+        def visit_Call_args(self, node: cst.Call) -> None:
+            pass
+
+    assert handled_types(Handles) == {cst.ClassDef, cst.Call}
+    assert handled_types(WithFieldHook) is None  # called on every field of every node
+    assert handled_types(Transformer) == frozenset()

@@ -124,6 +124,27 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
         pending.extend(reversed(_children(current) if chosen is None else chosen))
 
 
+def types_under(node: cst.CSTNode, known: dict[cst.CSTNode, frozenset[type]]) -> frozenset[type]:
+    """The types of the nodes strictly under `node` (whitespace and punctuation left out, as `walk` leaves them).
+    `known` holds the answer for the classes and functions asked about before: a node never changes, so a table the
+    codemod chain hands from one text to the next stays true of every statement the codemods left as it was."""
+    found = known.get(node)
+    if found is None:
+        kinds: set[type] = set()
+        add = kinds.add
+        pending = _children(node)
+        while pending:
+            current = pending.pop()
+            kind = type(current)
+            add(kind)
+            if kind is cst.FunctionDef or kind is cst.ClassDef:
+                kinds.update(types_under(current, known))
+            else:
+                pending.extend(_children(current))
+        found = known[node] = frozenset(kinds)
+    return found
+
+
 def _references_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     if isinstance(node, (cst.Attribute, cst.Arg)):
         return [node.value]  # an attribute's name, a keyword's name: not references

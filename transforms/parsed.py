@@ -25,6 +25,9 @@ class ParsedSource:
         self.text = text
         self._module = module
         self._function_words: dict[str, frozenset[str] | None] = {}
+        # The node types under each class and function a codemod's walk asked about (cstutil.types_under): true of
+        # a node wherever it sits, so the chain hands the one table from each text to the next.
+        self.types_under: dict[cst.CSTNode, frozenset[type]] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -43,9 +46,11 @@ class ParsedSource:
         text, parents and positions) is not computed again."""
         earlier_layout = earlier.__dict__.get("layout") if earlier is not None else None
         generated = layout_of(module, earlier_layout)
+        carried = cls(generated.text) if generated.parents is None else cls(generated.text, module)
+        if earlier is not None:
+            carried.types_under = earlier.types_under
         if generated.parents is None:
-            return cls(generated.text)
-        carried = cls(generated.text, module)
+            return carried
         carried.__dict__["layout"] = generated
         if earlier is not None and "positions" in earlier.__dict__ and earlier_layout is not None \
                 and earlier_layout.defaults == generated.defaults:

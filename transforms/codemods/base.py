@@ -20,7 +20,8 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
-from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.cstutil import types_under
+from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.positions import module_code
 
@@ -154,7 +155,14 @@ class GraphCodemod(Codemod, Transformer):
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
                 self._passed_over.add(node)
                 return False
+            # No handler of this codemod would be called under the class or function: its own handlers run, and
+            # the walk neither enters nor rebuilds its body (the class or function is handed on as it was).
+            return super().on_visit(node) and self._handles_some_node_under(node)
         return super().on_visit(node)
+
+    def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
+        handled = handled_types(type(self))
+        return handled is None or not handled.isdisjoint(types_under(node, self.source.types_under))
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         changed = self._changed_under.pop()
