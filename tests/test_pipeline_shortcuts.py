@@ -28,6 +28,7 @@ from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import UNWALKED, types_under, walk
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _walk
+from graphmode.transforms import static_path
 from graphmode.transforms.pipeline import adapt_source
 from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
 from test_codemods import CASES, options_for
@@ -398,3 +399,21 @@ def test_handled_types_are_the_visit_and_leave_handlers():
     assert handled_types(Handles) == {cst.ClassDef, cst.Call}
     assert handled_types(WithFieldHook) is None  # called on every field of every node
     assert handled_types(Transformer) == frozenset()
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES], ids=_ids)
+def test_calls_renamed_only_in_functions_that_make_them_changes_nothing(path, monkeypatch):
+    """static_path visits a changed function with the renaming of calls to twins only when some call under it is
+    renamed (`_RenameCalls.applied_to`): the outcome of visiting every one."""
+    source = path.read_text()
+    fast = _outcome(source, path, None)
+    visited: list[bool] = []
+
+    def visit_all(self, node):
+        visited.append(self.renames_in(node))
+        return node.visit(self)
+
+    monkeypatch.setattr(static_path._RenameCalls, "applied_to", visit_all)
+    assert _outcome(source, path, None) == fast
+    if path.name == "model.py":
+        assert visited and not all(visited)  # not vacuous: some functions rename no call

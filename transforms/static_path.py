@@ -346,6 +346,10 @@ class _RenameCalls(cst.CSTTransformer):
                 and any(a.keyword is not None and a.keyword.value in self.keywords for a in call.args)))
             for call in walk(node))
 
+    def applied_to(self, node: cst.CSTNode) -> cst.CSTNode:
+        """`node.visit(self)`; the node itself where nothing under it is renamed (most functions)."""
+        return node.visit(self) if self.renames_in(node) else node
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         key = _call_target(original_node, self.targets)
         if key is not None:  # the twin itself takes the adapted names
@@ -401,10 +405,10 @@ class _Split(cst.CSTTransformer):
             return updated_node.visit(renames)
         if qualname in self.plan.dispatched:
             indent = len(self.scope) + 1  # levels of the method's body
-            forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))
+            forked = _forked(self.originals[qualname], renames.applied_to(updated_node), self.width - 4 * (indent + 1))
             if forked is not None:
                 return forked.with_changes(leading_lines=updated_node.leading_lines)
-        twin = updated_node.visit(renames).with_changes(
+        twin = renames.applied_to(updated_node).with_changes(
             name=cst.Name(_twin_name(updated_node.name.value)),
             leading_lines=[cst.EmptyLine(indent=False)] * (1 if self.scope else 2),
             decorators=[d for d in updated_node.decorators if _decorator_names([d]) & {"staticmethod", "classmethod"}])
