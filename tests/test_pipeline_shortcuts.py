@@ -417,3 +417,36 @@ def test_calls_renamed_only_in_functions_that_make_them_changes_nothing(path, mo
     assert _outcome(source, path, None) == fast
     if path.name == "model.py":
         assert visited and not all(visited)  # not vacuous: some functions rename no call
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_word_tables_per_statement_are_the_walks_of_the_whole_text(path):
+    """A text with a libcst parse reads its word tables, function words, position functions and classes in
+    functions off one table per statement of the module's body, handed from text to text for the statements the
+    codemods handed on as they were: the same as the walks of the whole text's `ast` parse."""
+    source = path.read_text()
+    reused = 0
+    for _, handed, earlier in [(None, ParsedSource(source, cst.parse_module(source)), None),
+                               *_handed_on_with_earlier(source, options_for(path))]:
+        if earlier is not None:
+            reused += sum(statement in earlier.statement_tables for statement in handed.module.body)
+        whole = ParsedSource(handed.text)  # no libcst parse: the walks of the whole text
+        assert handed._statements is not None and whole._statements is None
+        assert handed.words == whole.words
+        assert handed.classes_in_functions == whole.classes_in_functions
+        assert handed.has_position_param == whole.has_position_param
+        assert handed.position_functions == whole.position_functions
+        qualnames = [*whole._functions_by_qualname, "no_such_function"]
+        assert [handed.function_words(q) for q in qualnames] == [whole.function_words(q) for q in qualnames]
+    if path.name == "model.py":
+        assert reused > 0  # not vacuous: tables are handed on
+
+
+def test_word_tables_per_statement_count_each_small_statement_of_a_line():
+    source = ("import os; import sys\nx = 1; y = os.sep\n@property\ndef f(pos: int):\n    class A:\n        pass\n"
+              "if sys:\n    def g(start_pos):\n        return start_pos\n")
+    handed, whole = ParsedSource(source, cst.parse_module(source)), ParsedSource(source)
+    assert handed.words == whole.words and {"sep", ":If", "A"} <= handed.words
+    assert handed.classes_in_functions == whole.classes_in_functions is True
+    assert handed.position_functions == whole.position_functions
+    assert [handed.function_words(q) for q in ("f", "g")] == [whole.function_words(q) for q in ("f", "g")]

@@ -28,6 +28,9 @@ class ParsedSource:
         # The node types under each class and function a codemod's walk asked about (cstutil.types_under): true of
         # a node wherever it sits, so the chain hands the one table from each text to the next.
         self.types_under: dict[cst.CSTNode, frozenset[type]] = {}
+        # What the `ast` walks found in each statement of the module's body (`_Statement`), by its libcst node: a
+        # statement a codemod handed on as the same node has the same text, so the chain hands the table on.
+        self.statement_tables: dict[cst.CSTNode, _Statement] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -49,6 +52,9 @@ class ParsedSource:
         carried = cls(generated.text) if generated.parents is None else cls(generated.text, module)
         if earlier is not None:
             carried.types_under = earlier.types_under
+            if "module" in earlier.__dict__ and (module.default_indent, module.default_newline) == (
+                    earlier.module.default_indent, earlier.module.default_newline):
+                carried.statement_tables = earlier.statement_tables
         if generated.parents is None:
             return carried
         carried.__dict__["layout"] = generated
@@ -149,63 +155,169 @@ class ParsedSource:
     def words(self) -> frozenset[str]:
         """Every identifier, attribute, parameter and keyword name in the text, and `:Kind` for each kind of
         statement or operator (`:Assert`, `:Gt`): the cheap test of whether an idiom can be there."""
-        return _words_in(self.tree)
+        statements = self._statements
+        if statements is None:
+            return _words_in(self.tree)
+        return frozenset({":Module"}).union(*(statement.words for statement in statements))
+
+    @property
+    def _statements(self) -> list[_Statement] | None:
+        """The `ast` walks' findings per statement of the module's body, taken from the table the chain hands on
+        where it has the statement; None while the text has no libcst parse yet (a text no codemod walks is not
+        parsed by libcst for this). A libcst statement line holds as many `ast` statements as it has small
+        statements (`a = 1; b = 2`), a compound statement one."""
+        if "_statement_list" in self.__dict__:
+            return self.__dict__["_statement_list"]
+        if self._module is None and "module" not in self.__dict__:
+            return None
+        body = self.tree.body
+        tables = self.statement_tables
+        found: list[_Statement] = []
+        start = 0
+        for statement in self.module.body:
+            end = start + (len(statement.body) if type(statement) is cst.SimpleStatementLine else 1)
+            table = tables.get(statement)
+            if table is None:
+                table = tables[statement] = _Statement(body[start:end])
+            found.append(table)
+            start = end
+        assert start == len(body), "each `ast` statement belongs to one libcst statement"
+        self.__dict__["_statement_list"] = found
+        return found
 
     def function_words(self, qualname: str) -> frozenset[str] | None:
         """`words` of the functions with this qualified name (`Class.method`, `outer.inner`: the names of the
         enclosing classes and functions), their decorators, parameters and nested code included; None when no
         function has that name."""
         if qualname not in self._function_words:
-            nodes = self._functions_by_qualname.get(qualname)
-            self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+            statements = self._statements
+            if statements is None:
+                nodes = self._functions_by_qualname.get(qualname)
+                words = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+            else:
+                found = [w for w in (statement.function_words(qualname) for statement in statements) if w is not None]
+                words = frozenset().union(*found) if found else None
+            self._function_words[qualname] = words
         return self._function_words[qualname]
 
     @cached_property
     def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
-        found: dict[str, list[ast.AST]] = {}
-        pending: list[tuple[ast.AST, str]] = [(self.tree, "")]
-        while pending:
-            node, scope = pending.pop()
-            for child in _child_nodes(node):
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    qualname = f"{scope}.{child.name}" if scope else child.name
-                    if not isinstance(child, ast.ClassDef):
-                        found.setdefault(qualname, []).append(child)  # a redefinition (a property setter) adds
-                    pending.append((child, qualname))
-                else:
-                    pending.append((child, scope))
-        return found
+        return _functions_by_qualname(self.tree)
 
     @cached_property
     def classes_in_functions(self) -> bool:
         """Some class is defined inside a function (a walk that skips function bodies would miss it)."""
-        pending: list[tuple[ast.AST, bool]] = [(self.tree, False)]
-        while pending:
-            node, in_function = pending.pop()
-            if in_function and isinstance(node, ast.ClassDef):
-                return True
-            inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            pending.extend((child, inside) for child in _child_nodes(node))
-        return False
+        statements = self._statements
+        if statements is None:
+            return _classes_in_functions(self.tree)
+        return any(statement.classes_in_functions for statement in statements)
 
     @cached_property
     def has_position_param(self) -> bool:
         """Some function takes a Python-int position (astutil's `is_position_param`)."""
-        return any(is_position_param(node) for node in _walk(self.tree) if isinstance(node, ast.arg))
+        statements = self._statements
+        if statements is None:
+            return _has_position_param(self.tree)
+        return any(statement.has_position_param for statement in statements)
 
     @cached_property
     def position_functions(self) -> frozenset[str]:
         """Qualified names of the functions with a parameter that carries a Python-int position
         (astutil's `is_position_param`)."""
-        found = set()
-        for qualname, nodes in self._functions_by_qualname.items():
-            for node in nodes:
-                if any(is_position_param(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
-                    found.add(qualname)
-        return frozenset(found)
+        statements = self._statements
+        if statements is None:
+            return _position_functions(self._functions_by_qualname)
+        return frozenset().union(*(statement.position_functions for statement in statements))
 
     def metadata(self) -> "LazyMetadata":
         return LazyMetadata(self)
+
+
+class _Statement:
+    """ParsedSource's `ast` walks over the `ast` statements of one statement of the module's body, each done when
+    first asked. Qualified names are the module's: a statement of its body is not inside any class or function."""
+
+    def __init__(self, nodes: list[ast.stmt]) -> None:
+        self._nodes = nodes
+        self._function_words: dict[str, frozenset[str] | None] = {}
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        return frozenset().union(*map(_words_in, self._nodes))
+
+    @cached_property
+    def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
+        found: dict[str, list[ast.AST]] = {}
+        for node in self._nodes:
+            for qualname, nodes in _functions_by_qualname(node, within=True).items():
+                found.setdefault(qualname, []).extend(nodes)
+        return found
+
+    def function_words(self, qualname: str) -> frozenset[str] | None:
+        if qualname not in self._function_words:
+            nodes = self._functions_by_qualname.get(qualname)
+            self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+        return self._function_words[qualname]
+
+    @cached_property
+    def classes_in_functions(self) -> bool:
+        return any(map(_classes_in_functions, self._nodes))
+
+    @cached_property
+    def has_position_param(self) -> bool:
+        return any(map(_has_position_param, self._nodes))
+
+    @cached_property
+    def position_functions(self) -> frozenset[str]:
+        return _position_functions(self._functions_by_qualname)
+
+
+def _functions_by_qualname(tree: ast.AST, within: bool = False) -> dict[str, list[ast.AST]]:
+    """Functions by qualified name under `tree` (`tree` itself too when `within`: a statement of the module's body)."""
+    found: dict[str, list[ast.AST]] = {}
+    pending: list[tuple[ast.AST, str]] = []
+    for child in [tree] if within else _child_nodes(tree):
+        _add_function(child, "", found, pending)
+    while pending:
+        node, scope = pending.pop()
+        for child in _child_nodes(node):
+            _add_function(child, scope, found, pending)
+    return found
+
+
+def _add_function(child: ast.AST, scope: str, found: dict[str, list[ast.AST]],
+                  pending: list[tuple[ast.AST, str]]) -> None:
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        qualname = f"{scope}.{child.name}" if scope else child.name
+        if not isinstance(child, ast.ClassDef):
+            found.setdefault(qualname, []).append(child)  # a redefinition (a property setter) adds
+        pending.append((child, qualname))
+    else:
+        pending.append((child, scope))
+
+
+def _classes_in_functions(tree: ast.AST) -> bool:
+    pending: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while pending:
+        node, in_function = pending.pop()
+        if in_function and isinstance(node, ast.ClassDef):
+            return True
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        pending.extend((child, inside) for child in _child_nodes(node))
+    return False
+
+
+def _has_position_param(tree: ast.AST) -> bool:
+    return any(is_position_param(node) for node in _walk(tree) if isinstance(node, ast.arg))
+
+
+def _position_functions(functions: dict[str, list[ast.AST]]) -> frozenset[str]:
+    found = set()
+    for qualname, nodes in functions.items():
+        for node in nodes:
+            if any(is_position_param(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
+                found.add(qualname)
+    return frozenset(found)
 
 
 def _words_in(tree: ast.AST) -> frozenset[str]:
