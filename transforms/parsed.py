@@ -195,14 +195,23 @@ class ParsedSource:
                 nodes = self._functions_by_qualname.get(qualname)
                 words = None if nodes is None else frozenset().union(*map(_words_in, nodes))
             else:
-                found = [w for w in (statement.function_words(qualname) for statement in statements) if w is not None]
-                words = frozenset().union(*found) if found else None
+                owners = self._function_owners.get(qualname)
+                words = None if owners is None else frozenset().union(*(s.function_words(qualname) for s in owners))
             self._function_words[qualname] = words
         return self._function_words[qualname]
 
     @cached_property
     def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
         return _functions_by_qualname(self.tree)
+
+    @cached_property
+    def _function_owners(self) -> dict[str, list[_Statement]]:
+        """The statements of the module's body that define a function of each qualified name (after `_statements`)."""
+        owners: dict[str, list[_Statement]] = {}
+        for statement in self._statements:
+            for qualname in statement.functions_by_qualname:
+                owners.setdefault(qualname, []).append(statement)
+        return owners
 
     @cached_property
     def classes_in_functions(self) -> bool:
@@ -246,7 +255,7 @@ class _Statement:
         return frozenset().union(*map(_words_in, self._nodes))
 
     @cached_property
-    def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
+    def functions_by_qualname(self) -> dict[str, list[ast.AST]]:
         found: dict[str, list[ast.AST]] = {}
         for node in self._nodes:
             for qualname, nodes in _functions_by_qualname(node, within=True).items():
@@ -255,7 +264,7 @@ class _Statement:
 
     def function_words(self, qualname: str) -> frozenset[str] | None:
         if qualname not in self._function_words:
-            nodes = self._functions_by_qualname.get(qualname)
+            nodes = self.functions_by_qualname.get(qualname)
             self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
         return self._function_words[qualname]
 
@@ -269,7 +278,7 @@ class _Statement:
 
     @cached_property
     def position_functions(self) -> frozenset[str]:
-        return _position_functions(self._functions_by_qualname)
+        return _position_functions(self.functions_by_qualname)
 
 
 def _functions_by_qualname(tree: ast.AST, within: bool = False) -> dict[str, list[ast.AST]]:
