@@ -8,6 +8,7 @@ that class supports cost four times a plain walk of the tree, and no codemod her
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
@@ -171,6 +172,8 @@ class GraphCodemod(Codemod, Transformer):
             if original_node in self._passed_over:
                 return updated_node
         left = super().on_leave(original_node, updated_node)
+        if left is not updated_node and _same_fields(left, updated_node):
+            left = updated_node  # a handler that rebuilt the node from the same children (`with_changes(body=...)`)
         if changed or left is not updated_node:
             if self._changed_under:
                 self._changed_under[-1] = True
@@ -247,6 +250,26 @@ class GraphCodemod(Codemod, Transformer):
                 names.append(current.name.value)
             current = self.get_metadata(ParentNodeProvider, current, None)
         return ".".join(reversed(names))
+
+
+def _same_fields(left: object, node: cst.CSTNode) -> bool:
+    """`left` is a node of the same type whose every field holds the very objects `node`'s does (a sequence: the same
+    items, in order): nodes never change, so it is the same code, parents aside."""
+    if type(left) is not type(node):
+        return False
+    for name in _field_names(type(node)):
+        mine, theirs = getattr(left, name), getattr(node, name)
+        if mine is theirs:
+            continue
+        if type(mine) not in (list, tuple) or type(theirs) not in (list, tuple) or len(mine) != len(theirs) \
+                or any(a is not b for a, b in zip(mine, theirs)):
+            return False
+    return True
+
+
+@functools.cache
+def _field_names(node_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(node_type))
 
 
 @functools.cache
