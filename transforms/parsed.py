@@ -17,7 +17,7 @@ from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.astutil import is_position_param
 from graphmode.transforms.analysis.reach import step_qualnames_in
-from graphmode.transforms.positions import Layout, Span, layout_of, position_table
+from graphmode.transforms.positions import Layout, Span, layout_of, method_position_table, position_table
 
 
 class ParsedSource:
@@ -420,6 +420,8 @@ class _StatementPositions(Mapping):
     def __init__(self, source: ParsedSource) -> None:
         self._source = source
         self._done: dict[cst.CSTNode, dict[cst.CSTNode, Span]] = {}  # top-level statement -> its table
+        # (method, indent tokens) -> the table of the method alone (positions.method_position_table)
+        self._methods: dict[tuple[cst.CSTNode, tuple[str, ...]], dict[cst.CSTNode, Span]] = {}
         self._whole: dict[cst.CSTNode, Span] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
@@ -428,6 +430,20 @@ class _StatementPositions(Mapping):
             if self._whole is None:
                 self._whole = position_table(self._source.module)
             return CodeRange(*self._whole[node])
+        methods = self._source.layout.statement_methods.get(statement)
+        if statement not in self._done and methods:
+            # A node in a method of a class: the method's table alone (a codemod asks about a few methods of a class).
+            method = self._method_holding(node, methods)
+            if method is not None:
+                line, indent = methods[method]
+                table = self._methods.get((method, indent))
+                if table is None:
+                    module = self._source.module
+                    table = self._methods[method, indent] = method_position_table(
+                        method, indent, (module.default_indent, module.default_newline))
+                (start_line, start_column), (end_line, end_column) = table[node]
+                shift = self._source.layout.first_lines[statement] + line - 1
+                return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
         if statement not in self._done:
             module = self._source.module
             self._done[statement] = position_table(module.with_changes(header=(), body=(statement,), footer=()))
@@ -439,6 +455,15 @@ class _StatementPositions(Mapping):
         """Takes the tables `earlier` computed for the statements this source holds as the same nodes: a statement's
         table is of the statement generated alone, so it holds wherever the statement sits."""
         self._done.update((statement, table) for statement, table in earlier._done.items() if statement in statements)
+        self._methods = earlier._methods  # a method's table holds wherever it sits under the same indent
+
+    def _method_holding(self, node: cst.CSTNode, methods: Mapping[cst.CSTNode, object]) -> cst.CSTNode | None:
+        parents = self._source.parents
+        while node not in methods:
+            node = parents.get(node)
+            if node is None:
+                return None
+        return node
 
     def __iter__(self) -> Iterator:
         raise TypeError("positions are computed per node; iterate the tree instead")

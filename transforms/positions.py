@@ -31,6 +31,9 @@ class Layout:
     statement_texts: dict[cst.CSTNode, str]
     statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]]
     defaults: tuple[str, str]
+    # The methods of each top-level class: where each starts, in lines after the class's first line, and the indent
+    # tokens its code was generated under (what a position table of the method alone needs: `method_position_table`).
+    statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, tuple[str, ...]]]]
 
 
 class _NoRecord:
@@ -88,7 +91,8 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
             if text is None:
                 statement._codegen(state)
             else:
-                state.add_generated(statement, text, earlier.statement_parents[statement])
+                state.add_generated(statement, text, earlier.statement_parents[statement],
+                                    earlier.statement_methods.get(statement))
         for line in module.footer:
             line._codegen(state)
         if not state.tokens:
@@ -100,7 +104,7 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
     held = len(state.top) + sum(map(len, state.statement_parents.values()))
     duplicated = state.duplicated or len(parents) != held
     return Layout("".join(state.tokens), None if duplicated else parents, state.first_lines, state.statement_texts,
-                  state.statement_parents, defaults)
+                  state.statement_parents, defaults, state.statement_methods)
 
 
 def _newlines(value: str) -> int:
@@ -115,6 +119,7 @@ class _LayoutState(_TextState):
         self.statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]] = {}  # and of those under each
         self.statement_texts: dict[cst.CSTNode, str] = {}
         self.first_lines: dict[cst.CSTNode, int] = {}
+        self.statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, tuple[str, ...]]]] = {}
         self.duplicated = False
         self.line = 1
         self._generating: list[cst.CSTNode] = []
@@ -139,6 +144,11 @@ class _LayoutState(_TextState):
                 self.first_lines[node] = self.line
                 self._into = self.statement_parents[node] = {}
                 self._statement_start = len(self.tokens)
+            elif type(node) is cst.FunctionDef and len(generating) == 3 and type(generating[1]) is cst.ClassDef \
+                    and type(parent) is cst.IndentedBlock:  # a method of a top-level class
+                statement = generating[1]
+                self.statement_methods.setdefault(statement, {})[node] = (
+                    self.line - self.first_lines[statement], tuple(self.indent_tokens))
         generating.append(node)
 
     def after_codegen(self, node: cst.CSTNode) -> None:
@@ -148,8 +158,12 @@ class _LayoutState(_TextState):
             self.statement_texts[node] = "".join(self.tokens[self._statement_start:])
             self._into = self.top
 
-    def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode]) -> None:
-        """A statement of the module's body as an earlier layout generated it: its text and the parents under it."""
+    def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode],
+                      methods: dict[cst.CSTNode, tuple[int, tuple[str, ...]]] | None) -> None:
+        """A statement of the module's body as an earlier layout generated it: its text, the parents under it and
+        where its methods start."""
+        if methods is not None:
+            self.statement_methods[statement] = methods
         held = len(self.top)
         self.top[statement] = self.module
         if len(self.top) == held:
@@ -164,6 +178,17 @@ def position_table(module: cst.Module) -> dict[cst.CSTNode, Span]:
     """Every node of the module with its (start, end), as `PositionProvider` would give them."""
     state = _PositionState(module.default_indent, module.default_newline)
     module._codegen(state)
+    return state.table
+
+
+def method_position_table(method: cst.FunctionDef, indent: tuple[str, ...], defaults: tuple[str, str]
+                          ) -> dict[cst.CSTNode, Span]:
+    """`position_table` of the nodes of one method, generated alone under the indent tokens its class gives it (what
+    `Layout.statement_methods` records), with lines counted from the method's own first line: a node's line in the
+    module is its line here plus the method's first line less one, its column the same."""
+    state = _PositionState(*defaults)
+    state.indent_tokens.extend(indent)
+    method._codegen(state)
     return state.table
 
 
