@@ -435,7 +435,7 @@ class _StatementPositions(Mapping):
             # A node in a method of a class: the method's table alone (a codemod asks about a few methods of a class).
             method = self._method_holding(node, methods)
             if method is not None:
-                line, indent = methods[method]
+                line, indent = methods[method].line, methods[method].indent
                 table = self._methods.get((method, indent))
                 if table is None:
                     module = self._source.module
