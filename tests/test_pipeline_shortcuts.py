@@ -26,7 +26,7 @@ from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods._imports import with_plain_imports
 from graphmode.transforms.codemods import base as codemod_base
 from graphmode.transforms.codemods.base import GraphCodemod
-from graphmode.transforms.cstutil import UNWALKED, types_under, walk
+from graphmode.transforms.cstutil import UNWALKED, class_level, types_under, walk
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms import static_path
@@ -360,8 +360,9 @@ def _outcome(source: str, path: Path, selected: set[str] | None) -> tuple:
 
 @pytest.mark.parametrize("path", SOURCES, ids=_ids)
 def test_passing_over_classes_and_functions_without_handled_nodes_changes_nothing(path, monkeypatch):
-    """A codemod's walk does not enter a class or function under which no node has a handler of the codemod's
-    (GraphCodemod._handles_some_node_under): the chain's outcome is the one of walks that enter every one."""
+    """A codemod's walk does not enter a class or function under which no node has a handler of the codemod's, a
+    class whose functions it passes over and which has no such node outside them, nor such a statement of the
+    module's body (GraphCodemod._handles_some_node_under): the chain's outcome is the one of walks that enter them."""
     source = path.read_text()
     selections = [None] if path in EXAMPLES else [None, {path.parent.name}]
     fast = [_outcome(source, path, selected) for selected in selections]
@@ -508,3 +509,12 @@ def test_positions_read_off_one_methods_table_equal_libcsts(path):
                 assert statement not in positions._done
     if path.name == "model.py":
         assert checked > 100  # not vacuous
+
+
+def test_class_level_types_leave_function_bodies_out():
+    module = cst.parse_module("class A(B):\n    x: int = 1\n    def f(self, y):\n        return y[0]\n"
+                              "    class Inner:\n        def g(self):\n            pass\n")
+    kinds, functions = class_level(module.body[0], {})
+    assert sorted(functions) == ["Inner.g", "f"]
+    assert {cst.AnnAssign, cst.FunctionDef, cst.ClassDef, cst.Arg} <= kinds
+    assert not {cst.Return, cst.Subscript, cst.Param, cst.Pass} & kinds

@@ -145,6 +145,29 @@ def types_under(node: cst.CSTNode, known: dict[cst.CSTNode, frozenset[type]]) ->
     return found
 
 
+def class_level(cls: cst.ClassDef, known: dict[cst.CSTNode, tuple[frozenset[type], tuple[str, ...]]]
+                ) -> tuple[frozenset[type], tuple[str, ...]]:
+    """The types of the nodes under a class outside the bodies of its functions (a function's decorators, name,
+    parameters and body left out: the function node itself counts), and the qualified names of those functions
+    relative to the class (`method`, `Inner.method`). `known`: as `types_under` takes it."""
+    found = known.get(cls)
+    if found is None:
+        kinds: set[type] = set()
+        functions: list[str] = []
+        pending: list[tuple[cst.CSTNode, str]] = [(child, "") for child in _children(cls)]
+        while pending:
+            current, prefix = pending.pop()
+            kind = type(current)
+            kinds.add(kind)
+            if kind is cst.FunctionDef:
+                functions.append(prefix + current.name.value)
+            else:
+                inner = f"{prefix}{current.name.value}." if kind is cst.ClassDef else prefix
+                pending.extend((child, inner) for child in _children(current))
+        found = known[cls] = (frozenset(kinds), tuple(functions))
+    return found
+
+
 def _references_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     if isinstance(node, (cst.Attribute, cst.Arg)):
         return [node.value]  # an attribute's name, a keyword's name: not references

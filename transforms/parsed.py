@@ -28,6 +28,7 @@ class ParsedSource:
         # The node types under each class and function a codemod's walk asked about (cstutil.types_under): true of
         # a node wherever it sits, so the chain hands the one table from each text to the next.
         self.types_under: dict[cst.CSTNode, frozenset[type]] = {}
+        self.class_levels: dict[cst.CSTNode, tuple[frozenset[type], tuple[str, ...]]] = {}  # cstutil.class_level
         # What the `ast` walks found in each statement of the module's body (`_Statement`), by its libcst node: a
         # statement a codemod handed on as the same node has the same text, so the chain hands the table on.
         self.statement_tables: dict[cst.CSTNode, _Statement] = {}
@@ -51,7 +52,7 @@ class ParsedSource:
         generated = layout_of(module, earlier_layout)
         carried = cls(generated.text) if generated.parents is None else cls(generated.text, module)
         if earlier is not None:
-            carried.types_under = earlier.types_under
+            carried.types_under, carried.class_levels = earlier.types_under, earlier.class_levels
             if "module" in earlier.__dict__ and (module.default_indent, module.default_newline) == (
                     earlier.module.default_indent, earlier.module.default_newline):
                 carried.statement_tables = earlier.statement_tables

@@ -21,7 +21,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
-from graphmode.transforms.cstutil import types_under
+from graphmode.transforms.cstutil import class_level, types_under
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.positions import module_code
@@ -157,13 +157,27 @@ class GraphCodemod(Codemod, Transformer):
                 self._passed_over.add(node)
                 return False
             # No handler of this codemod would be called under the class or function: its own handlers run, and
-            # the walk neither enters nor rebuilds its body (the class or function is handed on as it was).
+            # the walk neither enters nor rebuilds its body (the class or function is handed on as it was, as is a
+            # statement of the module's body the walk does not enter).
+            return super().on_visit(node) and self._handles_some_node_under(node)
+        if len(self._changed_under) == 2 and _is_statement(type(node)):  # any other statement of the module's body
             return super().on_visit(node) and self._handles_some_node_under(node)
         return super().on_visit(node)
 
     def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
         handled = handled_types(type(self))
-        return handled is None or not handled.isdisjoint(types_under(node, self.source.types_under))
+        if handled is None:
+            return True
+        if handled.isdisjoint(types_under(node, self.source.types_under)):
+            return False
+        if type(node) is not cst.ClassDef:
+            return True
+        # A class whose functions the walk passes over, and which holds no node of a handled type outside them.
+        outside, functions = class_level(node, self.source.class_levels)
+        if not handled.isdisjoint(outside - {cst.FunctionDef}):
+            return True
+        scope = ".".join(self._scopes)
+        return not all(self.passes_over(f"{scope}.{function}") for function in functions)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         changed = self._changed_under.pop()
@@ -270,6 +284,11 @@ def _same_fields(left: object, node: cst.CSTNode) -> bool:
 @functools.cache
 def _field_names(node_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(node_type))
+
+
+@functools.cache
+def _is_statement(node_type: type) -> bool:
+    return issubclass(node_type, cst.BaseStatement)
 
 
 @functools.cache
