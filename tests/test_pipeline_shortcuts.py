@@ -431,15 +431,18 @@ def test_calls_renamed_only_in_functions_that_make_them_changes_nothing(path, mo
 def test_word_tables_per_statement_are_the_walks_of_the_whole_text(path):
     """A text with a libcst parse reads its word tables, function words, position functions and classes in
     functions off one table per statement of the module's body, handed from text to text for the statements the
-    codemods handed on as they were: the same as the walks of the whole text's `ast` parse."""
+    codemods handed on as they were (a generated text parses the others alone, not the whole text): the same as the
+    walks of the whole text's `ast` parse."""
     source = path.read_text()
-    reused = 0
+    reused = parsed_alone = 0
     for _, handed, earlier in [(None, ParsedSource(source, cst.parse_module(source)), None),
                                *_handed_on_with_earlier(source, options_for(path))]:
         if earlier is not None:
             reused += sum(statement in earlier.statement_tables for statement in handed.module.body)
         whole = ParsedSource(handed.text)  # no libcst parse: the walks of the whole text
         assert handed._statements is not None and whole._statements is None
+        if earlier is not None:
+            parsed_alone += "tree" not in handed.__dict__
         assert handed.words == whole.words
         assert handed.classes_in_functions == whole.classes_in_functions
         assert handed.has_position_param == whole.has_position_param
@@ -447,7 +450,7 @@ def test_word_tables_per_statement_are_the_walks_of_the_whole_text(path):
         qualnames = [*whole._functions_by_qualname, "no_such_function"]
         assert [handed.function_words(q) for q in qualnames] == [whole.function_words(q) for q in qualnames]
     if path.name == "model.py":
-        assert reused > 0  # not vacuous: tables are handed on
+        assert reused > 0 and parsed_alone > 0  # not vacuous: tables are handed on, statements parsed alone
 
 
 def test_word_tables_per_statement_count_each_small_statement_of_a_line():

@@ -171,9 +171,17 @@ class ParsedSource:
             return self.__dict__["_statement_list"]
         if self._module is None and "module" not in self.__dict__:
             return None
-        body = self.tree.body
         tables = self.statement_tables
-        found: list[_Statement] = []
+        if "tree" not in self.__dict__ and "layout" in self.__dict__:
+            # A text the chain generated: the statements a codemod changed are parsed alone (each starts a line at
+            # column 0, and its `ast` is the whole text's but for line numbers, which no table here reads), and the
+            # whole text only when something asks for its tree.
+            found = [tables.get(statement) or tables.setdefault(statement, _Statement(
+                ast.parse(self.statement_text(statement)).body)) for statement in self.module.body]
+            self.__dict__["_statement_list"] = found
+            return found
+        body = self.tree.body
+        found = []
         start = 0
         for statement in self.module.body:
             end = start + (len(statement.body) if type(statement) is cst.SimpleStatementLine else 1)
