@@ -521,3 +521,12 @@ def test_class_level_types_leave_function_bodies_out():
     assert sorted(functions) == ["Inner.g", "f"]
     assert {cst.AnnAssign, cst.FunctionDef, cst.ClassDef, cst.Arg} <= kinds
     assert not {cst.Return, cst.Subscript, cst.Param, cst.Pass} & kinds
+
+
+def test_a_codemod_that_sees_every_node_walks_everything():
+    class SeesEverything(GraphCodemod):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            return super().on_visit(node)
+
+    assert codemod_base._handled_types(SeesEverything) is None
+    assert codemod_base._handled_types(CHAIN[0]) == handled_types(CHAIN[0])

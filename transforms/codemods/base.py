@@ -165,7 +165,7 @@ class GraphCodemod(Codemod, Transformer):
         return super().on_visit(node)
 
     def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
-        handled = handled_types(type(self))
+        handled = _handled_types(type(self))
         if handled is None:
             return True
         if handled.isdisjoint(types_under(node, self.source.types_under)):
@@ -264,6 +264,15 @@ class GraphCodemod(Codemod, Transformer):
                 names.append(current.name.value)
             current = self.get_metadata(ParentNodeProvider, current, None)
         return ".".join(reversed(names))
+
+
+@functools.cache
+def _handled_types(owner: type) -> frozenset[type] | None:
+    """`dispatch.handled_types`; None (every node may matter) for a codemod that overrides `on_visit` or `on_leave`,
+    which see every node whatever its type."""
+    if owner.on_visit is not GraphCodemod.on_visit or owner.on_leave is not GraphCodemod.on_leave:
+        return None
+    return handled_types(owner)
 
 
 def _same_fields(left: object, node: cst.CSTNode) -> bool:
