@@ -530,3 +530,18 @@ def test_a_codemod_that_sees_every_node_walks_everything():
 
     assert codemod_base._handled_types(SeesEverything) is None
     assert codemod_base._handled_types(CHAIN[0]) == handled_types(CHAIN[0])
+
+
+def test_a_generated_text_parses_each_changed_statement_from_libcsts_text():
+    # A form feed ends a line for `str.splitlines`, not for libcst or `ast`: the statements' own texts are parsed.
+    source = ("x = 1  # a\x0cb\x0cc\x0cd\n"
+              "def f(pos: int):\n    return pos\n\n\ny = 2\nz = 3\n"
+              "class A:\n    def g(self, start_pos):\n        pass\n")
+    module = cst.parse_module(source)
+    earlier = ParsedSource(source, module)
+    assert "x" in earlier.words  # the tables the next text takes
+    renamed = module.with_changes(body=[module.body[0], module.body[1].with_changes(name=cst.Name("h")),
+                                        *module.body[2:]])
+    handed, whole = ParsedSource.generated(renamed, earlier), ParsedSource(renamed.code)
+    assert handed.words == whole.words and "h" in handed.words and "tree" not in handed.__dict__
+    assert handed.position_functions == whole.position_functions == {"h", "A.g"}

@@ -176,8 +176,9 @@ class ParsedSource:
             # A text the chain generated: the statements a codemod changed are parsed alone (each starts a line at
             # column 0, and its `ast` is the whole text's but for line numbers, which no table here reads), and the
             # whole text only when something asks for its tree.
-            found = [tables.get(statement) or tables.setdefault(statement, _Statement(
-                ast.parse(self.statement_text(statement)).body)) for statement in self.module.body]
+            texts = self.layout.statement_texts  # libcst's own text of each (`_lines` also breaks at form feeds)
+            found = [tables.get(statement) or tables.setdefault(statement, _Statement(ast.parse(texts[statement]).body))
+                     for statement in self.module.body]
             self.__dict__["_statement_list"] = found
             return found
         body = self.tree.body
