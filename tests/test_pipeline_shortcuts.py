@@ -545,3 +545,10 @@ def test_a_generated_text_parses_each_changed_statement_from_libcsts_text():
     handed, whole = ParsedSource.generated(renamed, earlier), ParsedSource(renamed.code)
     assert handed.words == whole.words and "h" in handed.words and "tree" not in handed.__dict__
     assert handed.position_functions == whole.position_functions == {"h", "A.g"}
+
+
+def test_statement_texts_count_lines_as_libcst_does():
+    source = "x = 1  # a\x0cb\x0cc\nimport os\n\n\ndef f():\n    return os\n"
+    parsed = ParsedSource(source)
+    assert [parsed.statement_text(s) for s in parsed.module.body] == [
+        "x = 1  # a\x0cb\x0cc\n", "import os\n", "\n\ndef f():\n    return os\n"]

@@ -85,24 +85,10 @@ class ParsedSource:
         return node if node in self.layout.first_lines else None
 
     def statement_text(self, statement: cst.CSTNode) -> str | None:
-        """The text of one statement of the module's body, its leading lines included; None for any other node."""
-        first = self.layout.first_lines
-        if statement not in first:
-            return None
-        start = first[statement]
-        return "".join(self._lines[start - 1:self._statement_ends[statement] - 1])
-
-    @cached_property
-    def _lines(self) -> list[str]:
-        return self.text.splitlines(keepends=True)
-
-    @cached_property
-    def _statement_ends(self) -> dict[cst.CSTNode, int]:
-        """The line after each statement of the module's body: where the next one starts (the last one's text takes
-        the module's footer lines with it)."""
-        body = self.module.body
-        first = self.layout.first_lines
-        return {s: first[body[i + 1]] if i + 1 < len(body) else len(self._lines) + 1 for i, s in enumerate(body)}
+        """The text of one statement of the module's body, its leading lines included, as the layout generated it
+        (lines counted as libcst counts them: `str.splitlines` also ends one at a form feed); None for any other
+        node."""
+        return self.layout.statement_texts.get(statement)
 
     @cached_property
     def tree(self) -> ast.Module:
@@ -176,7 +162,7 @@ class ParsedSource:
             # A text the chain generated: the statements a codemod changed are parsed alone (each starts a line at
             # column 0, and its `ast` is the whole text's but for line numbers, which no table here reads), and the
             # whole text only when something asks for its tree.
-            texts = self.layout.statement_texts  # libcst's own text of each (`_lines` also breaks at form feeds)
+            texts = self.layout.statement_texts
             found = [tables.get(statement) or tables.setdefault(statement, _Statement(ast.parse(texts[statement]).body))
                      for statement in self.module.body]
             self.__dict__["_statement_list"] = found
