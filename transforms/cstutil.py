@@ -124,6 +124,50 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
         pending.extend(reversed(_children(current) if chosen is None else chosen))
 
 
+def types_under(node: cst.CSTNode, known: dict[cst.CSTNode, frozenset[type]]) -> frozenset[type]:
+    """The types of the nodes strictly under `node` (whitespace and punctuation left out, as `walk` leaves them).
+    `known` holds the answer for the classes and functions asked about before: a node never changes, so a table the
+    codemod chain hands from one text to the next stays true of every statement the codemods left as it was."""
+    found = known.get(node)
+    if found is None:
+        kinds: set[type] = set()
+        add = kinds.add
+        pending = _children(node)
+        while pending:
+            current = pending.pop()
+            kind = type(current)
+            add(kind)
+            if kind is cst.FunctionDef or kind is cst.ClassDef:
+                kinds.update(types_under(current, known))
+            else:
+                pending.extend(_children(current))
+        found = known[node] = frozenset(kinds)
+    return found
+
+
+def class_level(cls: cst.ClassDef, known: dict[cst.CSTNode, tuple[frozenset[type], tuple[str, ...]]]
+                ) -> tuple[frozenset[type], tuple[str, ...]]:
+    """The types of the nodes under a class outside the bodies of its functions (a function's decorators, name,
+    parameters and body left out: the function node itself counts), and the qualified names of those functions
+    relative to the class (`method`, `Inner.method`). `known`: as `types_under` takes it."""
+    found = known.get(cls)
+    if found is None:
+        kinds: set[type] = set()
+        functions: list[str] = []
+        pending: list[tuple[cst.CSTNode, str]] = [(child, "") for child in _children(cls)]
+        while pending:
+            current, prefix = pending.pop()
+            kind = type(current)
+            kinds.add(kind)
+            if kind is cst.FunctionDef:
+                functions.append(prefix + current.name.value)
+            else:
+                inner = f"{prefix}{current.name.value}." if kind is cst.ClassDef else prefix
+                pending.extend((child, inner) for child in _children(current))
+        found = known[cls] = (frozenset(kinds), tuple(functions))
+    return found
+
+
 def _references_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     if isinstance(node, (cst.Attribute, cst.Arg)):
         return [node.value]  # an attribute's name, a keyword's name: not references

@@ -57,6 +57,16 @@ def _function(owner: type, name: str) -> Callable | None:
 
 
 @functools.cache
+def handled_types(owner: type) -> frozenset[type] | None:
+    """The node types the class has a `visit_<Type>` or `leave_<Type>` for; None when it has field hooks, whose
+    calls come with every field of every node whatever its type. A walk that meets no node of these types calls
+    nothing of the class's own, so it may pass over a subtree that holds none (base.GraphCodemod.on_visit)."""
+    if _field_hooks(owner):
+        return None
+    return frozenset(getattr(cst, name) for name in _NODE_TYPES if any(_handlers(owner, getattr(cst, name))))
+
+
+@functools.cache
 def _field_hooks(owner: type) -> bool:
     """Whether the class defines any `visit_<Type>_<field>` or `leave_<Type>_<field>` of its own."""
     return any(name.startswith(("visit_", "leave_")) and "_" in name[6:] and name[6:].split("_", 1)[0] in _NODE_TYPES

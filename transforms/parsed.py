@@ -17,7 +17,7 @@ from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.astutil import is_position_param
 from graphmode.transforms.analysis.reach import step_qualnames_in
-from graphmode.transforms.positions import Layout, Span, layout_of, position_table
+from graphmode.transforms.positions import Layout, Span, layout_of, method_position_table, position_table
 
 
 class ParsedSource:
@@ -25,6 +25,13 @@ class ParsedSource:
         self.text = text
         self._module = module
         self._function_words: dict[str, frozenset[str] | None] = {}
+        # The node types under each class and function a codemod's walk asked about (cstutil.types_under): true of
+        # a node wherever it sits, so the chain hands the one table from each text to the next.
+        self.types_under: dict[cst.CSTNode, frozenset[type]] = {}
+        self.class_levels: dict[cst.CSTNode, tuple[frozenset[type], tuple[str, ...]]] = {}  # cstutil.class_level
+        # What the `ast` walks found in each statement of the module's body (`_Statement`), by its libcst node: a
+        # statement a codemod handed on as the same node has the same text, so the chain hands the table on.
+        self.statement_tables: dict[cst.CSTNode, _Statement] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -43,9 +50,14 @@ class ParsedSource:
         text, parents and positions) is not computed again."""
         earlier_layout = earlier.__dict__.get("layout") if earlier is not None else None
         generated = layout_of(module, earlier_layout)
+        carried = cls(generated.text) if generated.parents is None else cls(generated.text, module)
+        if earlier is not None:
+            carried.types_under, carried.class_levels = earlier.types_under, earlier.class_levels
+            if "module" in earlier.__dict__ and (module.default_indent, module.default_newline) == (
+                    earlier.module.default_indent, earlier.module.default_newline):
+                carried.statement_tables = earlier.statement_tables
         if generated.parents is None:
-            return cls(generated.text)
-        carried = cls(generated.text, module)
+            return carried
         carried.__dict__["layout"] = generated
         if earlier is not None and "positions" in earlier.__dict__ and earlier_layout is not None \
                 and earlier_layout.defaults == generated.defaults:
@@ -73,24 +85,10 @@ class ParsedSource:
         return node if node in self.layout.first_lines else None
 
     def statement_text(self, statement: cst.CSTNode) -> str | None:
-        """The text of one statement of the module's body, its leading lines included; None for any other node."""
-        first = self.layout.first_lines
-        if statement not in first:
-            return None
-        start = first[statement]
-        return "".join(self._lines[start - 1:self._statement_ends[statement] - 1])
-
-    @cached_property
-    def _lines(self) -> list[str]:
-        return self.text.splitlines(keepends=True)
-
-    @cached_property
-    def _statement_ends(self) -> dict[cst.CSTNode, int]:
-        """The line after each statement of the module's body: where the next one starts (the last one's text takes
-        the module's footer lines with it)."""
-        body = self.module.body
-        first = self.layout.first_lines
-        return {s: first[body[i + 1]] if i + 1 < len(body) else len(self._lines) + 1 for i, s in enumerate(body)}
+        """The text of one statement of the module's body, its leading lines included, as the layout generated it
+        (lines counted as libcst counts them: `str.splitlines` also ends one at a form feed); None for any other
+        node."""
+        return self.layout.statement_texts.get(statement)
 
     @cached_property
     def tree(self) -> ast.Module:
@@ -144,63 +142,187 @@ class ParsedSource:
     def words(self) -> frozenset[str]:
         """Every identifier, attribute, parameter and keyword name in the text, and `:Kind` for each kind of
         statement or operator (`:Assert`, `:Gt`): the cheap test of whether an idiom can be there."""
-        return _words_in(self.tree)
+        statements = self._statements
+        if statements is None:
+            return _words_in(self.tree)
+        return frozenset({":Module"}).union(*(statement.words for statement in statements))
+
+    @property
+    def _statements(self) -> list[_Statement] | None:
+        """The `ast` walks' findings per statement of the module's body, taken from the table the chain hands on
+        where it has the statement; None while the text has no libcst parse yet (a text no codemod walks is not
+        parsed by libcst for this). A libcst statement line holds as many `ast` statements as it has small
+        statements (`a = 1; b = 2`), a compound statement one."""
+        if "_statement_list" in self.__dict__:
+            return self.__dict__["_statement_list"]
+        if self._module is None and "module" not in self.__dict__:
+            return None
+        tables = self.statement_tables
+        if "tree" not in self.__dict__ and "layout" in self.__dict__:
+            # A text the chain generated: the statements a codemod changed are parsed alone (each starts a line at
+            # column 0, and its `ast` is the whole text's but for line numbers, which no table here reads), and the
+            # whole text only when something asks for its tree.
+            texts = self.layout.statement_texts
+            found = [tables.get(statement) or tables.setdefault(statement, _Statement(ast.parse(texts[statement]).body))
+                     for statement in self.module.body]
+            self.__dict__["_statement_list"] = found
+            return found
+        body = self.tree.body
+        found = []
+        start = 0
+        for statement in self.module.body:
+            end = start + (len(statement.body) if type(statement) is cst.SimpleStatementLine else 1)
+            table = tables.get(statement)
+            if table is None:
+                table = tables[statement] = _Statement(body[start:end])
+            found.append(table)
+            start = end
+        assert start == len(body), "each `ast` statement belongs to one libcst statement"
+        self.__dict__["_statement_list"] = found
+        return found
 
     def function_words(self, qualname: str) -> frozenset[str] | None:
         """`words` of the functions with this qualified name (`Class.method`, `outer.inner`: the names of the
         enclosing classes and functions), their decorators, parameters and nested code included; None when no
         function has that name."""
         if qualname not in self._function_words:
-            nodes = self._functions_by_qualname.get(qualname)
-            self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+            statements = self._statements
+            if statements is None:
+                nodes = self._functions_by_qualname.get(qualname)
+                words = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+            else:
+                owners = self._function_owners.get(qualname)
+                words = None if owners is None else frozenset().union(*(s.function_words(qualname) for s in owners))
+            self._function_words[qualname] = words
         return self._function_words[qualname]
 
     @cached_property
     def _functions_by_qualname(self) -> dict[str, list[ast.AST]]:
-        found: dict[str, list[ast.AST]] = {}
-        pending: list[tuple[ast.AST, str]] = [(self.tree, "")]
-        while pending:
-            node, scope = pending.pop()
-            for child in _child_nodes(node):
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    qualname = f"{scope}.{child.name}" if scope else child.name
-                    if not isinstance(child, ast.ClassDef):
-                        found.setdefault(qualname, []).append(child)  # a redefinition (a property setter) adds
-                    pending.append((child, qualname))
-                else:
-                    pending.append((child, scope))
-        return found
+        return _functions_by_qualname(self.tree)
+
+    @cached_property
+    def _function_owners(self) -> dict[str, list[_Statement]]:
+        """The statements of the module's body that define a function of each qualified name (after `_statements`)."""
+        owners: dict[str, list[_Statement]] = {}
+        for statement in self._statements:
+            for qualname in statement.functions_by_qualname:
+                owners.setdefault(qualname, []).append(statement)
+        return owners
 
     @cached_property
     def classes_in_functions(self) -> bool:
         """Some class is defined inside a function (a walk that skips function bodies would miss it)."""
-        pending: list[tuple[ast.AST, bool]] = [(self.tree, False)]
-        while pending:
-            node, in_function = pending.pop()
-            if in_function and isinstance(node, ast.ClassDef):
-                return True
-            inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            pending.extend((child, inside) for child in _child_nodes(node))
-        return False
+        statements = self._statements
+        if statements is None:
+            return _classes_in_functions(self.tree)
+        return any(statement.classes_in_functions for statement in statements)
 
     @cached_property
     def has_position_param(self) -> bool:
         """Some function takes a Python-int position (astutil's `is_position_param`)."""
-        return any(is_position_param(node) for node in _walk(self.tree) if isinstance(node, ast.arg))
+        statements = self._statements
+        if statements is None:
+            return _has_position_param(self.tree)
+        return any(statement.has_position_param for statement in statements)
 
     @cached_property
     def position_functions(self) -> frozenset[str]:
         """Qualified names of the functions with a parameter that carries a Python-int position
         (astutil's `is_position_param`)."""
-        found = set()
-        for qualname, nodes in self._functions_by_qualname.items():
-            for node in nodes:
-                if any(is_position_param(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
-                    found.add(qualname)
-        return frozenset(found)
+        statements = self._statements
+        if statements is None:
+            return _position_functions(self._functions_by_qualname)
+        return frozenset().union(*(statement.position_functions for statement in statements))
 
     def metadata(self) -> "LazyMetadata":
         return LazyMetadata(self)
+
+
+class _Statement:
+    """ParsedSource's `ast` walks over the `ast` statements of one statement of the module's body, each done when
+    first asked. Qualified names are the module's: a statement of its body is not inside any class or function."""
+
+    def __init__(self, nodes: list[ast.stmt]) -> None:
+        self._nodes = nodes
+        self._function_words: dict[str, frozenset[str] | None] = {}
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        return frozenset().union(*map(_words_in, self._nodes))
+
+    @cached_property
+    def functions_by_qualname(self) -> dict[str, list[ast.AST]]:
+        found: dict[str, list[ast.AST]] = {}
+        for node in self._nodes:
+            for qualname, nodes in _functions_by_qualname(node, within=True).items():
+                found.setdefault(qualname, []).extend(nodes)
+        return found
+
+    def function_words(self, qualname: str) -> frozenset[str] | None:
+        if qualname not in self._function_words:
+            nodes = self.functions_by_qualname.get(qualname)
+            self._function_words[qualname] = None if nodes is None else frozenset().union(*map(_words_in, nodes))
+        return self._function_words[qualname]
+
+    @cached_property
+    def classes_in_functions(self) -> bool:
+        return any(map(_classes_in_functions, self._nodes))
+
+    @cached_property
+    def has_position_param(self) -> bool:
+        return any(map(_has_position_param, self._nodes))
+
+    @cached_property
+    def position_functions(self) -> frozenset[str]:
+        return _position_functions(self.functions_by_qualname)
+
+
+def _functions_by_qualname(tree: ast.AST, within: bool = False) -> dict[str, list[ast.AST]]:
+    """Functions by qualified name under `tree` (`tree` itself too when `within`: a statement of the module's body)."""
+    found: dict[str, list[ast.AST]] = {}
+    pending: list[tuple[ast.AST, str]] = []
+    for child in [tree] if within else _child_nodes(tree):
+        _add_function(child, "", found, pending)
+    while pending:
+        node, scope = pending.pop()
+        for child in _child_nodes(node):
+            _add_function(child, scope, found, pending)
+    return found
+
+
+def _add_function(child: ast.AST, scope: str, found: dict[str, list[ast.AST]],
+                  pending: list[tuple[ast.AST, str]]) -> None:
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        qualname = f"{scope}.{child.name}" if scope else child.name
+        if not isinstance(child, ast.ClassDef):
+            found.setdefault(qualname, []).append(child)  # a redefinition (a property setter) adds
+        pending.append((child, qualname))
+    else:
+        pending.append((child, scope))
+
+
+def _classes_in_functions(tree: ast.AST) -> bool:
+    pending: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while pending:
+        node, in_function = pending.pop()
+        if in_function and isinstance(node, ast.ClassDef):
+            return True
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        pending.extend((child, inside) for child in _child_nodes(node))
+    return False
+
+
+def _has_position_param(tree: ast.AST) -> bool:
+    return any(is_position_param(node) for node in _walk(tree) if isinstance(node, ast.arg))
+
+
+def _position_functions(functions: dict[str, list[ast.AST]]) -> frozenset[str]:
+    found = set()
+    for qualname, nodes in functions.items():
+        for node in nodes:
+            if any(is_position_param(arg) for arg in ast.walk(node.args) if isinstance(arg, ast.arg)):
+                found.add(qualname)
+    return frozenset(found)
 
 
 def _words_in(tree: ast.AST) -> frozenset[str]:
@@ -294,6 +416,8 @@ class _StatementPositions(Mapping):
     def __init__(self, source: ParsedSource) -> None:
         self._source = source
         self._done: dict[cst.CSTNode, dict[cst.CSTNode, Span]] = {}  # top-level statement -> its table
+        # (method, indent tokens) -> the table of the method alone (positions.method_position_table)
+        self._methods: dict[tuple[cst.CSTNode, tuple[str, ...]], dict[cst.CSTNode, Span]] = {}
         self._whole: dict[cst.CSTNode, Span] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
@@ -302,6 +426,20 @@ class _StatementPositions(Mapping):
             if self._whole is None:
                 self._whole = position_table(self._source.module)
             return CodeRange(*self._whole[node])
+        methods = self._source.layout.statement_methods.get(statement)
+        if statement not in self._done and methods:
+            # A node in a method of a class: the method's table alone (a codemod asks about a few methods of a class).
+            method = self._method_holding(node, methods)
+            if method is not None:
+                line, indent = methods[method].line, methods[method].indent
+                table = self._methods.get((method, indent))
+                if table is None:
+                    module = self._source.module
+                    table = self._methods[method, indent] = method_position_table(
+                        method, indent, (module.default_indent, module.default_newline))
+                (start_line, start_column), (end_line, end_column) = table[node]
+                shift = self._source.layout.first_lines[statement] + line - 1
+                return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
         if statement not in self._done:
             module = self._source.module
             self._done[statement] = position_table(module.with_changes(header=(), body=(statement,), footer=()))
@@ -313,6 +451,15 @@ class _StatementPositions(Mapping):
         """Takes the tables `earlier` computed for the statements this source holds as the same nodes: a statement's
         table is of the statement generated alone, so it holds wherever the statement sits."""
         self._done.update((statement, table) for statement, table in earlier._done.items() if statement in statements)
+        self._methods = earlier._methods  # a method's table holds wherever it sits under the same indent
+
+    def _method_holding(self, node: cst.CSTNode, methods: Mapping[cst.CSTNode, object]) -> cst.CSTNode | None:
+        parents = self._source.parents
+        while node not in methods:
+            node = parents.get(node)
+            if node is None:
+                return None
+        return node
 
     def __iter__(self) -> Iterator:
         raise TypeError("positions are computed per node; iterate the tree instead")

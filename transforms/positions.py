@@ -13,6 +13,7 @@ holds the two to equal results, so a libcst release that changes the protocol fa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -29,8 +30,18 @@ class Layout:
     # What a later layout may reuse of a top-level statement handed on as the same node: its text (leading lines
     # included) and the parents of the nodes under it; and the module's defaults its text was generated with.
     statement_texts: dict[cst.CSTNode, str]
-    statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]]
+    statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]]  # (those under its methods aside)
     defaults: tuple[str, str]
+    # The methods of each top-level class (`MethodLayout`): what a later layout reuses of a method handed on as the
+    # same node in a class a codemod changed, and what a position table of the method alone needs.
+    statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]]
+
+
+class MethodLayout(NamedTuple):
+    line: int  # where the method starts (leading lines included), in lines after its class's first line
+    indent: tuple[str, ...]  # the indent tokens its code was generated under (`method_position_table`)
+    text: str
+    parents: dict[cst.CSTNode, cst.CSTNode]  # of the nodes under it
 
 
 class _NoRecord:
@@ -83,12 +94,18 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
         state.before_codegen(module)
         for line in module.header:
             line._codegen(state)
+        methods = {method: layout for known in earlier.statement_methods.values() for method, layout in known.items()}
         for statement in module.body:
             text = earlier.statement_texts.get(statement)
             if text is None:
-                statement._codegen(state)
+                if type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock \
+                        and any(method in methods for method in statement.body.body):
+                    _class_codegen(statement, state, methods)  # a class a codemod changed: its other methods copied
+                else:
+                    statement._codegen(state)
             else:
-                state.add_generated(statement, text, earlier.statement_parents[statement])
+                state.add_generated(statement, text, earlier.statement_parents[statement],
+                                    earlier.statement_methods.get(statement))
         for line in module.footer:
             line._codegen(state)
         if not state.tokens:
@@ -98,9 +115,65 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
     for below in state.statement_parents.values():
         parents.update(below)
     held = len(state.top) + sum(map(len, state.statement_parents.values()))
+    for methods in state.statement_methods.values():
+        for method in methods.values():
+            parents.update(method.parents)
+            held += len(method.parents)
     duplicated = state.duplicated or len(parents) != held
     return Layout("".join(state.tokens), None if duplicated else parents, state.first_lines, state.statement_texts,
-                  state.statement_parents, defaults)
+                  state.statement_parents, defaults, state.statement_methods)
+
+
+def _class_codegen(cls: cst.ClassDef, state: _LayoutState, methods: dict[cst.CSTNode, MethodLayout]) -> None:
+    """`cls._codegen(state)` with the methods an earlier layout generated under the same indent copied from it. The
+    class's own code is libcst's ClassDef and IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py holds
+    the text and parents to a generation of the whole class)."""
+    state.before_codegen(cls)
+    for line in cls.leading_lines:
+        line._codegen(state)
+    for decorator in cls.decorators:
+        decorator._codegen(state)
+    for line in cls.lines_after_decorators:
+        line._codegen(state)
+    state.add_indent_tokens()
+    state.add_token("class")
+    cls.whitespace_after_class._codegen(state)
+    cls.name._codegen(state)
+    cls.whitespace_after_name._codegen(state)
+    if cls.type_parameters is not None:
+        cls.type_parameters._codegen(state)
+    cls.whitespace_after_type_parameters._codegen(state)
+    if isinstance(cls.lpar, cst.MaybeSentinel):
+        if cls.bases or cls.keywords:
+            state.add_token("(")
+    elif isinstance(cls.lpar, cst.LeftParen):
+        cls.lpar._codegen(state)
+    arguments = [*cls.bases, *cls.keywords]
+    for index, argument in enumerate(arguments):
+        argument._codegen(state, default_comma=index != len(arguments) - 1)
+    if isinstance(cls.rpar, cst.MaybeSentinel):
+        if cls.bases or cls.keywords:
+            state.add_token(")")
+    elif isinstance(cls.rpar, cst.RightParen):
+        cls.rpar._codegen(state)
+    cls.whitespace_before_colon._codegen(state)
+    state.add_token(":")
+    block = cls.body
+    state.before_codegen(block)
+    block.header._codegen(state)
+    state.increase_indent(state.default_indent if block.indent is None else block.indent)
+    indent = tuple(state.indent_tokens)
+    for statement in block.body:  # not empty: it holds a method
+        known = methods.get(statement)
+        if known is not None and known.indent == indent:
+            state.add_method(statement, known)
+        else:
+            statement._codegen(state)
+    for line in block.footer:
+        line._codegen(state)
+    state.decrease_indent()
+    state.after_codegen(block)
+    state.after_codegen(cls)
 
 
 def _newlines(value: str) -> int:
@@ -115,11 +188,14 @@ class _LayoutState(_TextState):
         self.statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]] = {}  # and of those under each
         self.statement_texts: dict[cst.CSTNode, str] = {}
         self.first_lines: dict[cst.CSTNode, int] = {}
+        self.statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]] = {}
         self.duplicated = False
         self.line = 1
         self._generating: list[cst.CSTNode] = []
         self._into = self.top  # where the parents of the nodes being generated go
         self._statement_start = 0  # the token the statement being generated starts at
+        self._method: cst.CSTNode | None = None  # the method of a top-level class being generated
+        self._method_start = (0, 0, ())  # its first line, first token and indent tokens
 
     def add_token(self, value: str) -> None:
         self.tokens.append(value)
@@ -139,17 +215,43 @@ class _LayoutState(_TextState):
                 self.first_lines[node] = self.line
                 self._into = self.statement_parents[node] = {}
                 self._statement_start = len(self.tokens)
+            elif type(node) is cst.FunctionDef and len(generating) == 3 and type(generating[1]) is cst.ClassDef \
+                    and type(parent) is cst.IndentedBlock:  # a method of a top-level class: its parents on their own
+                self._method, self._method_start = node, (self.line, len(self.tokens), tuple(self.indent_tokens))
+                self._into = {}
         generating.append(node)
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         generating = self._generating
         generating.pop()
-        if len(generating) == 1 and self._into is not self.top:  # the end of a statement of the module's body
+        if node is self._method:
+            line, start, indent = self._method_start
+            statement = generating[1]
+            self.statement_methods.setdefault(statement, {})[node] = MethodLayout(
+                line - self.first_lines[statement], indent, "".join(self.tokens[start:]), self._into)
+            self._into, self._method = self.statement_parents[statement], None
+        elif len(generating) == 1 and self._into is not self.top:  # the end of a statement of the module's body
             self.statement_texts[node] = "".join(self.tokens[self._statement_start:])
             self._into = self.top
 
-    def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode]) -> None:
-        """A statement of the module's body as an earlier layout generated it: its text and the parents under it."""
+    def add_method(self, method: cst.CSTNode, known: MethodLayout) -> None:
+        """A method of the top-level class being generated, as an earlier layout generated it under the same indent."""
+        statement = self._generating[1]
+        parents = self._into
+        held = len(parents)
+        parents[method] = self._generating[-1]
+        if len(parents) == held:
+            self.duplicated = True
+        self.statement_methods.setdefault(statement, {})[method] = known._replace(
+            line=self.line - self.first_lines[statement])
+        self.add_token(known.text)
+
+    def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode],
+                      methods: dict[cst.CSTNode, MethodLayout] | None) -> None:
+        """A statement of the module's body as an earlier layout generated it: its text, the parents under it and
+        where its methods start."""
+        if methods is not None:
+            self.statement_methods[statement] = methods
         held = len(self.top)
         self.top[statement] = self.module
         if len(self.top) == held:
@@ -164,6 +266,17 @@ def position_table(module: cst.Module) -> dict[cst.CSTNode, Span]:
     """Every node of the module with its (start, end), as `PositionProvider` would give them."""
     state = _PositionState(module.default_indent, module.default_newline)
     module._codegen(state)
+    return state.table
+
+
+def method_position_table(method: cst.FunctionDef, indent: tuple[str, ...], defaults: tuple[str, str]
+                          ) -> dict[cst.CSTNode, Span]:
+    """`position_table` of the nodes of one method, generated alone under the indent tokens its class gives it (what
+    `Layout.statement_methods` records), with lines counted from the method's own first line: a node's line in the
+    module is its line here plus the method's first line less one, its column the same."""
+    state = _PositionState(*defaults)
+    state.indent_tokens.extend(indent)
+    method._codegen(state)
     return state.table
 
 

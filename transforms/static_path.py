@@ -53,6 +53,7 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
 from graphmode.transforms.positions import module_code
@@ -330,7 +331,7 @@ def _call_target(call: cst.Call, targets: dict[tuple[str | None, str], str]) -> 
     return None
 
 
-class _RenameCalls(cst.CSTTransformer):
+class _RenameCalls(Transformer):
     """Inside the static path: calls of renamed functions go to their twins, and a keyword argument named as the
     codemods renamed a parameter goes by the name the dispatcher kept."""
 
@@ -345,6 +346,10 @@ class _RenameCalls(cst.CSTTransformer):
             or (self.keywords and _module_call(call.func)
                 and any(a.keyword is not None and a.keyword.value in self.keywords for a in call.args)))
             for call in walk(node))
+
+    def applied_to(self, node: cst.CSTNode) -> cst.CSTNode:
+        """`node.visit(self)`; the node itself where nothing under it is renamed (most functions)."""
+        return node.visit(self) if self.renames_in(node) else node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         key = _call_target(original_node, self.targets)
@@ -369,7 +374,7 @@ def _module_call(func: cst.BaseExpression) -> bool:
     return isinstance(func, (cst.Name, cst.Attribute))
 
 
-class _Split(cst.CSTTransformer):
+class _Split(Transformer):
     """Replaces each changed function by its original (asking the switch, or left as it was) and its twin; the
     functions the chain added (the entries) call the twins as the twins do."""
 
@@ -401,10 +406,10 @@ class _Split(cst.CSTTransformer):
             return updated_node.visit(renames)
         if qualname in self.plan.dispatched:
             indent = len(self.scope) + 1  # levels of the method's body
-            forked = _forked(self.originals[qualname], updated_node.visit(renames), self.width - 4 * (indent + 1))
+            forked = _forked(self.originals[qualname], renames.applied_to(updated_node), self.width - 4 * (indent + 1))
             if forked is not None:
                 return forked.with_changes(leading_lines=updated_node.leading_lines)
-        twin = updated_node.visit(renames).with_changes(
+        twin = renames.applied_to(updated_node).with_changes(
             name=cst.Name(_twin_name(updated_node.name.value)),
             leading_lines=[cst.EmptyLine(indent=False)] * (1 if self.scope else 2),
             decorators=[d for d in updated_node.decorators if _decorator_names([d]) & {"staticmethod", "classmethod"}])
@@ -488,7 +493,7 @@ def _with_original_names(original: cst.FunctionDef, adapted: cst.FunctionDef) ->
     return adapted.body.visit(_RenameNames(renames)) if renames else adapted.body
 
 
-class _RenameNames(cst.CSTTransformer):
+class _RenameNames(Transformer):
     """Bare names renamed; attribute names and keywords (which name another function's parameter) stay."""
 
     def __init__(self, names: dict[str, str]) -> None:

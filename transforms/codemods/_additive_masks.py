@@ -18,6 +18,7 @@ import libcst as cst
 
 from graphmode.transforms.codemods._mask_recognition import MaskBuild, find_mask, mask_reader, shape_dependent_use
 from graphmode.transforms.cstutil import code_of, find_method, names_in, position_param
+from graphmode.transforms.dispatch import Transformer
 
 _NEGATIVE_INFINITY = frozenset({'float("-inf")', '-float("inf")', "-math.inf", "-torch.inf", "-float(math.inf)"})
 _SDPA = frozenset({"scaled_dot_product_attention"})
@@ -51,7 +52,7 @@ class BooleanPlan:
         field(default_factory=dict)
 
 
-class ApplyPlan(cst.CSTTransformer):
+class ApplyPlan(Transformer):
     """The plan's rewrites, applied to original statements outside the main traversal."""
 
     def __init__(self, plan: BooleanPlan) -> None:

@@ -28,6 +28,7 @@ from graphmode.transforms.cstutil import (
     single_assignment,
     torch_call_name,
 )
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import is_position_name
 
 _FILL_NAMES = frozenset({"float", "torch", "math"})
@@ -239,7 +240,7 @@ def _bind(helper: cst.FunctionDef, call: cst.Call, skip_self: bool) -> dict[str,
     return bound
 
 
-class _Substitute(cst.CSTTransformer):
+class _Substitute(Transformer):
     def __init__(self, bound: dict[str, cst.BaseExpression]) -> None:
         self.bound = bound
 

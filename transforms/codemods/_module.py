@@ -5,6 +5,7 @@ import libcst as cst
 
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import code_of, find_method, is_docstring, self_attribute_name, walk
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.parsed import ParsedSource
 
 
@@ -122,7 +123,7 @@ def moves_to_device(stmt: cst.BaseStatement, attribute: str) -> bool:
             and value.func.attr.value == "to" and self_attribute_name(value.func.value) == attribute)
 
 
-class ReplaceNodes(cst.CSTTransformer):
+class ReplaceNodes(Transformer):
     """Replaces chosen nodes and removes chosen statements, both named by identity in the tree visited."""
 
     def __init__(self, replace: dict[cst.CSTNode, cst.CSTNode], drop: set[cst.CSTNode]) -> None:

@@ -41,6 +41,7 @@ from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.carried_cache import BUFFERS_CLASS
 from graphmode.transforms.cstutil import POSITION_TENSOR, calls_in, code_of, dotted_name, find_method, integer_value, \
     is_full_slice, nodes_of_type, torch_call_name, walk
+from graphmode.transforms.dispatch import Transformer
 
 SLOTS = "graphmode_slots"  # the positions the entries carry (helper-code/helpers.py), read by any module
 POSITION_ROWS = "graphmode_position_rows"
@@ -225,7 +226,7 @@ def _prefix_of(element: cst.SubscriptElement, lengths: set[str]) -> bool:
         and isinstance(part.upper, cst.Name) and part.upper.value in lengths
 
 
-class _Apply(cst.CSTTransformer):
+class _Apply(Transformer):
     """Puts the planned replacements in, and the cache write in front of each attention's first statement."""
 
     def __init__(self, replacements: dict[cst.CSTNode, cst.CSTNode],

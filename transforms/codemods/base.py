@@ -8,6 +8,7 @@ that class supports cost four times a plain walk of the tree, and no codemod her
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
@@ -20,7 +21,8 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
-from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.cstutil import class_level, types_under
+from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.positions import module_code
 
@@ -154,7 +156,28 @@ class GraphCodemod(Codemod, Transformer):
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
                 self._passed_over.add(node)
                 return False
+            # No handler of this codemod would be called under the class or function: its own handlers run, and
+            # the walk neither enters nor rebuilds its body (the class or function is handed on as it was, as is a
+            # statement of the module's body the walk does not enter).
+            return super().on_visit(node) and self._handles_some_node_under(node)
+        if len(self._changed_under) == 2 and _is_statement(type(node)):  # any other statement of the module's body
+            return super().on_visit(node) and self._handles_some_node_under(node)
         return super().on_visit(node)
+
+    def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
+        handled = _handled_types(type(self))
+        if handled is None:
+            return True
+        if handled.isdisjoint(types_under(node, self.source.types_under)):
+            return False
+        if type(node) is not cst.ClassDef:
+            return True
+        # A class whose functions the walk passes over, and which holds no node of a handled type outside them.
+        outside, functions = class_level(node, self.source.class_levels)
+        if not handled.isdisjoint(outside - {cst.FunctionDef}):
+            return True
+        scope = ".".join(self._scopes)
+        return not all(self.passes_over(f"{scope}.{function}") for function in functions)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         changed = self._changed_under.pop()
@@ -163,6 +186,8 @@ class GraphCodemod(Codemod, Transformer):
             if original_node in self._passed_over:
                 return updated_node
         left = super().on_leave(original_node, updated_node)
+        if left is not updated_node and _same_fields(left, updated_node):
+            left = updated_node  # a handler that rebuilt the node from the same children (`with_changes(body=...)`)
         if changed or left is not updated_node:
             if self._changed_under:
                 self._changed_under[-1] = True
@@ -239,6 +264,40 @@ class GraphCodemod(Codemod, Transformer):
                 names.append(current.name.value)
             current = self.get_metadata(ParentNodeProvider, current, None)
         return ".".join(reversed(names))
+
+
+@functools.cache
+def _handled_types(owner: type) -> frozenset[type] | None:
+    """`dispatch.handled_types`; None (every node may matter) for a codemod that overrides `on_visit` or `on_leave`,
+    which see every node whatever its type."""
+    if owner.on_visit is not GraphCodemod.on_visit or owner.on_leave is not GraphCodemod.on_leave:
+        return None
+    return handled_types(owner)
+
+
+def _same_fields(left: object, node: cst.CSTNode) -> bool:
+    """`left` is a node of the same type whose every field holds the very objects `node`'s does (a sequence: the same
+    items, in order): nodes never change, so it is the same code, parents aside."""
+    if type(left) is not type(node):
+        return False
+    for name in _field_names(type(node)):
+        mine, theirs = getattr(left, name), getattr(node, name)
+        if mine is theirs:
+            continue
+        if type(mine) not in (list, tuple) or type(theirs) not in (list, tuple) or len(mine) != len(theirs) \
+                or any(a is not b for a, b in zip(mine, theirs)):
+            return False
+    return True
+
+
+@functools.cache
+def _field_names(node_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(node_type))
+
+
+@functools.cache
+def _is_statement(node_type: type) -> bool:
+    return issubclass(node_type, cst.BaseStatement)
 
 
 @functools.cache

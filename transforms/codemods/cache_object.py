@@ -69,6 +69,7 @@ from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS, HEAD_DIM_
     KV_HEAD_ATTRIBUTES, cat_of_past, size_in_init
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, \
     none_test, only_raises, single_assignment, walk
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     KEYWORD_MASK_HELPERS, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS
 
@@ -188,7 +189,7 @@ def _key_value_tuples(node: cst.CSTNode, keys: str, values: str) -> list[cst.Tup
     return [t for t in nodes_of_type(node, cst.Tuple) if [code_of(e.value) for e in t.elements] == [keys, values]]
 
 
-class _WrittenSlots(cst.CSTTransformer):
+class _WrittenSlots(Transformer):
     """`(K, V)` -> `graphmode_written(K, V, slots)`: the caller's tuple holds the written slots only."""
 
     def __init__(self, keys: str, values: str, slots: str) -> None:
@@ -590,7 +591,7 @@ class CacheObject(GraphCodemod):
         return found
 
 
-class _Apply(cst.CSTTransformer):
+class _Apply(Transformer):
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
 

@@ -60,6 +60,7 @@ from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.cache_object import MASK_BUILDER, MASK_CLASS, MASK_HELPERS, mask_helper_call
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
     nodes_of_type, none_test, self_attribute_name, single_assignment, torch_call_name
+from graphmode.transforms.dispatch import Transformer
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 BUFFERS_CLASS = "StaticKVBuffers"
@@ -656,7 +657,7 @@ def _line_limit(code: str) -> int:
     return max(79, lengths[int(0.99 * (len(lengths) - 1))] if lengths else 0)
 
 
-class _Apply(cst.CSTTransformer):
+class _Apply(Transformer):
     def __init__(self, plan: _Plan, threading: Threading, wrapped: set[cst.Call]) -> None:
         self.plan, self.threading, self.wrapped = plan, threading, wrapped
         self._classes: list[str] = []

@@ -34,6 +34,7 @@ from graphmode.transforms.codemods.sliced_tables import TABLE_BUFFERS
 from graphmode.transforms.codemods.static_kv_cache import CACHE_CLASS
 from graphmode.transforms.codemods.static_rotary import RESIZE
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
+from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
 
 _ENTRY_NAMES = ("prefill", "decode")
@@ -116,7 +117,7 @@ def _is_position_tensor_check(test: cst.BaseExpression) -> bool:
         f"isinstance({POSITION_TENSOR},torch.Tensor)"
 
 
-class _FoldBranches(cst.CSTTransformer):
+class _FoldBranches(Transformer):
     def __init__(self, facts: _Facts) -> None:
         self.facts = facts
         self.folded: list[cst.If] = []

@@ -22,6 +22,7 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, position_params, torch_call_name
+from graphmode.transforms.dispatch import Transformer
 
 
 def _is_shifted_arange(call: cst.Call, name: str) -> bool:
@@ -169,7 +170,7 @@ class _PositionPlan(cst.CSTVisitor):
             current = parent
 
 
-class _ApplyPositions(cst.CSTTransformer):
+class _ApplyPositions(Transformer):
     def __init__(self, plan: _PositionPlan, entry_class: str | None) -> None:
         self.plan = plan
         self.uses_helper = False

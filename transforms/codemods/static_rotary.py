@@ -39,6 +39,7 @@ from graphmode.transforms.cstutil import (
     single_assignment,
     torch_call_name,
 )
+from graphmode.transforms.dispatch import Transformer
 
 RESIZE = "graphmode_resize"  # the name GraphmodeStaticPath.setup calls on every module that has it
 _ALWAYS_VISIBLE = frozenset({"self", "torch", "math", "float", "int", "None", "True", "False"})
@@ -347,7 +348,7 @@ def _sliced_tables(stmt: cst.BaseStatement, length: str, tables: set[str]) -> di
     return found or None
 
 
-class _WholeTables(cst.CSTTransformer):
+class _WholeTables(Transformer):
     def __init__(self, slices: dict[cst.Subscript, str]) -> None:
         self.slices = slices
 
@@ -355,7 +356,7 @@ class _WholeTables(cst.CSTTransformer):
         return updated_node.value if original_node in self.slices else updated_node
 
 
-class _ReplaceName(cst.CSTTransformer):
+class _ReplaceName(Transformer):
     def __init__(self, name: str, replacement: cst.BaseExpression) -> None:
         self.name, self.replacement = name, replacement
 
