@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MIN_STEPS = 32  # enough Decode steps to cross the length thresholds a model branches on (64, 2**n)
@@ -34,6 +35,18 @@ class Setting:
         return self.refuse(value)
 
 
+def _a_folder_or_off(value: str) -> str | None:
+    """A compile-cache setting names a folder that exists or can be made: a file there, or on the way to it, is
+    refused before any analysis (the cache is first written by verify, minutes later)."""
+    if value in ("", "off"):
+        return None
+    path = Path(value).expanduser()
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            return None if folder.is_dir() else f"{folder} is a file, not a folder"
+    return None
+
+
 def _positive_sizes(value: list) -> str | None:
     if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
         return "must be a list of positive batch sizes"
@@ -56,7 +69,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("compile_cache", "", (str,), "a folder or 'off'",
             "inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or 'off' (every run "
             "compiles cold); default: a fresh one in the run folder, so run 1 compiles cold and the report shows the "
-            "warm-up later runs save"),
+            "warm-up later runs save", _a_folder_or_off),
     Setting("timeout", 600.0, (int, float), "a number of seconds",
             "the most one worker process may take (the traced run, the probe, each verify run); one that takes "
             "longer is stopped and reported with the step and its last output line",
