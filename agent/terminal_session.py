@@ -245,10 +245,17 @@ def _offer_declined(state: RunState) -> list[str] | None:
     return added
 
 
+def finished_status(state: RunState) -> int:
+    """A finished session's exit status (README's contract): 0 verified, 1 not verified; the same whether the session
+    just finished or `graphmode resume` finds it finished."""
+    v = state.verification
+    return 0 if v is not None and v.passed else 1
+
+
 def _finish(state: RunState) -> int:
     v = state.verification
     console.print(f"\nReport: [bold]{state.report_path}[/]")
-    if v is not None and v.passed:
+    if finished_status(state) == 0:
         console.print("[green]Verified:[/] identical tokens, 0 graph breaks, 0 recompiles in Decode.")
         return 0
     console.print("[red]Not verified:[/] " + "; ".join(v.problems if v is not None else ["no verification"]))
