@@ -279,19 +279,26 @@ def _describe(step: str, change: dict) -> str:
     if step == "implement":
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
     if step == "verify":
-        v = change["verification"]
-        if not v.ran:
-            return "not run: " + "; ".join(v.problems)
-        return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles "
-                f"{v.recompiles}, Decode {v.eager.decode_ms_per_token:.3f} -> "
-                f"{v.graph.decode_ms_per_token:.3f} ms/token (warm-up {v.graph.warmup_s:.1f} s), "
-                f"median of {v.runs} run(s) per side" + _describe_buckets(v.bucket_sweep))
+        return verify_line(change["verification"])
     if step == "repair":
         record = change["rounds"][-1]
         return f"round {record.number}: {record.outcome}"
     if step == "report":
         return str(change.get("report_path"))
     return ""
+
+
+def verify_line(v) -> str:
+    """The verify step's line: its figures, the Decode times qualified as the report qualifies them."""
+    from graphmode.runners.timing import qualified
+
+    if not v.ran:
+        return "not run: " + "; ".join(v.problems)
+    decode = qualified(f"{v.eager.decode_ms_per_token:.3f} -> {v.graph.decode_ms_per_token:.3f} ms/token",
+                       v.decode_speedup_unstable)
+    return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles {v.recompiles}, "
+            f"Decode {decode}, warm-up {v.graph.warmup_s:.1f} s, median of {v.runs} run(s) per side"
+            + _describe_buckets(v.bucket_sweep))
 
 
 def _describe_buckets(sweep: dict) -> str:

@@ -361,11 +361,41 @@ def test_the_summary_marks_a_speedup_its_report_calls_unstable(tmp_path):
                      "local") for target in manifest.targets]
     summary = write_summary(manifest, rows, parse_fail_on(["speedup<500"]), chart=True)
     text = (manifest.out / "summary.md").read_text()
-    assert "| 2.10x |" in text and "| 230.63x unstable |" in text
+    assert "| 2.10x |" in text and "| 230.63x (unstable, not to be quoted) |" in text
     assert "do not quote them" in text
     assert [row["decode_speedup_unstable"] for row in summary["rows"]] == [False, True]
-    said = "shaky: Decode speed-up 230.63x unstable is below 500x (--fail-on speedup<500)"
+    said = "shaky: Decode speed-up 230.63x (unstable, not to be quoted) is below 500x (--fail-on speedup<500)"
     assert said in summary["fail_on_breaches"]
     assert (manifest.out / "speedups.png").stat().st_size > 0
     steady_only = write_summary(manifest, rows[:1], [], chart=False)
     assert "do not quote" not in (manifest.out / "summary.md").read_text() and steady_only["targets"] == 1
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["steady", "spread"])
+def test_every_printed_speed_figure_carries_the_qualifier_its_report_gives(tmp_path, spread):
+    """The terminal's verify line, the batch progress line, the batch table and summary.md say a Decode figure is
+    unstable exactly when the report does (report.json's decode_speedup_unstable, the verdict report.md's headline
+    gives): one verdict and one wording for all of them."""
+    from graphmode.agent.batch_run import _line
+    from graphmode.agent.batch_summary import cells
+    from graphmode.agent.reporting import write_report
+    from graphmode.agent.terminal_session import verify_line
+    from test_fusion_report import _state
+
+    state = _state(tmp_path, {})
+    if spread:  # runs as a contended machine gives them: the speed-up anywhere between 0.24x and 50.9x
+        state.verification.decode_speedup_range = {"median": 2.0, "min": 0.24, "max": 50.9}
+    write_report(state)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["decode_speedup_unstable"] == spread
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "harness.py").write_text("")
+    manifest = load_manifest(write(tmp_path, "[[target]]\npath = 'target'\n"), out=tmp_path / "out")
+    row = make_row(manifest.targets[0], JobOutcome("target", 0, report=report, seconds=1.0), "verified",
+                   manifest.out, "local")
+    write_summary(manifest, [row], [], chart=False)
+    printed = {"terminal verify line": verify_line(state.verification), "batch progress line": _line(row, 1, 1),
+               "batch table": " | ".join(cells(row)), "summary.md": (manifest.out / "summary.md").read_text()}
+    for where, text in printed.items():
+        assert ("(unstable, not to be quoted)" in text) == spread, (where, text)
