@@ -113,7 +113,7 @@ def _next_step(step: str, change: dict) -> str:
     if step == "repair":
         return "design" if "round" in change else "report"  # a new round changes the round number
     if step == "confirm":
-        return "design" if change.get("revising") else "implement"
+        return "design" if change.get("revising") else ("report" if change.get("stopped") else "implement")
     return {"analyze": "design", "design": "confirm", "implement": "verify"}.get(step, "…")
 
 
@@ -142,7 +142,7 @@ def _progress_listener(status, now: dict):
 
 def ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
-    or None to stop here."""
+    {"stop": why} when a later round could change nothing (agent.repair.nothing_new), or None to stop here."""
     from graphmode.agent.adaptation import parameter_values
     from graphmode.agent.choices import needs_of, proposed_choice, unmet_needs
     from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
@@ -165,9 +165,15 @@ def ask(state: RunState):
     console.print("Revise a parameter: `e C3 max_seq_len=4096` (the design is made again with it)")
     default = "all"
     if state.round > 1:
+        from graphmode.agent.repair import nothing_new
+
         added = _offer_declined(state)
         if added is None:
             return None
+        stop = nothing_new(state, added)
+        if stop:  # the same selection again would fail the same way: the report says why instead
+            console.print(f"[yellow]{stop[0].upper()}{stop[1:]}.[/] Writing the report.", soft_wrap=True)
+            return {"stop": stop}
         proposed = proposed_choice(state.plan, [d for d in state.declined if d not in added])
         default = ",".join(proposed)
         console.print(f"Round {state.round}: {state.rounds[-1].outcome}. Proposed: {default or 'nothing'} "
@@ -275,6 +281,8 @@ def _describe(step: str, change: dict) -> str:
         if change.get("revising"):
             return "revised " + ", ".join(f"{name}={value}" for name, value in change["revisions"].items()) + \
                 ": the design is made again"
+        if change.get("stopped"):
+            return "not run: " + change["stopped"]
         return "approved " + (", ".join(change.get("approved") or []) or "nothing")
     if step == "implement":
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
