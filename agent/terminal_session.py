@@ -140,26 +140,50 @@ def _progress_listener(status, now: dict):
     return listen
 
 
-def ask(state: RunState):
-    """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
-    {"stop": why} when a later round could change nothing (agent.repair.nothing_new), or None to stop here."""
+def change_table(state: RunState) -> Table:
+    """The planned changes as the confirmation shows them, fitted to the console's width: the description column
+    wraps at words, and ids, file names and parameters fold onto further lines instead of being cut with an
+    ellipsis (a parameter cut short is a value the person cannot read before approving it)."""
     from graphmode.agent.adaptation import parameter_values
-    from graphmode.agent.choices import needs_of, proposed_choice, unmet_needs
-    from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
+    from graphmode.agent.choices import needs_of
+    from graphmode.agent.revisions import parameters_of
 
     values = parameter_values(state)
-    table = Table(title=f"Planned changes (details: {state.design_path})")
-    for column in ("id", "change", "files", "fixes", "needs", "parameters"):
-        table.add_column(column)
+    table = Table(title=f"Planned changes (details: {state.design_path})", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("change", overflow="fold")
+    for column in ("files", "fixes", "needs", "parameters"):
+        table.add_column(column, overflow="fold")
     for change in state.plan:
         table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
                       ", ".join(needs_of(state.plan, change.id)),
                       ", ".join(f"{name}={values[name]}" for name in parameters_of(change)))
+    return table
+
+
+def choice_prompt(default: str) -> str:
+    """The confirmation's question: each answer once, the one Enter takes first and marked so. `default` is "all"
+    in round 1, else the proposed choice (ids, comma-separated; "" for nothing)."""
+    if default == "all":
+        answers = "[bold]all[/] (Enter), none, ids (C1,C3)"
+    else:
+        answers = f"[bold]proposed: {default or 'nothing'}[/] (Enter), all, none, ids (C1,C3)"
+    return f"Apply which changes? {answers}, d \\[ids] for diffs, e ID NAME=VALUE, or later: "
+
+
+def ask(state: RunState):
+    """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
+    {"stop": why} when a later round could change nothing (agent.repair.nothing_new), or None to stop here."""
+    from graphmode.agent.adaptation import parameter_values
+    from graphmode.agent.choices import proposed_choice, unmet_needs
+    from graphmode.agent.revisions import parse_revision, source_classes
+
+    values = parameter_values(state)
     # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
     total = sum(change.diff.count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:
         _show_diffs(state.plan)
-    console.print(table)
+    console.print(change_table(state))
     console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     console.print("Revise a parameter: `e C3 max_seq_len=4096` (the design is made again with it)")
@@ -180,8 +204,7 @@ def ask(state: RunState):
                       "(Enter takes it)", soft_wrap=True)
     while True:
         try:
-            reply = console.input(f"Apply which changes? [bold]{'all' if default == 'all' else 'proposed'}[/], "
-                                  "all, none, ids (C1,C3), d \\[ids] for diffs, e ID NAME=VALUE, or later: ").strip()
+            reply = console.input(choice_prompt(default)).strip()
         except EOFError:  # Ctrl-D: the same as "later"
             console.print()
             return None

@@ -249,3 +249,33 @@ def test_declining_the_only_repair_offered_goes_to_the_report_instead_of_repeati
     assert "which failed (1 graph break in Decode after warm-up)" in said
     assert [r["number"] for r in report["rounds"]] == [1, 2] and report["rounds"][1]["applied"] == []
     assert f"**Result: not verified: {said}.**" in (run_dir / "report.md").read_text().replace("\n", " ")
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_the_change_table_fits_the_terminal_and_cuts_nothing(tmp_path, width):
+    import io
+
+    from rich.console import Console
+    from rich.markup import render
+
+    from graphmode.agent import nodes
+    from graphmode.agent.state import Baseline, RunOptions, RunState
+    from graphmode.agent.terminal_session import change_table, choice_prompt
+
+    state = RunState(session_id="table001", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
+                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
+                     baseline=Baseline(headline="not probed: this test is about the table", steps=8))
+    state = RunState.model_validate({**state.model_dump(), **nodes.design(state)})
+    screen = io.StringIO()
+    Console(file=screen, width=width, color_system=None).print(change_table(state))
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width and "…" not in screen.getvalue()
+    # Every row's cells are all there: folded onto further lines, never cut (the id column is never folded).
+    assert [line.split("│")[1].strip() for line in lines if line.startswith("│ C")] == [c.id for c in state.plan]
+    cells = "".join(part.strip() for line in lines if line.startswith("│") for part in line.split("│")[6:7])
+    assert "max_seq_len=64" in cells and "entry_class=Transformer" in cells
+
+    # The question lists each answer once, the one Enter takes first.
+    first, later = render(choice_prompt("all")).plain, render(choice_prompt("C2,C9")).plain
+    assert first.startswith("Apply which changes? all (Enter), none,") and first.count("all") == 1
+    assert later.startswith("Apply which changes? proposed: C2,C9 (Enter), all, none,") and later.count("all") == 1
