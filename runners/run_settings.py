@@ -57,7 +57,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("backend", "auto", (str,), "a backend name", "the compile backend (see --help's list)"),
     Setting("out", "graphmode-out", (str,), "a folder",
             "output folder; the run writes to OUT/<target name>/"),
-    Setting("steps", MIN_STEPS, (int,), "a whole number", "Decode steps to compare and time",
+    Setting("steps", MIN_STEPS, (int,), "a whole number",
+            f"Decode steps to compare and time; at least {MIN_STEPS}, enough to cross the length thresholds a model's "
+            "code branches on, where a graph would otherwise break or recompile unseen",
             lambda v: None if v >= MIN_STEPS else
             f"must be at least {MIN_STEPS} (Decode steps that cross length thresholds)"),
     Setting("runs", 3, (int,), "a whole number",

@@ -93,3 +93,14 @@ def test_resume_finds_saved_sessions_in_langgraphs_own_table_without_langgraph(t
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=dict(os.environ),
                           timeout=60)
     assert done.stdout.split() == ["True", "False", "False"], done.stderr
+
+
+def test_help_says_the_least_steps_the_refusal_holds_to_and_why(capsys):
+    from graphmode.agent.cli import main
+    from graphmode.runners.run_settings import MIN_STEPS
+
+    with pytest.raises(SystemExit):
+        main(["adapt", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    steps = text.split("--steps STEPS ", 1)[1].split(" --runs", 1)[0]
+    assert f"at least {MIN_STEPS}" in steps and "length thresholds" in steps, steps
