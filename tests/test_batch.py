@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -239,6 +240,31 @@ def test_sigterm_stops_the_running_targets_and_leaves_them_pending(tmp_path):
     assert stored(home) == {}, stored(home)  # not done, not running: pending
     assert [(row["name"], row["status"]) for row in summary_rows(out)] == [("hang", "pending")]
     assert "interrupted" in log.read_text()
+    # While it hung, the batch said where the target stood, and where its own output goes.
+    assert f"hang: analyze… (its log: {out / 'hang' / 'adapt.log'})" in log.read_text()
+
+
+def test_a_targets_steps_reach_the_batch_while_it_runs(tmp_path):
+    """A job's lines come to the batch as the run prints them, not when it ends: here the run prints a step line as
+    adapt does and then waits, and the batch stops it once the line came."""
+    from graphmode.agent.batch_run import step_line
+    from graphmode.runners.batch_job import BatchJob, run_job
+
+    script = ("import time\nprint('graphmode: adapting x (session 0123abcd)', flush=True)\n"
+              "print('\u2713 analyze (1.0 s): 3 findings in 1 file(s)', flush=True)\n"
+              "print('  verify: eager (original) run 1 of 3: done in 2.0 s', flush=True)\ntime.sleep(60)\n")
+    seen, stop = [], threading.Event()
+
+    def progress(line: str) -> None:
+        seen.append(line)
+        if "run 1 of 3" in line:
+            stop.set()
+
+    outcome = run_job(BatchJob(name="t", folder=str(tmp_path / "t"), args=["-c", script], timeout_s=120), stop,
+                      progress=progress)
+    assert outcome.interrupted, outcome  # stopped on the line, while the run still slept
+    assert [step_line(line) for line in seen] == [None, "✓ analyze (1.0 s): 3 findings in 1 file(s)",
+                                                  "verify: eager (original) run 1 of 3: done in 2.0 s"]
 
 
 @pytest.mark.slow
