@@ -310,13 +310,14 @@ def write(folder: Path, text: str, name: str = "manifest.toml") -> Path:
     ("[defaults]\nbackend = 'fast'\n[[target]]\npath = 'model'\n", "backend = 'fast' must be one of"),
     ("[[target]]\npath = 'model'\nrun = { steps = 8 }\n", "steps = 8 must be at least 32"),
     ("[[target]]\nhf = './missing/config.json'\ntiny = true\n", "does not exist"),
+    ("[[target]]\npath = 'model'\nrun = { compile_cache = 'TMP/model/harness.py' }\n", "is a file, not a folder"),
 ])
 def test_a_bad_manifest_is_refused_with_what_and_where(tmp_path, text, says):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "harness.py").write_text("")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=says):
-        load_manifest(write(tmp_path, text), out=tmp_path / "out")
+        load_manifest(write(tmp_path, text.replace("TMP", str(tmp_path))), out=tmp_path / "out")
 
 
 def test_a_missing_manifest_is_bad_input_on_one_line_and_runs_nothing(tmp_path):
