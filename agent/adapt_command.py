@@ -122,10 +122,12 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
         target = target_folder(args.path)
         if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
             raise UserError(f"--out {args.out}: the output must be outside the target folder")
-    for key in ("steps", "runs", "similarity", "timeout", "rounds"):
-        problem = SETTINGS[key].problem(getattr(args, key))
+    for key in ("steps", "runs", "similarity", "timeout", "rounds", "compile_cache"):
+        value = getattr(args, key)
+        problem = SETTINGS[key].problem(value)
         if problem:
-            raise UserError(f"{SETTINGS[key].flag} {getattr(args, key):g}: {problem}")
+            raise UserError(f"{SETTINGS[key].flag} {value if isinstance(value, str) else format(value, 'g')}: "
+                            f"{problem}")
     _batch_buckets(args.batch_buckets)
     if args.backend not in BACKEND_NAMES:
         raise UserError(f"--backend {args.backend}: unknown; valid names: {', '.join(BACKEND_NAMES)}")

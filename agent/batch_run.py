@@ -8,6 +8,7 @@ left `running` is one a killed batch left behind, and is pending again.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -25,7 +26,7 @@ from graphmode.agent.batch_summary import (FailOn, failed, make_row, pending_row
                                            write_summary)
 from graphmode.agent.errors import UserError
 from graphmode.agent.output import run_folder_lock
-from graphmode.runners.batch_job import BatchJob, JobOutcome, run_job
+from graphmode.runners.batch_job import LOG_NAME, BatchJob, JobOutcome, run_job
 from graphmode.runners.device_slots import job_slots
 from graphmode.runners.shared_cores import LOCK_ENV
 
@@ -106,6 +107,15 @@ def _run_targets(manifest: Manifest, todo: list[BatchTarget], options: BatchOpti
 
     def on_start(job: BatchJob) -> None:
         batch_store.mark_running(manifest.out, job.name, by_name[job.name].key)
+        with lock:
+            console.print(f"[dim]  {escape(job.name)}: analyze… (its log: {Path(job.folder) / LOG_NAME})[/]",
+                          soft_wrap=True)
+
+    def on_progress(name: str, line: str) -> None:
+        said = step_line(line)
+        if said is not None:
+            with lock:
+                console.print(f"[dim]  {escape(name)}: {escape(said)}[/]", soft_wrap=True)
 
     def on_done(outcome: JobOutcome) -> None:
         target = by_name[outcome.name]
@@ -125,7 +135,7 @@ def _run_targets(manifest: Manifest, todo: list[BatchTarget], options: BatchOpti
         if options.executor == "ray":
             _on_ray(jobs, on_start, on_done, options.jobs, console)
         else:
-            _here(jobs, on_start, on_done, options.jobs or 1, console, manifest.out / CORES_LOCK)
+            _here(jobs, on_start, on_done, options.jobs or 1, console, manifest.out / CORES_LOCK, on_progress)
     except KeyboardInterrupt:
         batch_store.forget_running(manifest.out, list(by_name))
         return True
@@ -145,7 +155,8 @@ def _on_ray(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done:
 
 
 def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: Callable[[JobOutcome], None],
-          count: int, console: Console, cores_lock: Path) -> None:
+          count: int, console: Console, cores_lock: Path,
+          on_progress: Callable[[str, str], None] = lambda name, line: None) -> None:
     """The jobs on this machine, `count` at a time, one slot per device where there are devices. Where the slots
     share the cores (no devices), every target's timing runs wait for the cores alone (runners.shared_cores): the
     other work overlaps, the figures the reports quote do not. Ctrl-C (or SIGTERM, which the command line raises as
@@ -170,7 +181,8 @@ def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: C
             if stop.is_set():
                 return None
             on_start(job)
-            return run_job(replace(job, env={**job.env, **env}), stop)
+            return run_job(replace(job, env={**job.env, **env}), stop,
+                           progress=lambda line: on_progress(job.name, line))
         finally:
             free.put(env)
 
@@ -192,6 +204,16 @@ def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: C
                 on_done(future.result())
         raise
     pool.shutdown(wait=True)
+
+
+def step_line(line: str) -> str | None:
+    """What a target's `graphmode adapt` says of its steps, as adapt prints it when not at a terminal: a step
+    finished ("✓ verify (41.0 s): ...") or a run inside one ("verify: eager (original) run 1 of 3: done in 8.1 s");
+    None for its other lines. The batch shows these per target, so a long target is seen at its current step."""
+    text = line.strip()
+    if text.startswith("✓ ") or re.match(r"(analyze|design|implement|verify|repair|report): ", text):
+        return text
+    return None
 
 
 def _line(row: dict[str, Any], n: int, total: int) -> str:

@@ -20,6 +20,7 @@ from graphmode.agent.batch_store import VERIFIED
 from graphmode.agent.errors import UserError
 from graphmode.agent.output import write_atomic
 from graphmode.runners.batch_job import LOG_NAME, JobOutcome
+from graphmode.runners.timing import UNSTABLE_QUALIFIER, qualified
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -204,11 +205,12 @@ def speedup_text(row: dict[str, Any]) -> str:
     speedup = row.get("decode_speedup")
     if speedup is None:
         return ""
-    return f"{speedup:.2f}x" + (" unstable" if row.get("decode_speedup_unstable") else "")
+    return qualified(f"{speedup:.2f}x", row.get("decode_speedup_unstable"))
 
 
-UNSTABLE_NOTE = ("Speed-ups marked *unstable* spread more than 1.5x over their target's runs, and the target's report "
-                 "says so too: do not quote them. Rerun those targets on a quiet machine, with more `runs`.")
+UNSTABLE_NOTE = (f"Speed-ups marked *{UNSTABLE_QUALIFIER}* spread more than 1.5x over their target's runs, and the "
+                 "target's report says so too: do not quote them. Rerun those targets on a quiet machine, with more "
+                 "`runs`.")
 
 
 def _markdown(summary: dict[str, Any]) -> str:
@@ -225,7 +227,7 @@ def _markdown(summary: dict[str, Any]) -> str:
     fused = [row for row in rows if row.get("fusion_speedup") is not None]
     if fused:
         lines += ["", "Fusions: Decode without them over Decode with them, timed in the same runs: " + ", ".join(
-            f"{row['name']} {row['fusion_speedup']:.2f}x" + (" unstable" if row.get("fusion_speedup_unstable") else "")
+            f"{row['name']} {qualified(format(row['fusion_speedup'], '.2f') + 'x', row.get('fusion_speedup_unstable'))}"
             for row in fused) + "."]
     dropped = [row for row in rows if row.get("dropped")]
     if dropped:

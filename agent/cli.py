@@ -117,7 +117,9 @@ def _parser() -> argparse.ArgumentParser:
                     "items for a person, 2 files that could not be read or parsed, 3 a codemod failed on a file "
                     "(a graphmode bug; the other files are still done).")
     fix.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="Python files or folders (recursively)")
-    fix.add_argument("--diff", action="store_true", help="print the diffs instead of writing anything")
+    fix.add_argument("--diff", action="store_true",
+                     help="print the diffs instead of writing anything, each file's once it and the files before it "
+                          "(by path) are done")
     fix.add_argument("--out", type=Path, default=Path("graphmode-fix"),
                      help="where the copies go, replaced whole once complete (default: ./graphmode-fix)")
     fix.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")

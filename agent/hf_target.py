@@ -97,6 +97,19 @@ def refuse_missing_path(spec: str) -> None:
                 f"a folder needs a config.json (a Hugging Face model) or a harness.py (`graphmode init {folder}` "
                 "writes one)")
         raise UserError(f"--hf {spec}: no config.json in {folder}; {hint}")
+    read_config(config_file)
+
+
+def read_config(config_file: Path) -> dict:
+    """config.json as a dict; UserError when it is not a readable JSON object. Standard library only, so a broken
+    file is refused before transformers is imported."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UserError(f"{config_file}: not readable JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file}: not a JSON object")
+    return config
 
 
 def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
@@ -124,12 +137,7 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
 
     folder = path.parent if path.is_file() else path
     config_file = path if path.is_file() else path / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UserError(f"{config_file}: not readable JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{config_file}: not a JSON object")
+    config = read_config(config_file)
     model_type = config.get("model_type")
     auto_map = config.get("auto_map") or {}
     name = f"hf-{_safe_name(folder.resolve().name)}{'-tiny' if tiny else ''}"

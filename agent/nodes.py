@@ -138,6 +138,8 @@ def take_answer(state: RunState, answer) -> dict:
     """The fields an answer at confirmation changes: "all", "proposed" (agent.choices.proposed_choice), a list of
     ids, or {"revise": {parameter: value}} (design runs again with the new values). The last guard: an
     inconsistent choice is refused, never trimmed."""
+    if isinstance(answer, dict) and "stop" in answer:  # the round would repeat the last one (agent.repair.nothing_new)
+        return {"approved": proposed_choice(state.plan, state.declined), "stopped": answer["stop"]}
     if isinstance(answer, dict):
         return {"revisions": {**state.revisions, **answer["revise"]}, "revising": True, "approved": None}
     if answer == "all":
@@ -154,11 +156,11 @@ def take_answer(state: RunState, answer) -> dict:
 
 def after_confirm(state: RunState) -> str:
     """The step after confirmation: design again after a revision; the report alone when every planned change
-    was declined (an empty adaptation has nothing to verify); implement otherwise, also when nothing was planned
-    (a model may already have its entry points)."""
+    was declined (an empty adaptation has nothing to verify) or when the round would only repeat the last one
+    (`stopped`); implement otherwise, also when nothing was planned (a model may already have its entry points)."""
     if state.revising:
         return "design"
-    return "report" if state.plan and not state.approved else "implement"
+    return "report" if state.stopped or (state.plan and not state.approved) else "implement"
 
 
 DECLINED_ALL = "every planned change was declined: nothing was adapted, so nothing was verified"
@@ -316,11 +318,14 @@ def report(state: RunState) -> dict:
 
     update: dict = {}
     if state.verification is None and after_confirm(state) == "report":
-        update["verification"] = Verification(ran=False, problems=[DECLINED_ALL])
+        update["verification"] = Verification(ran=False, problems=[state.stopped or DECLINED_ALL])
     finished = state.model_copy(update=update)
     if not state.rounds or state.rounds[-1].number != state.round:  # verified, or declined: the repair never ran
         outcome = "verified" if finished.verification.passed else \
             (finished.verification.problems or ["not verified"])[0]
-        update["rounds"] = [*state.rounds, round_record(finished, [], outcome)]
+        record = round_record(finished, [], outcome)
+        if state.stopped:  # the round was not run: what is applied (adapted/) is the last round's, not this one's
+            record = record.model_copy(update={"applied": []})
+        update["rounds"] = [*state.rounds, record]
         finished = state.model_copy(update=update)
     return {**update, "report_path": str(write_report(finished))}

@@ -105,24 +105,48 @@ LOCK_NAME = ".graphmode.lock"
 def run_folder_lock(run_dir: Path, session: str) -> Iterator[None]:
     """Holds the run folder for one session while it works: a second session writing into the same folder would
     mix the two runs' files (and one report would carry the other's figures). The lock is the kernel's
-    (`flock`), so a session that dies releases it; the file only names who holds it."""
+    (`flock`), so a session that dies releases it; the file only names who holds it, and is removed on every way
+    out of the block (an error, Ctrl-C, a finished run), so the folder never says a run is in progress when none is.
+    A killed process leaves the file but not the lock, which the next session takes over."""
     from graphmode.agent.errors import UserError
 
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    handle = open(path, "a+", encoding="utf-8")
-    try:
+    handle = _locked(path)
+    if handle is None:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another session"
-            raise UserError(f"{run_dir} is in use by graphmode session {holder}; wait for it to finish, or give "
-                            "this run another --out") from None
+            holder = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            holder = ""
+        raise UserError(f"{run_dir} is in use by graphmode session {holder or 'another session'}; wait for it to "
+                        "finish, or give this run another --out")
+    try:
         handle.seek(0)
         handle.truncate()
         handle.write(session)
         handle.flush()
         yield
     finally:
+        # Removed while still held: a session waiting to open it then finds the file gone, or a new one (_locked).
+        path.unlink(missing_ok=True)
+        handle.close()
+
+
+def _locked(path: Path):
+    """The lock file at `path`, open and held (flock), or None when another session holds it. A holder removes the
+    file before it lets go, so a lock taken on a file that is no longer at `path` is let go and taken again on the
+    file that is."""
+    while True:
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
         handle.close()

@@ -138,6 +138,23 @@ def offer_sentence(offers: list[dict]) -> str:
     return f"{first['change']} (`{first['codemod']}`), which you declined, rewrites {where}"
 
 
+def nothing_new(state: RunState, added: list[str]) -> str | None:
+    """Why a later round cannot change anything, when it cannot: the last round's repair had nothing to offer but
+    the declined changes behind its failures (no new evidence, no change left out), and the person declined them
+    again (`added`: the codemods they took back). The same selection would fail the same way, so the session goes to
+    the report with this sentence instead of running the round. None when the round can differ from the last."""
+    if state.round < 2 or not state.offers or added:
+        return None
+    if any(r.get("kind") in ("evidence", "dropped") for r in state.rounds[-1].repairs):
+        return None
+    last = state.rounds[-1]
+    refused = ", ".join(f"{change} (`{offers[0]['codemod']}`)" for change, offers in by_change(state.offers).items())
+    failed = (last.problems or ["not verified"])[0]
+    return (f"round {state.round} was not run: you declined {refused} again, the only change round {last.number}'s "
+            f"repair could offer, so round {state.round} would apply the same changes as round {last.number}, which "
+            f"failed ({failed})")
+
+
 def round_record(state: RunState, repairs: list[dict], outcome: str) -> Round:
     """This round as the reports tell it."""
     v = state.verification

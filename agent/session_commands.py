@@ -9,7 +9,7 @@ from rich.table import Table
 
 from graphmode.agent.consoles import EXIT_STOPPED, console
 from graphmode.agent.errors import UserError
-from graphmode.agent.terminal_session import ask, drive, session_config
+from graphmode.agent.terminal_session import ask, drive, finished_status, session_config
 
 
 def run_resume(args: argparse.Namespace) -> int:
@@ -30,8 +30,12 @@ def run_resume(args: argparse.Namespace) -> int:
             raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
         state = saved_state(args.session, snapshot.values)
         if not snapshot.next:
-            console.print(f"session {args.session} has finished; its report: {state.report_path}")
-            return 0
+            # The session's own verdict, as `graphmode adapt` gave it: a script reading the status must not take a
+            # finished but unverified session for a verified one.
+            status = finished_status(state)
+            console.print(f"session {args.session} has finished, {'verified' if status == 0 else 'not verified'}; "
+                          f"its report: {state.report_path}", soft_wrap=True)
+            return status
         if "confirm" not in snapshot.next:  # interrupted (Ctrl-C) in another step: carry on from there
             if args.approve is not None or args.reject_all or args.revise:
                 raise UserError(f"session {args.session} stopped before confirmation (at {', '.join(snapshot.next)}); "

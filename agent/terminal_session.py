@@ -113,7 +113,7 @@ def _next_step(step: str, change: dict) -> str:
     if step == "repair":
         return "design" if "round" in change else "report"  # a new round changes the round number
     if step == "confirm":
-        return "design" if change.get("revising") else "implement"
+        return "design" if change.get("revising") else ("report" if change.get("stopped") else "implement")
     return {"analyze": "design", "design": "confirm", "implement": "verify"}.get(step, "…")
 
 
@@ -140,42 +140,71 @@ def _progress_listener(status, now: dict):
     return listen
 
 
-def ask(state: RunState):
-    """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
-    or None to stop here."""
+def change_table(state: RunState) -> Table:
+    """The planned changes as the confirmation shows them, fitted to the console's width: the description column
+    wraps at words, and ids, file names and parameters fold onto further lines instead of being cut with an
+    ellipsis (a parameter cut short is a value the person cannot read before approving it)."""
     from graphmode.agent.adaptation import parameter_values
-    from graphmode.agent.choices import needs_of, proposed_choice, unmet_needs
-    from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
+    from graphmode.agent.choices import needs_of
+    from graphmode.agent.revisions import parameters_of
 
     values = parameter_values(state)
-    table = Table(title=f"Planned changes (details: {state.design_path})")
-    for column in ("id", "change", "files", "fixes", "needs", "parameters"):
-        table.add_column(column)
+    table = Table(title=f"Planned changes (details: {state.design_path})", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("change", overflow="fold")
+    for column in ("files", "fixes", "needs", "parameters"):
+        table.add_column(column, overflow="fold")
     for change in state.plan:
         table.add_row(change.id, change.title, ", ".join(change.files), str(len(change.fixes)),
                       ", ".join(needs_of(state.plan, change.id)),
                       ", ".join(f"{name}={values[name]}" for name in parameters_of(change)))
+    return table
+
+
+def choice_prompt(default: str) -> str:
+    """The confirmation's question: each answer once, the one Enter takes first and marked so. `default` is "all"
+    in round 1, else the proposed choice (ids, comma-separated; "" for nothing)."""
+    if default == "all":
+        answers = "[bold]all[/] (Enter), none, ids (C1,C3)"
+    else:
+        answers = f"[bold]proposed: {default or 'nothing'}[/] (Enter), all, none, ids (C1,C3)"
+    return f"Apply which changes? {answers}, d \\[ids] for diffs, e ID NAME=VALUE, or later: "
+
+
+def ask(state: RunState):
+    """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
+    {"stop": why} when a later round could change nothing (agent.repair.nothing_new), or None to stop here."""
+    from graphmode.agent.adaptation import parameter_values
+    from graphmode.agent.choices import proposed_choice, unmet_needs
+    from graphmode.agent.revisions import parse_revision, source_classes
+
+    values = parameter_values(state)
     # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
     total = sum(change.diff.count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:
         _show_diffs(state.plan)
-    console.print(table)
+    console.print(change_table(state))
     console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     console.print("Revise a parameter: `e C3 max_seq_len=4096` (the design is made again with it)")
     default = "all"
     if state.round > 1:
+        from graphmode.agent.repair import nothing_new
+
         added = _offer_declined(state)
         if added is None:
             return None
+        stop = nothing_new(state, added)
+        if stop:  # the same selection again would fail the same way: the report says why instead
+            console.print(f"[yellow]{stop[0].upper()}{stop[1:]}.[/] Writing the report.", soft_wrap=True)
+            return {"stop": stop}
         proposed = proposed_choice(state.plan, [d for d in state.declined if d not in added])
         default = ",".join(proposed)
         console.print(f"Round {state.round}: {state.rounds[-1].outcome}. Proposed: {default or 'nothing'} "
                       "(Enter takes it)", soft_wrap=True)
     while True:
         try:
-            reply = console.input(f"Apply which changes? [bold]{'all' if default == 'all' else 'proposed'}[/], "
-                                  "all, none, ids (C1,C3), d \\[ids] for diffs, e ID NAME=VALUE, or later: ").strip()
+            reply = console.input(choice_prompt(default)).strip()
         except EOFError:  # Ctrl-D: the same as "later"
             console.print()
             return None
@@ -245,10 +274,17 @@ def _offer_declined(state: RunState) -> list[str] | None:
     return added
 
 
+def finished_status(state: RunState) -> int:
+    """A finished session's exit status (README's contract): 0 verified, 1 not verified; the same whether the session
+    just finished or `graphmode resume` finds it finished."""
+    v = state.verification
+    return 0 if v is not None and v.passed else 1
+
+
 def _finish(state: RunState) -> int:
     v = state.verification
     console.print(f"\nReport: [bold]{state.report_path}[/]")
-    if v is not None and v.passed:
+    if finished_status(state) == 0:
         console.print("[green]Verified:[/] identical tokens, 0 graph breaks, 0 recompiles in Decode.")
         return 0
     console.print("[red]Not verified:[/] " + "; ".join(v.problems if v is not None else ["no verification"]))
@@ -268,23 +304,32 @@ def _describe(step: str, change: dict) -> str:
         if change.get("revising"):
             return "revised " + ", ".join(f"{name}={value}" for name, value in change["revisions"].items()) + \
                 ": the design is made again"
+        if change.get("stopped"):
+            return "not run: " + change["stopped"]
         return "approved " + (", ".join(change.get("approved") or []) or "nothing")
     if step == "implement":
         return f"applied {', '.join(change.get('applied', [])) or 'nothing'} -> {change.get('adapted_dir')}"
     if step == "verify":
-        v = change["verification"]
-        if not v.ran:
-            return "not run: " + "; ".join(v.problems)
-        return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles "
-                f"{v.recompiles}, Decode {v.eager.decode_ms_per_token:.3f} -> "
-                f"{v.graph.decode_ms_per_token:.3f} ms/token (warm-up {v.graph.warmup_s:.1f} s), "
-                f"median of {v.runs} run(s) per side" + _describe_buckets(v.bucket_sweep))
+        return verify_line(change["verification"])
     if step == "repair":
         record = change["rounds"][-1]
         return f"round {record.number}: {record.outcome}"
     if step == "report":
         return str(change.get("report_path"))
     return ""
+
+
+def verify_line(v) -> str:
+    """The verify step's line: its figures, the Decode times qualified as the report qualifies them."""
+    from graphmode.runners.timing import qualified
+
+    if not v.ran:
+        return "not run: " + "; ".join(v.problems)
+    decode = qualified(f"{v.eager.decode_ms_per_token:.3f} -> {v.graph.decode_ms_per_token:.3f} ms/token",
+                       v.decode_speedup_unstable)
+    return (f"tokens equal: {v.tokens_equal}, graph breaks {v.graph_breaks}, recompiles {v.recompiles}, "
+            f"Decode {decode}, warm-up {v.graph.warmup_s:.1f} s, median of {v.runs} run(s) per side"
+            + _describe_buckets(v.bucket_sweep))
 
 
 def _describe_buckets(sweep: dict) -> str:

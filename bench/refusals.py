@@ -22,14 +22,17 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "legacy_llm"
 LIMIT_CPU_S = 0.5
 
-# (what the person typed wrong, the arguments); {file} is a plain file, {tmp} an empty folder.
+# (what the person typed wrong, the arguments); {file} is a plain file, {tmp} an empty folder, {config} a config.json
+# that is not JSON.
 CASES = (
     ("--out names a file", ["adapt", str(EXAMPLE), "--out", "{file}"]),
+    ("--compile-cache names a file", ["adapt", str(EXAMPLE), "--compile-cache", "{file}"]),
     ("the target does not exist", ["adapt", "{tmp}/nothing-here"]),
     ("--steps below the minimum", ["adapt", str(EXAMPLE), "--steps", "4"]),
     ("an unknown backend", ["adapt", str(EXAMPLE), "--backend", "no-such-backend"]),
     ("bad --batch-buckets", ["adapt", str(EXAMPLE), "--batch-buckets", "2,x"]),
     ("--hf folder without config.json", ["adapt", "--hf", str(EXAMPLE)]),
+    ("--hf config.json that is not JSON", ["adapt", "--hf", "{config}", "--tiny"]),
     ("resume of an unknown session", ["resume", "nosuchid"]),
     ("fix of a missing file", ["fix", "{tmp}/missing.py"]),
     ("batch of a missing manifest", ["batch", "{tmp}/missing.toml"]),
@@ -58,11 +61,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="graphmode-refusals-") as tmp:
         folder = Path(tmp)
         (folder / "not-a-folder").write_text("")
+        (folder / "broken").mkdir()
+        (folder / "broken" / "config.json").write_text('{"model_type": "llama",')
         env = {**os.environ, "GRAPHMODE_HOME": str(folder / "home")}
         print(f"{'case':<36} {'exit':>4} {'CPU s':>7} {'wall s':>7}")
         slow = []
         for name, argv in CASES:
-            argv = [a.format(file=folder / "not-a-folder", tmp=folder) for a in argv]
+            argv = [a.format(file=folder / "not-a-folder", tmp=folder, config=folder / "broken" / "config.json")
+                    for a in argv]
             cpu, wall, status = median_run(["-m", "graphmode.agent.cli", *argv], folder, env, args.repeat)
             print(f"{name:<36} {status:>4} {cpu:>7.3f} {wall:>7.3f}")
             if cpu >= LIMIT_CPU_S or status != 2:

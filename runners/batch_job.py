@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,8 +57,10 @@ class JobOutcome:
     host: str = ""
 
 
-def run_job(job: BatchJob, stop: threading.Event | None = None) -> JobOutcome:
-    """Runs the job to its end, its time limit, or `stop`; whatever happens, no process of it outlives this call."""
+def run_job(job: BatchJob, stop: threading.Event | None = None,
+            progress: Callable[[str], None] | None = None) -> JobOutcome:
+    """Runs the job to its end, its time limit, or `stop`; whatever happens, no process of it outlives this call.
+    `progress` is handed each line the run prints, as it prints it (read back from its log between polls)."""
     folder = Path(job.folder)
     _empty(folder)  # an earlier attempt's report must never be read as this one's
     for name, text in job.files.items():
@@ -71,13 +74,15 @@ def run_job(job: BatchJob, stop: threading.Event | None = None) -> JobOutcome:
         proc = subprocess.Popen([sys.executable, *job.args], stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=folder, env={**os.environ, **job.env},
                                 start_new_session=True, preexec_fn=die_with_parent)
+        lines = _LogLines(log, progress)
         try:
             while True:
                 try:
                     proc.wait(timeout=_POLL_S)
+                    lines.read()
                     break
                 except subprocess.TimeoutExpired:
-                    pass
+                    lines.read()
                 if time.perf_counter() - started > job.timeout_s:
                     timed_out = True
                 elif stop is not None and stop.is_set():
@@ -105,6 +110,25 @@ def run_job(job: BatchJob, stop: threading.Event | None = None) -> JobOutcome:
                       report_path=str(report_path) if report_path else None,
                       error=None if proc.returncode == 0 and not stopped else _error(text),
                       session=session.group(1) if session else None, host=socket.gethostname())
+
+
+class _LogLines:
+    """The lines a run has added to its log since the last read, each handed to `progress` once it is whole."""
+
+    def __init__(self, log: Path, progress: Callable[[str], None] | None):
+        self._log, self._progress = log, progress
+        self._offset, self._partial = 0, b""
+
+    def read(self) -> None:
+        if self._progress is None:
+            return
+        with open(self._log, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        self._offset += len(data)
+        *whole, self._partial = (self._partial + data).split(b"\n")
+        for line in whole:
+            self._progress(line.decode("utf-8", errors="replace"))
 
 
 def _stop(proc: subprocess.Popen, grace_s: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MIN_STEPS = 32  # enough Decode steps to cross the length thresholds a model branches on (64, 2**n)
@@ -34,6 +35,18 @@ class Setting:
         return self.refuse(value)
 
 
+def _a_folder_or_off(value: str) -> str | None:
+    """A compile-cache setting names a folder that exists or can be made: a file there, or on the way to it, is
+    refused before any analysis (the cache is first written by verify, minutes later)."""
+    if value in ("", "off"):
+        return None
+    path = Path(value).expanduser()
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            return None if folder.is_dir() else f"{folder} is a file, not a folder"
+    return None
+
+
 def _positive_sizes(value: list) -> str | None:
     if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
         return "must be a list of positive batch sizes"
@@ -44,7 +57,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("backend", "auto", (str,), "a backend name", "the compile backend (see --help's list)"),
     Setting("out", "graphmode-out", (str,), "a folder",
             "output folder; the run writes to OUT/<target name>/"),
-    Setting("steps", MIN_STEPS, (int,), "a whole number", "Decode steps to compare and time",
+    Setting("steps", MIN_STEPS, (int,), "a whole number",
+            f"Decode steps to compare and time; at least {MIN_STEPS}, enough to cross the length thresholds a model's "
+            "code branches on, where a graph would otherwise break or recompile unseen",
             lambda v: None if v >= MIN_STEPS else
             f"must be at least {MIN_STEPS} (Decode steps that cross length thresholds)"),
     Setting("runs", 3, (int,), "a whole number",
@@ -56,7 +71,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("compile_cache", "", (str,), "a folder or 'off'",
             "inductor's on-disk compile cache for the graph runs: a folder kept across sessions, or 'off' (every run "
             "compiles cold); default: a fresh one in the run folder, so run 1 compiles cold and the report shows the "
-            "warm-up later runs save"),
+            "warm-up later runs save", _a_folder_or_off),
     Setting("timeout", 600.0, (int, float), "a number of seconds",
             "the most one worker process may take (the traced run, the probe, each verify run); one that takes "
             "longer is stopped and reported with the step and its last output line",

@@ -32,3 +32,14 @@ def speedup_unstable(speedup_range: Mapping[str, float], unstable_figures: list[
     low, high = speedup_range.get("min"), speedup_range.get("max")
     spread = bool(low) and high is not None and high > SPREAD * low
     return spread or any(figure.endswith(".tpot_ms") for figure in unstable_figures)
+
+
+# The qualifier a printed speed figure carries when its report calls it unstable: the report's own words.
+UNSTABLE_QUALIFIER = "unstable, not to be quoted"
+
+
+def qualified(figure: str, unstable: bool | None) -> str:
+    """A speed figure as every place that prints one shows it (the terminal's verify line, the batch table, its
+    progress lines and summary.md): with the report's qualifier when the report calls the figure unstable, so no
+    figure the report will not quote is printed bare anywhere else."""
+    return f"{figure} ({UNSTABLE_QUALIFIER})" if unstable else figure

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -239,6 +240,31 @@ def test_sigterm_stops_the_running_targets_and_leaves_them_pending(tmp_path):
     assert stored(home) == {}, stored(home)  # not done, not running: pending
     assert [(row["name"], row["status"]) for row in summary_rows(out)] == [("hang", "pending")]
     assert "interrupted" in log.read_text()
+    # While it hung, the batch said where the target stood, and where its own output goes.
+    assert f"hang: analyze… (its log: {out / 'hang' / 'adapt.log'})" in log.read_text()
+
+
+def test_a_targets_steps_reach_the_batch_while_it_runs(tmp_path):
+    """A job's lines come to the batch as the run prints them, not when it ends: here the run prints a step line as
+    adapt does and then waits, and the batch stops it once the line came."""
+    from graphmode.agent.batch_run import step_line
+    from graphmode.runners.batch_job import BatchJob, run_job
+
+    script = ("import time\nprint('graphmode: adapting x (session 0123abcd)', flush=True)\n"
+              "print('\u2713 analyze (1.0 s): 3 findings in 1 file(s)', flush=True)\n"
+              "print('  verify: eager (original) run 1 of 3: done in 2.0 s', flush=True)\ntime.sleep(60)\n")
+    seen, stop = [], threading.Event()
+
+    def progress(line: str) -> None:
+        seen.append(line)
+        if "run 1 of 3" in line:
+            stop.set()
+
+    outcome = run_job(BatchJob(name="t", folder=str(tmp_path / "t"), args=["-c", script], timeout_s=120), stop,
+                      progress=progress)
+    assert outcome.interrupted, outcome  # stopped on the line, while the run still slept
+    assert [step_line(line) for line in seen] == [None, "✓ analyze (1.0 s): 3 findings in 1 file(s)",
+                                                  "verify: eager (original) run 1 of 3: done in 2.0 s"]
 
 
 @pytest.mark.slow
@@ -284,13 +310,14 @@ def write(folder: Path, text: str, name: str = "manifest.toml") -> Path:
     ("[defaults]\nbackend = 'fast'\n[[target]]\npath = 'model'\n", "backend = 'fast' must be one of"),
     ("[[target]]\npath = 'model'\nrun = { steps = 8 }\n", "steps = 8 must be at least 32"),
     ("[[target]]\nhf = './missing/config.json'\ntiny = true\n", "does not exist"),
+    ("[[target]]\npath = 'model'\nrun = { compile_cache = 'TMP/model/harness.py' }\n", "is a file, not a folder"),
 ])
 def test_a_bad_manifest_is_refused_with_what_and_where(tmp_path, text, says):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "harness.py").write_text("")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=says):
-        load_manifest(write(tmp_path, text), out=tmp_path / "out")
+        load_manifest(write(tmp_path, text.replace("TMP", str(tmp_path))), out=tmp_path / "out")
 
 
 def test_a_missing_manifest_is_bad_input_on_one_line_and_runs_nothing(tmp_path):
@@ -361,11 +388,41 @@ def test_the_summary_marks_a_speedup_its_report_calls_unstable(tmp_path):
                      "local") for target in manifest.targets]
     summary = write_summary(manifest, rows, parse_fail_on(["speedup<500"]), chart=True)
     text = (manifest.out / "summary.md").read_text()
-    assert "| 2.10x |" in text and "| 230.63x unstable |" in text
+    assert "| 2.10x |" in text and "| 230.63x (unstable, not to be quoted) |" in text
     assert "do not quote them" in text
     assert [row["decode_speedup_unstable"] for row in summary["rows"]] == [False, True]
-    said = "shaky: Decode speed-up 230.63x unstable is below 500x (--fail-on speedup<500)"
+    said = "shaky: Decode speed-up 230.63x (unstable, not to be quoted) is below 500x (--fail-on speedup<500)"
     assert said in summary["fail_on_breaches"]
     assert (manifest.out / "speedups.png").stat().st_size > 0
     steady_only = write_summary(manifest, rows[:1], [], chart=False)
     assert "do not quote" not in (manifest.out / "summary.md").read_text() and steady_only["targets"] == 1
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["steady", "spread"])
+def test_every_printed_speed_figure_carries_the_qualifier_its_report_gives(tmp_path, spread):
+    """The terminal's verify line, the batch progress line, the batch table and summary.md say a Decode figure is
+    unstable exactly when the report does (report.json's decode_speedup_unstable, the verdict report.md's headline
+    gives): one verdict and one wording for all of them."""
+    from graphmode.agent.batch_run import _line
+    from graphmode.agent.batch_summary import cells
+    from graphmode.agent.reporting import write_report
+    from graphmode.agent.terminal_session import verify_line
+    from test_fusion_report import _state
+
+    state = _state(tmp_path, {})
+    if spread:  # runs as a contended machine gives them: the speed-up anywhere between 0.24x and 50.9x
+        state.verification.decode_speedup_range = {"median": 2.0, "min": 0.24, "max": 50.9}
+    write_report(state)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["decode_speedup_unstable"] == spread
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "harness.py").write_text("")
+    manifest = load_manifest(write(tmp_path, "[[target]]\npath = 'target'\n"), out=tmp_path / "out")
+    row = make_row(manifest.targets[0], JobOutcome("target", 0, report=report, seconds=1.0), "verified",
+                   manifest.out, "local")
+    write_summary(manifest, [row], [], chart=False)
+    printed = {"terminal verify line": verify_line(state.verification), "batch progress line": _line(row, 1, 1),
+               "batch table": " | ".join(cells(row)), "summary.md": (manifest.out / "summary.md").read_text()}
+    for where, text in printed.items():
+        assert ("(unstable, not to be quoted)" in text) == spread, (where, text)

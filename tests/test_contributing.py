@@ -65,3 +65,17 @@ def test_every_codemod_module_is_one_codemod_with_its_place_in_the_chain():
     assert sorted(by_module) == sorted(modules), set(modules) ^ set(by_module)
     assert all(len(names) == 1 for names in by_module.values()), by_module
 
+
+
+def test_readme_starts_with_the_set_up_and_run_then_the_test_command_and_says_what_the_first_run_costs():
+    """README's first two commands are what a new user pastes (and .ci/run runs the second): the set-up with a run,
+    then the tests; the text under them says how long the run takes, and how to make a quicker first one."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.split("## Start here", 1)[1].split("\n## ", 1)[0]
+    first, second = re.findall(r"```bash\n(.*?)\n```", start, re.S)[:2]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert first.endswith("&& graphmode adapt examples/legacy_llm --yes --backend inductor")
+    install, tests = second.split(" && ")
+    assert first.startswith(install + " && ") and tests in ci
+    said = " ".join(start.split("```")[-1].split())  # the prose after the commands, its lines joined
+    assert re.search(r"about \d+ to \d+ minutes on a quiet 2-core machine", said) and "`--runs 1`" in said

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from graphmode.agent.output import run_folder_lock, write_adapted_tree, write_atomic
+from graphmode.agent.output import LOCK_NAME, run_folder_lock, write_adapted_tree, write_atomic
 from test_workflow import EXAMPLE, graphmode
 
 
@@ -36,6 +36,35 @@ def test_a_second_session_cannot_write_into_a_folder_in_use(tmp_path):
                          home=tmp_path / "home", cwd=tmp_path)
     assert done.returncode == 2 and "in use by graphmode session abcd1234" in done.stderr
     assert not (run_dir / "design.md").exists()
+    # The refused session left the holder's file alone; the holder removed it on its way out.
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_the_lock_file_goes_on_every_way_out_and_a_left_one_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        with run_folder_lock(run_dir, "abcd1234"):
+            assert (run_dir / LOCK_NAME).read_text() == "abcd1234"
+            raise RuntimeError("analysis failed")
+    assert not (run_dir / LOCK_NAME).exists()
+    # A file left by a killed session holds no lock: the next session takes the folder.
+    (run_dir / LOCK_NAME).write_text("dead0000")
+    with run_folder_lock(run_dir, "efgh5678"):
+        assert (run_dir / LOCK_NAME).read_text() == "efgh5678"
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_a_run_that_fails_in_analysis_leaves_no_lock_file(tmp_path):
+    target = tmp_path / "target"
+    shutil.copytree(EXAMPLE, target)
+    harness = target / "harness.py"
+    harness.write_text(harness.read_text().replace(
+        "    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    raise RuntimeError('no weights here')\n", 1))
+    done = graphmode("adapt", str(target), "--yes", "--backend", "eager", "--out", str(tmp_path / "out"),
+                     home=tmp_path / "home", cwd=tmp_path)
+    assert done.returncode == 2 and "no weights here" in done.stderr, done.stdout + done.stderr
+    run_dir = tmp_path / "out" / "target"
+    assert run_dir.is_dir() and not (run_dir / LOCK_NAME).exists(), sorted(p.name for p in run_dir.iterdir())
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import subprocess
 import sys
@@ -94,6 +96,32 @@ def test_diff_prints_and_writes_nothing_and_jobs_agree(tmp_path):
     items = [line for line in one.stdout.splitlines() if line.startswith(str(folder / "refused.py") + ":")]
     assert items and all(line.split(":")[1].isdigit() for line in items), one.stdout
     assert "static_positions" in items[0]
+
+
+def test_diff_prints_each_file_once_it_is_done_so_an_interrupted_run_keeps_them(tmp_path):
+    # z_wait.py is a named pipe: reading it waits until the test writes it. a_model.py, first by path, is done
+    # meanwhile, and its diff must be out while fix still waits.
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(EXAMPLE / "model.py", folder / "a_model.py")
+    waits = folder / "z_wait.py"
+    os.mkfifo(waits)
+    proc = subprocess.Popen([sys.executable, "-m", "graphmode.agent.cli", "fix", "--diff", "--jobs", "1", str(folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    early = b""
+    try:
+        while b"+++ b/models/a_model.py" not in early:
+            ready, _, _ = select.select([proc.stdout], [], [], 60)  # a guard against waiting forever, not a timing
+            chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
+            if not chunk:
+                break
+            early += chunk
+    finally:
+        with open(waits, "w") as pipe:  # lets fix read z_wait.py and finish
+            pipe.write("x = 1\n")
+    rest, stderr = proc.communicate(timeout=120)
+    assert b"+++ b/models/a_model.py" in early, (early + rest + stderr).decode()
+    assert proc.returncode in (0, 1) and (early + rest).count(b"+++ b/models/a_model.py") == 1  # 1: items left
 
 
 def test_bad_files_are_reported_and_the_rest_is_done(tmp_path):

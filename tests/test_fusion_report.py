@@ -153,7 +153,8 @@ def test_the_batch_summary_notes_the_fusions_gain(tmp_path):
     assert [(row["fusion_speedup"], row["fusion_speedup_unstable"]) for row in rows] == [(1.5, True), (None, None)]
     write_summary(manifest, rows, [], chart=False)
     text = (manifest.out / "summary.md").read_text()
-    assert "Fusions: Decode without them over Decode with them, timed in the same runs: fused 1.50x unstable." in text
+    assert ("Fusions: Decode without them over Decode with them, timed in the same runs: "
+            "fused 1.50x (unstable, not to be quoted).") in text
 
 
 def test_fusions_of_names_the_fusion_codemods_and_passes_over_names_not_in_the_chain():

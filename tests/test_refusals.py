@@ -39,6 +39,14 @@ def a_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture()
+def broken_config(tmp_path: Path) -> Path:
+    path = tmp_path / "broken" / "config.json"
+    path.parent.mkdir()
+    path.write_text('{"model_type": "llama",')  # cut short
+    return path
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["adapt", str(EXAMPLE), "--out", "{file}"], "is a file, not a folder"),
     (["adapt", str(EXAMPLE), "--out", "{file}/below"], "is a file, not a folder"),
@@ -48,18 +56,23 @@ def a_file(tmp_path: Path) -> Path:
     (["adapt", str(EXAMPLE), "--similarity", "1.5"], "a ratio between 0 and 1"),
     (["adapt", str(EXAMPLE), "--backend", "no-such-backend"], "valid names: auto"),
     (["adapt", str(EXAMPLE), "--batch-buckets", "2,x"], "'x' is not a positive integer"),
+    (["adapt", str(EXAMPLE), "--compile-cache", "{file}"], "is a file, not a folder"),
+    (["adapt", str(EXAMPLE), "--compile-cache", "{file}/below"], "is a file, not a folder"),
     (["adapt", str(EXAMPLE), "--tiny"], "--tiny goes with --hf"),
     (["adapt", str(EXAMPLE), "--out", str(EXAMPLE / "out")], "outside the target folder"),
     (["adapt", "--hf", "{tmp}/no/such/model"], "no such file or folder"),
     (["adapt", "--hf", str(EXAMPLE)], "no config.json"),
+    (["adapt", "--hf", "{config}"], "not readable JSON"),
+    (["adapt", "--hf", "{config}", "--tiny"], "not readable JSON"),
     (["adapt", "--hf", "llama", "--tiny", "--out", "{file}"], "is a file, not a folder"),
     (["resume", "nosuchid"], "no session nosuchid"),
     (["fix", "{tmp}/missing.py"], "missing.py"),
     (["scan", "{tmp}/missing"], "missing"),
     (["batch", "{tmp}/missing.toml"], "missing.toml"),
 ])
-def test_a_usage_error_is_refused_before_torch_or_the_workflow_is_imported(tmp_path, a_file, argv, said):
-    argv = [a.format(file=a_file, tmp=tmp_path) for a in argv]
+def test_a_usage_error_is_refused_before_torch_or_the_workflow_is_imported(tmp_path, a_file, broken_config, argv,
+                                                                          said):
+    argv = [a.format(file=a_file, tmp=tmp_path, config=broken_config) for a in argv]
     result, stderr = _refuse(tmp_path, *argv)
     assert result["status"] == 2, stderr
     assert said in stderr
@@ -80,3 +93,14 @@ def test_resume_finds_saved_sessions_in_langgraphs_own_table_without_langgraph(t
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=dict(os.environ),
                           timeout=60)
     assert done.stdout.split() == ["True", "False", "False"], done.stderr
+
+
+def test_help_says_the_least_steps_the_refusal_holds_to_and_why(capsys):
+    from graphmode.agent.cli import main
+    from graphmode.runners.run_settings import MIN_STEPS
+
+    with pytest.raises(SystemExit):
+        main(["adapt", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    steps = text.split("--steps STEPS ", 1)[1].split(" --runs", 1)[0]
+    assert f"at least {MIN_STEPS}" in steps and "length thresholds" in steps, steps

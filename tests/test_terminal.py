@@ -193,3 +193,89 @@ def test_a_declined_change_behind_a_failure_is_named_and_offered_in_the_next_rou
     assert "hoist_item" in second["approved"] and second["declined"] == [] and second["passed"] is True
     text = (run / "report.md").read_text()
     assert f"`model.py:{assert_line}`: {hoist} (`hoist_item`), declined by a person, rewrites this line" in text
+
+
+def _round_two(home: Path, run_dir: Path, session: str) -> str:
+    """A session stopped at round 2's confirmation, saved through the workflow's own graph without running a model:
+    round 1 declined the host-check hoist and failed on the line it rewrites, and its repair found nothing else, so
+    round 2 offers that change alone. Returns the change's id."""
+    from graphmode.agent import nodes
+    from graphmode.agent.state import Baseline, Round, RunOptions, RunState
+    from graphmode.agent.terminal_session import session_config
+    from graphmode.agent.workflow import build_graph, open_checkpointer
+
+    first = RunState(session_id=session, options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir),
+                                                            backend="aot_eager", rounds=2),
+                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
+                     baseline=Baseline(headline="not probed: this test is about the confirmation", steps=8))
+    first = RunState.model_validate({**first.model_dump(), **nodes.design(first)})
+    hoist = next(c for c in first.plan if c.codemod == "hoist_item")
+    line = next(n for n, text in enumerate((EXAMPLE / "model.py").read_text().splitlines(), start=1)
+                if "assert tokens.max().item()" in text)
+    offer = {"change": hoist.id, "codemod": "hoist_item", "title": hoist.title, "path": "model.py", "line": line,
+             "adapted_line": line, "what": "graph break"}
+    round_one = Round(number=1, design_path=first.design_path, approved=[c.codemod for c in first.plan if c != hoist],
+                      declined=["hoist_item"], passed=False, problems=["1 graph break in Decode after warm-up"],
+                      repairs=[{**offer, "kind": "declined", "reason": "assert on a tensor's value", "count": 1}],
+                      outcome="repaired into round 2: the next confirmation offers it")
+    second = first.model_copy(update={"round": 2, "rounds": [round_one], "declined": ["hoist_item"],
+                                      "offers": [offer]})
+    second = RunState.model_validate({**second.model_dump(), **nodes.design(second)})
+    os.environ["GRAPHMODE_HOME"] = str(home)
+    try:
+        with open_checkpointer() as checkpointer:
+            graph = build_graph(checkpointer)
+            graph.update_state(session_config(session), second.model_dump(), as_node="design")
+            graph.invoke(None, session_config(session))  # runs confirm, which waits for an answer
+            assert graph.get_state(session_config(session)).next == ("confirm",)
+    finally:
+        os.environ.pop("GRAPHMODE_HOME")
+    return next(c.id for c in second.plan if c.codemod == "hoist_item")
+
+
+def test_declining_the_only_repair_offered_goes_to_the_report_instead_of_repeating_the_round(tmp_path):
+    home, run_dir = tmp_path / "home", tmp_path / "out" / "legacy_llm"
+    hoist = _round_two(home, run_dir, "again001")
+    child = _spawn("resume", "again001", home=home, cwd=tmp_path)
+    child.expect(rf"Add {hoist}\? ", timeout=60)
+    child.sendline("no")
+    # Not asked again for the same selection: straight to the report, which says why round 2 did not run.
+    child.expect("Apply which changes|round 2 was not run", timeout=60)
+    assert "round 2 was not run" in child.after.lower(), child.before
+    assert _finish(child) == 1
+    report = json.loads((run_dir / "report.json").read_text())
+    said = report["problems"][0]
+    assert said.startswith("round 2 was not run: you declined") and f"{hoist} (`hoist_item`)" in said
+    assert "which failed (1 graph break in Decode after warm-up)" in said
+    assert [r["number"] for r in report["rounds"]] == [1, 2] and report["rounds"][1]["applied"] == []
+    assert f"**Result: not verified: {said}.**" in (run_dir / "report.md").read_text().replace("\n", " ")
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_the_change_table_fits_the_terminal_and_cuts_nothing(tmp_path, width):
+    import io
+
+    from rich.console import Console
+    from rich.markup import render
+
+    from graphmode.agent import nodes
+    from graphmode.agent.state import Baseline, RunOptions, RunState
+    from graphmode.agent.terminal_session import change_table, choice_prompt
+
+    state = RunState(session_id="table001", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
+                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
+                     baseline=Baseline(headline="not probed: this test is about the table", steps=8))
+    state = RunState.model_validate({**state.model_dump(), **nodes.design(state)})
+    screen = io.StringIO()
+    Console(file=screen, width=width, color_system=None).print(change_table(state))
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width and "…" not in screen.getvalue()
+    # Every row's cells are all there: folded onto further lines, never cut (the id column is never folded).
+    assert [line.split("│")[1].strip() for line in lines if line.startswith("│ C")] == [c.id for c in state.plan]
+    cells = "".join(part.strip() for line in lines if line.startswith("│") for part in line.split("│")[6:7])
+    assert "max_seq_len=64" in cells and "entry_class=Transformer" in cells
+
+    # The question lists each answer once, the one Enter takes first.
+    first, later = render(choice_prompt("all")).plain, render(choice_prompt("C2,C9")).plain
+    assert first.startswith("Apply which changes? all (Enter), none,") and first.count("all") == 1
+    assert later.startswith("Apply which changes? proposed: C2,C9 (Enter), all, none,") and later.count("all") == 1

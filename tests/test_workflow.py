@@ -219,6 +219,9 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     assert "static_positions" in report["changes_declined"]
     text = (out / EXAMPLE.name / "report.md").read_text()
     assert "every planned change was declined" in text and "Declined:" in text
+    # Resumed once finished, the session answers with its own verdict, as the adapt that finished it did.
+    again = graphmode("resume", session, home=home, cwd=tmp_path)
+    assert again.returncode == 1 and "has finished, not verified" in again.stdout, again.stdout + again.stderr
 
 
 @pytest.mark.extended
@@ -281,6 +284,28 @@ def test_non_utf8_source_and_unknown_backend_and_session(tmp_path, home):
 
     unknown = graphmode("resume", "nosuchid", home=home, cwd=tmp_path)
     assert unknown.returncode == 2 and "no session nosuchid" in unknown.stderr
+
+
+@pytest.mark.parametrize(("passed", "status"), [(True, 0), (False, 1)], ids=["verified", "not-verified"])
+def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path, home, monkeypatch, passed, status):
+    """The exit-status contract (README) holds for a session resumed after it finished. The session is saved as the
+    report step leaves it, through the workflow's own graph and checkpointer, so no model runs."""
+    from graphmode.agent.state import RunOptions, RunState, Verification
+    from graphmode.agent.terminal_session import session_config
+    from graphmode.agent.workflow import build_graph, open_checkpointer
+
+    monkeypatch.setenv("GRAPHMODE_HOME", str(home))
+    run_dir = tmp_path / "out" / "legacy_llm"
+    state = RunState(session_id="finished1", options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir)),
+                     verification=Verification(passed=passed, problems=[] if passed else ["tokens differ"]),
+                     report_path=str(run_dir / "report.md"))
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        graph.update_state(session_config("finished1"), state.model_dump(), as_node="report")
+        assert not graph.get_state(session_config("finished1")).next
+    done = graphmode("resume", "finished1", home=home, cwd=tmp_path)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert f"has finished, {'verified' if passed else 'not verified'}" in done.stdout
 
 
 def test_a_session_saved_in_an_earlier_layout_is_refused_with_what_to_do():
