@@ -51,6 +51,7 @@ import libcst as cst
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
+from graphmode.transforms.codemods.merged_projections import shared_merges
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
 from graphmode.transforms.helper_module import imports_helper_module
@@ -77,6 +78,8 @@ class _Plan:
 def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
     """The adapted module with every function the chain changed split into its original and its static twin.
     `original_text`: the original's code, where the caller has it (else it is generated again)."""
+    # The merged projections are the model's own computation off the static path too: both paths share them.
+    original = shared_merges(original, adapted)
     originals = dict(_functions(original))
     changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
@@ -527,34 +530,85 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
         return None
     # A rewrite may have made both arms of a branch the same (one static form for every attention kind).
     theirs = _merged_arms(theirs, runs)
-    indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
-    if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
-        return None  # an original statement under `else:` would no longer fit the file's lines
-    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
-           for line in code_of(s).splitlines()):
-        return None  # nor would a static one, however line_wrap wrapped it
     kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
     static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
     if static_lines > max(2 * kept_lines, _SHORT):
         return None  # most of the body differs
+    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
+           for line in code_of(s).splitlines()):
+        return None  # a static statement would not fit the file's lines one level deeper, however wrapped
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
+    placed: dict[tuple[int, int, int, int], list[cst.BaseStatement]] = {}
+    for i1, i2, j1, j2 in runs:
+        last = i2 == len(ours) and j2 == len(theirs)
+        statements = _placed(receiver, theirs[j1:j2], ours[i1:i2], last, width)
+        if statements is None:
+            return None  # an original statement under `else:` would no longer fit the file's lines
+        placed[i1, i2, j1, j2] = statements
     body: list[cst.BaseStatement] = list(docstring)
     done = 0
-    for i1, i2, j1, j2 in sorted([*runs, *guards]):
+    for run in sorted([*runs, *guards]):
+        i1, i2 = run[0], run[1]
         body += ours[done:i1]
         done = i2
-        if (i1, i2, j1, j2) in guards:
-            body.append(guards[i1, i2, j1, j2])
-            continue
-        if i2 == len(ours) and j2 == len(theirs) and theirs[j1:j2] and _ends_the_call(theirs[j2 - 1]):
-            # The static statements return: the original's follow the fork as written, not indented under `else`.
-            body += [_fork(receiver, theirs[j1:j2], [], ours[i1:i2]), *ours[i1:i2]]
-            done = len(ours)
-        else:
-            body.append(_fork(receiver, theirs[j1:j2], ours[i1:i2], ours[i1:i2]))
+        body += [guards[run]] if run in guards else placed[run]
     body += ours[done:]
     params = _merged_signature(original.params, static.params)[0]
     return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement], last: bool,
+            width: int) -> list[cst.BaseStatement] | None:
+    """The statements that stand for one changed run: the fork, in the form that leaves the original's statements
+    where they were written wherever one exists, else with them under `else:`; None where they would not fit
+    `width` there.
+
+    - The static statements return at the end of the body: the original's follow the fork as written.
+    - The run is one `if` of the original: the static statements come first and it follows as `elif`, its lines
+      as written (`if graphmode_static_path(self): <static> elif <its test>: ...`).
+    - Only the original runs the run, and it is one `if` without `else`: `if not graphmode_static_path(self) and
+      <its test>:`.
+    - The run ends in such an `if`, and the statements before it are all that fits under `else:`: those are
+      forked, and the `if` asks as above.
+    """
+    if last and static and _ends_the_call(static[-1]):
+        return [_fork(receiver, static, [], own), *own]
+    if len(own) == 1 and isinstance(own[0], cst.If):
+        if static:
+            return [_elif_fork(receiver, static, own[0])]
+        if own[0].orelse is None:
+            return [_unless_static(receiver, own[0])]
+    if _fits(own, width):
+        return [_fork(receiver, static, own, own)]
+    if len(own) > 1 and isinstance(own[-1], cst.If) and own[-1].orelse is None and _fits(own[:-1], width):
+        return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, own[-1])]
+    return None
+
+
+def _fits(statements: list[cst.BaseStatement], width: int) -> bool:
+    return all(len(line) <= width for s in statements for line in code_of(s).splitlines())
+
+
+def _elif_fork(receiver: str, static: list[cst.BaseStatement], own: cst.If) -> cst.If:
+    """`if graphmode_static_path(receiver): <static> elif <own's test>: ...`: the blank lines before `own` go before
+    the fork, its comments stay with it (above `elif`)."""
+    comments = [line for line in own.leading_lines if line.comment is not None]
+    # A rewrite keeps the comments above what it replaced: above `elif` they say it once.
+    said = {line.comment.value for line in comments}
+    first = static[0].with_changes(leading_lines=[line for line in static[0].leading_lines
+                                                  if line.comment is None or line.comment.value not in said])
+    fork = _fork(receiver, [first, *static[1:]], [], [own])
+    return fork.with_changes(orelse=own.with_changes(leading_lines=comments))
+
+
+def _unless_static(receiver: str, own: cst.If) -> cst.If:
+    """`own` asking first whether this call is off the static path: `if not graphmode_static_path(receiver) and
+    <its test>:`."""
+    test = own.test
+    if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not test.lpar:
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    ask = cst.UnaryOperation(cst.Not(), cst.parse_expression(f"{SWITCH_TEST}({receiver})"))
+    return own.with_changes(test=cst.BooleanOperation(left=ask, operator=cst.And(), right=test))
 
 
 def _merged_arms(theirs: list[cst.BaseStatement], runs: list[tuple[int, int, int, int]]) -> list[cst.BaseStatement]:

@@ -664,10 +664,11 @@ def graphmode_merged_linear(module, names, x, split=True):
 
     The stacked weight is built in eager code (Prefill), and the linears' own weights become views of it: the same
     memory, so the model's state dict, its loading and its other callers see the parameters they always had, and a
-    checkpoint loaded later lands in the stacked weight too. Linears of another kind (quantised, adapters) are
-    called one by one, as written."""
+    checkpoint loaded later lands in the stacked weight too. Off the static path, and for linears of another kind
+    (quantised, adapters), each linear is called as written, one by one: the model's own computation, hooks
+    included, so the call can stand in the code both paths share."""
     linears = [getattr(module, name) for name in names]
-    if any(type(linear) is not torch.nn.Linear for linear in linears):
+    if not graphmode_static_path(module) or any(type(linear) is not torch.nn.Linear for linear in linears):
         outputs = [linear(x) for linear in linears]
         return outputs if split else torch.cat(outputs, dim=-1)
     if not torch.compiler.is_compiling():
