@@ -261,8 +261,7 @@ def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
             "        return h + self.table[start_pos]\n") in split
     # Two runs changed: each forks, the original's statements in `else` as written; the rest is shared.
     assert ("    def forward(self, x, start_pos: int):\n"
-            "        if graphmode_static_path(self):\n"
-            "            # graphmode: a changed first run.\n"
+            "        if graphmode_static_path(self):  # graphmode: a changed first run.\n"
             "            a = x + 2\n"
             "        else:\n"
             "            a = x + 1\n"
@@ -335,3 +334,62 @@ def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
     norm_line = next(n for n, t in enumerate(old, 1) if t.strip() == "a1 = a + 0")
     twin = new.index("    def forward_static(self, x):") + 1
     assert lines[norm_line] > twin and new[lines[norm_line] - 1].strip() == "a1 = a + 0"
+
+
+BRANCH_ORIGINAL = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, cache=None):
+        y = x * 2
+        # Grow the cache.
+        if cache is not None:
+            y = y + cache
+        else:
+            y = y - 1
+        n = y.shape[0]
+        if cache is not None:
+            n += cache.shape[0]
+        return y, n
+'''
+
+BRANCH_ADAPTED = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, cache=None):
+        y = x * 2
+        # graphmode: the static cache.
+        y = y + 100
+        n = y.shape[0]
+        return y, n
+'''
+
+
+def test_an_original_if_stays_where_it_was_written_after_the_static_statements_or_asking_the_switch():
+    split = _split(BRANCH_ORIGINAL, BRANCH_ADAPTED)
+    # The original `if` follows the static statements as `elif`, its comment above it, its lines as written; one
+    # only the original runs asks the switch in its own test.
+    assert ("        y = x * 2\n"
+            "        if graphmode_static_path(self):  # graphmode: the static cache.\n"
+            "            y = y + 100\n"
+            "        # Grow the cache.\n"
+            "        elif cache is not None:\n"
+            "            y = y + cache\n"
+            "        else:\n"
+            "            y = y - 1\n"
+            "        n = y.shape[0]\n"
+            "        if not graphmode_static_path(self) and cache is not None:\n"
+            "            n += cache.shape[0]\n"
+            "        return y, n\n") in split
+    original, both = _run(textwrap.dedent(BRANCH_ORIGINAL)), _run(split)
+    x, cache = torch.arange(3.0), torch.ones(2)
+    for args in ((x,), (x, torch.ones(3))):
+        want, got = original.Model()(*args), both.Model()(*args)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    model = both.Model()
+    with both.GraphmodeStaticPath(model):
+        y, n = model(x, cache)
+    assert torch.equal(y, x * 2 + 100) and n == 3

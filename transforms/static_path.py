@@ -60,6 +60,7 @@ from graphmode.transforms.positions import module_code
 from graphmode.transforms.tidy import without_identical_branches
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
+NOTE = "# graphmode:"  # how the codemods' comments on what they wrote begin
 
 TWIN_SUFFIX = "_static"
 _KEPT_AS_CHANGED = frozenset({"__init__", "__new__", "__post_init__"})  # run once at construction: additions only
@@ -131,6 +132,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
         original_text = module_code(original)
     width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
     module = adapted.visit(_Split(originals, changed, plan, width))
+    module = module.visit(_NotesOnHeaders(width, len(module.default_indent.expandtabs())))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -675,15 +677,67 @@ def _ends_the_call(stmt: cst.BaseStatement) -> bool:
 def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],
           replaced: list[cst.BaseStatement]) -> cst.If:
     """`if graphmode_static_path(receiver): <static> else: <original>` (either side may be empty); the blank lines
-    before the statements it `replaced` go before it."""
+    before the statements it `replaced` go before it. The static statements are one block, without blank lines of
+    their own between them."""
     first = (replaced or static)[0]
     blank = [line for line in first.leading_lines if line.comment is None]
-    static, original = _without_blank_start(static), _without_blank_start(original)
+    static = [s.with_changes(leading_lines=[line for line in s.leading_lines if line.comment is not None])
+              for s in static]
+    original = _without_blank_start(original)
     test: cst.BaseExpression = cst.parse_expression(f"{SWITCH_TEST}({receiver})")
     if not static:
         test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
     orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
     return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+class _NotesOnHeaders(cst.CSTTransformer):
+    """Each fork on the switch and each eager-only guard with graphmode's note on its `if` line (noted_on_header):
+    the note says what the block is, and costs no line of its own there."""
+
+    def __init__(self, limit: int, indent: int) -> None:
+        self.limit, self.indent, self.depth = limit, indent, 0
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self.depth += 1
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        self.depth -= 1
+        width = self.limit - self.indent * (self.depth + 1)  # the room at the level of this block's statements
+        body = [noted_on_header(s, width) if isinstance(s, cst.If) and _noted_kind(s) else s for s in updated_node.body]
+        return updated_node.with_changes(body=body)
+
+
+def _noted_kind(block: cst.If) -> bool:
+    """A fork on the switch (`if graphmode_static_path(self):`) or an eager-only guard."""
+    test = code_of(block.test).strip()
+    return test.startswith(f"{SWITCH_TEST}(") or test == EAGER_ONLY
+
+
+def noted_on_header(block: cst.If, width: int) -> cst.If:
+    """`block` with graphmode's one-line note above it, or above the first statement of its body, at the end of its
+    `if` line instead, where that line stays within `width` (the room at the `if`'s own level)."""
+    header = code_of(block.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
+                                        orelse=None, leading_lines=())).splitlines()[0]
+    if block.body.header.comment is not None or "\n" in code_of(block.test):
+        return block
+    own, body = list(block.leading_lines), list(block.body.body)
+    inner = list(body[0].leading_lines) if body else []
+    for lines, on_block in ((own, True), (inner, False)):
+        notes = [index for index, line in enumerate(lines) if line.comment is not None
+                 and line.comment.value.startswith(NOTE)]
+        if len(notes) != 1 or notes[0] != len(lines) - 1:
+            continue  # none, several, or one the model's own comments follow
+        comment = lines[-1].comment
+        if len(header) + 2 + len(comment.value) > width:
+            return block
+        noted = block.with_changes(body=block.body.with_changes(
+            header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)))
+        if on_block:
+            return noted.with_changes(leading_lines=lines[:-1])
+        return noted.with_changes(body=noted.body.with_changes(
+            body=[body[0].with_changes(leading_lines=lines[:-1]), *body[1:]]))
+    return block
 
 
 def _without_blank_start(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:

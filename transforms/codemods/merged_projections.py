@@ -150,7 +150,7 @@ def merged_body(body: list[cst.BaseStatement], x: str, names: tuple[str, ...], f
     names it assigns."""
     calls = {(name, x) for name in names}
     quoted = ", ".join(f'"{name}"' for name in names)
-    why = f"{', '.join(names)} in one matmul over their stacked weights"
+    why = "on the static path, one matmul over the stacked weights"
     targets = _tuple_of_calls(body[first], x, names)
     if targets is not None:
         merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")

@@ -182,7 +182,7 @@ class StaticRotary(BufferCodemod):
         selects = ", ".join(f"self.{name}[{position}]" for name in names)
         new_body = [*docstring, cst.parse_statement(f"return {selects}\n").with_changes(
             leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: tables built by setup_caches, for every position it serves."))]
+                "# graphmode: rows of the tables setup_caches built."))]
         )]
         self.record_edit(method, f"table built by setup_caches as buffers {', '.join(names)}")
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
