@@ -351,7 +351,11 @@ class Model(torch.nn.Module):
         n = y.shape[0]
         if cache is not None:
             n += cache.shape[0]
-        return y, n
+        half = n // 2
+        m = None
+        if half > 1:
+            m = y.sum()
+        return y, n, m
 '''
 
 BRANCH_ADAPTED = '''
@@ -364,14 +368,17 @@ class Model(torch.nn.Module):
         # graphmode: the static cache.
         y = y + 100
         n = y.shape[0]
-        return y, n
+        half = n // 2
+        m = y.mean()
+        return y, n, m
 '''
 
 
 def test_an_original_if_stays_where_it_was_written_after_the_static_statements_or_asking_the_switch():
     split = _split(BRANCH_ORIGINAL, BRANCH_ADAPTED)
     # The original `if` follows the static statements as `elif`, its comment above it, its lines as written; one
-    # only the original runs asks the switch in its own test.
+    # only the original runs asks the switch in its own test; a default the static statement overwrites stays
+    # above the fork.
     assert ("        y = x * 2\n"
             "        if graphmode_static_path(self):  # graphmode: the static cache.\n"
             "            y = y + 100\n"
@@ -383,13 +390,20 @@ def test_an_original_if_stays_where_it_was_written_after_the_static_statements_o
             "        n = y.shape[0]\n"
             "        if not graphmode_static_path(self) and cache is not None:\n"
             "            n += cache.shape[0]\n"
-            "        return y, n\n") in split
+            "        half = n // 2\n"
+            "        m = None\n"
+            "        if graphmode_static_path(self):\n"
+            "            m = y.mean()\n"
+            "        elif half > 1:\n"
+            "            m = y.sum()\n"
+            "        return y, n, m\n") in split
     original, both = _run(textwrap.dedent(BRANCH_ORIGINAL)), _run(split)
     x, cache = torch.arange(3.0), torch.ones(2)
-    for args in ((x,), (x, torch.ones(3))):
+    for args in ((x,), (x, torch.ones(3)), (torch.arange(5.0), torch.ones(5))):
         want, got = original.Model()(*args), both.Model()(*args)
         assert torch.equal(got[0], want[0]) and got[1] == want[1]
+        assert got[2] is want[2] is None or torch.equal(got[2], want[2])
     model = both.Model()
     with both.GraphmodeStaticPath(model):
-        y, n = model(x, cache)
-    assert torch.equal(y, x * 2 + 100) and n == 3
+        y, n, m = model(x, cache)
+    assert torch.equal(y, x * 2 + 100) and n == 3 and torch.equal(m, y.mean())

@@ -53,7 +53,7 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.merged_projections import shared_merges
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, single_assignment, walk
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
 from graphmode.transforms.positions import module_code
@@ -568,6 +568,9 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
     - The static statements return at the end of the body: the original's follow the fork as written.
     - The run is one `if` of the original: the static statements come first and it follows as `elif`, its lines
       as written (`if graphmode_static_path(self): <static> elif <its test>: ...`).
+    - The run is defaults (`mask = None`) and then one `if`, and the first static statement assigns those names
+      again: the defaults stay above the fork, on both paths (the static path overwrites them before any read),
+      and the `if` follows as `elif`.
     - Only the original runs the run, and it is one `if` without `else`: `if not graphmode_static_path(self) and
       <its test>:`.
     - The run ends in such an `if`, and the statements before it are all that fits under `else:`: those are
@@ -580,11 +583,32 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
             return [_elif_fork(receiver, static, own[0])]
         if own[0].orelse is None:
             return [_unless_static(receiver, own[0])]
+    if len(own) > 1 and isinstance(own[-1], cst.If) and static and _overwritten_defaults(own[:-1], static[0]):
+        return [*own[:-1], _elif_fork(receiver, static, own[-1])]
     if _fits(own, width):
         return [_fork(receiver, static, own, own)]
     if len(own) > 1 and isinstance(own[-1], cst.If) and own[-1].orelse is None and _fits(own[:-1], width):
         return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, own[-1])]
     return None
+
+
+def _overwritten_defaults(defaults: list[cst.BaseStatement], first: cst.BaseStatement) -> bool:
+    """Each of `defaults` gives a name a constant (`x = None`, `n = 0`), and `first` assigns every one of them."""
+    names = [_constant_assignment(s) for s in defaults]
+    assigned = single_assignment(first)
+    return None not in names and assigned is not None and set(names) <= {assigned[0]} \
+        and not names_in(assigned[1]) & set(names)
+
+
+def _constant_assignment(stmt: cst.BaseStatement) -> str | None:
+    """`name = <None, True, False, a number or a string>` -> name."""
+    assigned = single_assignment(stmt)
+    if assigned is None:
+        return None
+    value = assigned[1]
+    constant = isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) \
+        or (isinstance(value, cst.Name) and value.value in ("None", "True", "False"))
+    return assigned[0] if constant else None
 
 
 def _fits(statements: list[cst.BaseStatement], width: int) -> bool:
