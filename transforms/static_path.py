@@ -20,7 +20,10 @@ gets its original body back, and the changed statements go beside the ones they 
           <the statements both paths share>
 
   The static statements call a renamed parameter by its original name (on the static path it carries the value
-  the entries pass).
+  the entries pass). Where the original run is one `if`, it stays where it was written, after the static
+  statements as `elif <its test>:`, or, where only the original runs it, as `if not graphmode_static_path(self) and
+  <its test>:` (`_placed` has every form). graphmode's note on a fork goes at the end of its `if` line where it
+  fits.
 - Where more of the body differs, the rewrite becomes a twin beside the original, which hands it the call:
 
       def forward(self, x, past=None, position_ids=None):
@@ -35,7 +38,9 @@ gets its original body back, and the changed statements go beside the ones they 
 it as a constant of the module's state, so a compiled `decode` traces the static statements alone and every other
 call runs the original. Free functions, static and class methods have no module to ask: their twin is called by
 name from the static code (`f_static(...)`), and a function that calls such a twin forks or gets one of its own.
-`__init__` keeps the codemods' version, which only adds the static buffers. Statements outside functions the chain
+`__init__` keeps the codemods' version, which only adds the static buffers. The merged projections
+(`graphmode_merged_linear`) are the model's own computation off the static path, so they go into the original body
+too (merged_projections.shared_merges) and fork nowhere. Statements outside functions the chain
 removed (an import only the original body uses) are put back. The scan (transforms/rules) and the line maps
 (`fork_lines`, `twin_spans`) read a fork's `else` and what follows a returning static branch as the model's own code.
 """

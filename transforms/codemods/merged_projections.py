@@ -6,9 +6,11 @@ name `x` in statements of one block, with `x` not assigned between them. Before 
 
     a_out, b_out = graphmode_merged_linear(self, ("a", "b"), x)
 
-and each call becomes its output. `graphmode_merged_linear` (helper code) stacks the weights once in eager code and
-makes the linears' own weights views of the stack, so the state dict, checkpoint loading and every other caller see
-the parameters they always had, in the same memory.
+and each call becomes its output (`a, b = self.a(x), self.b(x)` becomes the merged call itself).
+`graphmode_merged_linear` (helper code) stacks the weights once in eager code and makes the linears' own weights
+views of the stack, so the state dict, checkpoint loading and every other caller see the parameters they always had,
+in the same memory. Off the static path it calls each linear as written, so the merged call is the original
+computation there, and the adapted file holds it once, in the code both paths share (`shared_merges`).
 
 Under the NPU backends, `F.silu(self.gate(x)) * self.up(x)` (either order of the product) becomes
 `torch_npu.npu_swiglu(graphmode_merged_linear(self, ("gate", "up"), x, split=False), dim=-1)`: the activation and
