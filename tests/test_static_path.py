@@ -306,6 +306,12 @@ def test_the_scan_reads_only_the_static_branches_of_a_fork_as_step_code():
                 if not graphmode_static_path(self):
                     print(y)
                 if graphmode_static_path(self):
+                    y = y + 1
+                elif n > 0:
+                    y = y + x.min().item()
+                if not graphmode_static_path(self) and n > 1:
+                    y = y + x.mean().item()
+                if graphmode_static_path(self):
                     return y + 1
                 return y + x.max().item()
         ''')
@@ -397,6 +403,12 @@ def test_an_original_if_stays_where_it_was_written_after_the_static_statements_o
             "        elif half > 1:\n"
             "            m = y.sum()\n"
             "        return y, n, m\n") in split
+    from graphmode.transforms.pipeline import original_to_adapted
+    old, new = textwrap.dedent(BRANCH_ORIGINAL).splitlines(), split.splitlines()
+    lines = original_to_adapted(textwrap.dedent(BRANCH_ORIGINAL), split)
+    for text in ("y = y + cache", "y = y - 1", "n += cache.shape[0]"):
+        line = next(n for n, t in enumerate(old, 1) if t.strip() == text)
+        assert new[lines[line] - 1] == old[line - 1], "the original's line maps to itself, where it was written"
     original, both = _run(textwrap.dedent(BRANCH_ORIGINAL)), _run(split)
     x, cache = torch.arange(3.0), torch.ones(2)
     for args in ((x,), (x, torch.ones(3)), (torch.arange(5.0), torch.ones(5))):

@@ -240,6 +240,9 @@ def _fork_parts(stmt: ast.stmt) -> tuple[list[int], list[int], int] | None:
     shift = stmt.body[0].col_offset - stmt.col_offset
     if negated:
         return [], block, shift
+    if len(stmt.orelse) == 1 and stmt.orelse[0].__class__ is ast.If and stmt.orelse[0].col_offset == stmt.col_offset:
+        # `elif <the original test>:`: the original's lines where they were written, the comments above it too.
+        return block, list(range(block[-1] + 1, stmt.end_lineno + 1)), 0
     return block, list(range(block[-1] + 2, stmt.end_lineno + 1)) if stmt.orelse else [], shift
 
 
