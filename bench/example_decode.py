@@ -13,6 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from graphmode.agent.adaptation import fused_ops_for
 from graphmode.agent.output import write_adapted_tree
 from graphmode.runners.verify import verify
 from graphmode.transforms.codemods import Options
@@ -21,9 +22,11 @@ from graphmode.transforms.pipeline import adapt_source
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "legacy_llm"
 
 
-def adapt_example(dest: Path) -> Path:
+def adapt_example(dest: Path, backend: str) -> Path:
     source = (EXAMPLE / "model.py").read_text()
-    adapted = adapt_source(source, "model.py", None, Options(max_seq_len=64, entry_class="Transformer"))
+    # The fused operators `graphmode adapt --backend` writes for this backend's hardware.
+    options = Options(max_seq_len=64, entry_class="Transformer", fused_ops=fused_ops_for(backend))
+    adapted = adapt_source(source, "model.py", None, options)
     write_adapted_tree(EXAMPLE, dest, {"model.py": adapted.adapted})
     return dest
 
@@ -39,7 +42,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        adapted = adapt_example(Path(tmp) / "adapted")
+        adapted = adapt_example(Path(tmp) / "adapted", args.backend)
         results = [verify(EXAMPLE, adapted, args.backend, steps=args.steps) for _ in range(args.runs)]
     assert all(r.passed for r in results), [r.problems for r in results]
     print(f"backend {args.backend}, {args.runs} runs x {args.steps} Decode steps, batch 1")

@@ -4,7 +4,8 @@
                               [--hand-attention sdpa|matmul] [--shape default|larger] [--clock wall|thread]
 
 - eager:   examples/legacy_llm/model.py as it is, driven like its harness (concatenated cache), eagerly.
-- adapted: the same file through transforms.pipeline.adapt_source (all codemods), Prefill eager,
+- adapted: the same file through transforms.pipeline.adapt_source (all codemods, with the fused operators of the
+           backend's hardware, as `graphmode adapt --backend` writes them), Prefill eager,
            `model.decode` compiled with the backend (fullgraph=True, dynamic=False).
 - hand:    bench/handwritten_llm.py (gpt-fast style) with the original's weights, Prefill eager,
            `forward` on one token compiled with the same backend.
@@ -103,8 +104,10 @@ def build(backend: Backend, tmp: Path, hand_sdpa: bool, shape: str = "default") 
     torch.manual_seed(0)  # the harness's build_model()
     original = original_mod.Transformer(original_mod.ModelArgs(**sizes)).eval()
 
+    # The fused operators graphmode writes for this backend (`graphmode adapt --backend` chooses them the same way):
+    # on CPU the attention stays the model's own for Inductor to fuse, not SDPA.
     adaptation = adapt_source((EXAMPLE / "model.py").read_text(), "model.py", None,
-                              Options(max_seq_len=MAX_SEQ_LEN, entry_class="Transformer"))
+                              Options(max_seq_len=MAX_SEQ_LEN, entry_class="Transformer", fused_ops=backend.fused_ops))
     (tmp / "adapted").mkdir()
     written = {"model.py": adaptation.adapted}
     for name, text in {**written, **helper_modules(written)}.items():  # graphmode_static.py beside the model

@@ -17,13 +17,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PROMPT, STEPS, MAX_SEQ_LEN = 7, 10, 32
-# DeepSeek-V2's fields at a tiny size. Every layer dense (first_k_dense_replace = layers): the release's MoE
-# dispatch loops over the experts on the host, which graphmode leaves to a person (static_moe does not take it), and
-# what is checked here is the attention.
+# DeepSeek-V2's fields at a tiny size. Every layer dense (first_k_dense_replace = layers) unless `--moe`, which
+# makes the second layer a mixture of 4 routed experts (2 per token) and a shared one: the release's dispatch loops
+# over the counts of each expert's tokens on the host, which static_moe replaces (routed at batch 1: 2 of 4).
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=4, max_position_embeddings=64, kv_lora_rank=32, qk_nope_head_dim=16,
             qk_rope_head_dim=8, v_head_dim=12, head_dim=8, first_k_dense_replace=2, n_routed_experts=4,
-            n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32)
+            n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1)
 
 
 def main() -> int:
@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--q-lora-rank", type=int, default=None)
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--model", default="deepseek_v2", help="deepseek_v2 or deepseek_v3")
+    parser.add_argument("--moe", action="store_true", help="the second layer a mixture of experts")
     args = parser.parse_args()
 
     import torch
@@ -40,7 +41,8 @@ def main() -> int:
     from bench.real_size import Shape, release_modules
 
     original_module, adapted_module, entry = release_modules(Shape("tiny", "", args.model))
-    config = CONFIG_MAPPING[args.model](**TINY, q_lora_rank=args.q_lora_rank)
+    config = CONFIG_MAPPING[args.model](**{**TINY, "first_k_dense_replace": 1 if args.moe else 2},
+                                        q_lora_rank=args.q_lora_rank)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     original = getattr(original_module, entry)(config).eval()

@@ -3,10 +3,11 @@ latent to; the static path caches the latent and the rope key instead and absorb
 (transforms/codemods/absorbed_mla.py).
 
 The release's own modeling files (transformers 4.57.1: its DeepSeek-V2 and V3 cache the expanded keys, which 5.x's
-files no longer do; the wheel unzipped into the corpus cache, tests/corpus/hf.py) are adapted by the whole chain and
-run at a tiny fp32 size in a process of their own (tests/mla_release_check.py), against the files as released: the
-cache held is the latent's size, the greedy tokens are the original's and the logits equal to float tolerance, with
-Decode compiled fullgraph, no graph break and no recompile. Without the wheel (no network and no cache) that test is
+files no longer do, and loop over their experts on the host; the wheel unzipped into the corpus cache,
+tests/corpus/hf.py) are adapted by the whole chain and run at a tiny fp32 size in a process of their own
+(tests/mla_release_check.py), against the files as released: the cache held is the latent's size, the greedy tokens
+are the original's and the logits equal to float tolerance, with Decode compiled fullgraph, no graph break and no
+recompile. Without the wheel (no network and no cache) that test is
 skipped; the helper's arithmetic is checked in test_helper_code.py, the rewrite's text in the fixture tests
 (tests/fixtures/codemods/absorbed_mla).
 """
@@ -45,10 +46,12 @@ def _check(site: Path, *args: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("model, q_lora_rank", [("deepseek_v2", None), ("deepseek_v2", 16), ("deepseek_v3", 16)],
-                         ids=["v2-lite-like", "v2-q-lora", "v3"])
-def test_the_adapted_release_file_caches_the_latent_and_gives_the_originals_tokens(site, model, q_lora_rank):
-    row = _check(site, "--model", model, *([] if q_lora_rank is None else ["--q-lora-rank", str(q_lora_rank)]))
+@pytest.mark.parametrize("model, q_lora_rank, moe", [("deepseek_v2", None, True), ("deepseek_v2", 16, False),
+                                                     ("deepseek_v3", 16, True)],
+                         ids=["v2-lite-like-moe", "v2-q-lora", "v3-moe"])
+def test_the_adapted_release_file_caches_the_latent_and_gives_the_originals_tokens(site, model, q_lora_rank, moe):
+    row = _check(site, "--model", model, *([] if q_lora_rank is None else ["--q-lora-rank", str(q_lora_rank)]),
+                 *(["--moe"] if moe else []))
     config = row["config"]
     # (a) per layer the latent and the rope key, one row per token shared by every head: nothing of the head count.
     expected = {}
@@ -57,7 +60,8 @@ def test_the_adapted_release_file_caches_the_latent_and_gives_the_originals_toke
         expected[f"model.layers.{layer}.self_attn.kv_cache.v_cache"] = [1, 1, MAX_SEQ_LEN, config["qk_rope_head_dim"]]
     assert row["held"] == expected
     # (b) the original's greedy tokens, logits equal to float tolerance (the absorbed products are associated the
-    # other way, so not bit for bit), one graph for every Decode step.
+    # other way, so not bit for bit), one graph for every Decode step: with `--moe` the release's expert loop (over
+    # a tensor of counts in V2, `torch.where` rows in V3) is replaced by the static dispatch, routed at batch 1.
     assert row["got"] == row["expected"]
     assert row["largest_logit_difference"] <= 1e-4 * max(1.0, row["largest_logit"])
     assert (row["graph_breaks"], row["recompiles"]) == (0, 0)

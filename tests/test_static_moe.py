@@ -85,6 +85,50 @@ def test_stacking_keeps_the_parameters_and_makes_them_views_of_one_tensor():
     assert getattr(mixed, "graphmode_stacked", None) is None
 
 
+class _GatedExpert(nn.Module):
+    """An expert as merged_projections adapts it: its gate and up projections through graphmode_merged_linear."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        gate, up = helpers.graphmode_merged_linear(self, ("gate", "up"), x)
+        return self.down(F.silu(gate) * up)
+
+
+def test_experts_with_merged_projections_are_held_once_and_routed_by_their_own_weights():
+    torch.manual_seed(0)
+    experts = nn.ModuleList(_GatedExpert(16, 24) for _ in range(8)).eval()
+    helpers.GraphmodeStaticPath.state_of(experts)["on"] = True  # as in the entries: the merged matmul runs
+    tokens = torch.randn(PREFILL, 16)
+    ids, weights = _routing(tokens, len(experts), 2)
+    with torch.no_grad():
+        expected = _loop_dispatch(experts, tokens, ids, weights)  # eager: each expert stacks its gate and up
+        assert "graphmode_stacked" in experts[ids[0, 0]].__dict__
+        helpers.graphmode_stack_experts(experts)
+        # One copy of the weights: the experts' stack; the per-expert stacks are dropped and not built again.
+        assert not any("graphmode_stacked" in expert.__dict__ for expert in experts)
+        assert experts[5].gate.weight.data_ptr() == experts.graphmode_stacked["gate.weight"][5].data_ptr()
+        torch.testing.assert_close(_loop_dispatch(experts, tokens, ids, weights), expected)
+        assert not any("graphmode_stacked" in expert.__dict__ for expert in experts)
+        # Decode of one token routes 2 of 8: each pair runs the expert's forward on its own gathered weights.
+        one = tokens[:1]
+        torch.testing.assert_close(_compiled(helpers.graphmode_moe)(experts, one, ids[:1], weights[:1]),
+                                   _loop_dispatch(experts, one, ids[:1], weights[:1]))
+
+
+def test_merged_projections_of_a_module_no_eager_call_stacked_run_one_by_one_when_compiled():
+    torch.manual_seed(0)
+    expert, x = _GatedExpert(16, 24).eval(), torch.randn(1, 16)
+    helpers.GraphmodeStaticPath.state_of(expert)["on"] = True
+    with torch.no_grad():
+        got = _compiled(expert)(x)  # Decode reaching an expert that no Prefill token was routed to
+        torch.testing.assert_close(got, expert.down(F.silu(expert.gate(x)) * expert.up(x)))
+    assert "graphmode_stacked" not in expert.__dict__
+
+
 @pytest.mark.parametrize("count, experts_count, routed", [(DECODE, 8, True), (DECODE * 3, 8, True),
                                                           (PREFILL * 2, 8, False), (DECODE * 2, 3, False)])
 def test_the_dispatch_reads_the_routed_experts_where_that_reads_less_and_gives_the_loops_mixture(
@@ -167,7 +211,7 @@ def _static_path_on(model: nn.Module) -> None:
         module.graphmode_static_state = state
 
 
-@pytest.mark.parametrize("case", ["one_hot_where", "sorted_counts", "masked_rows"])
+@pytest.mark.parametrize("case", ["one_hot_where", "sorted_counts", "masked_rows", "counts_iterated", "rows_weighted"])
 def test_adapted_fixtures_give_the_originals_outputs_with_the_dispatch_compiled_whole(case):
     original = _load(f"static_moe_{case}_in", FIXTURES / f"{case}.in.py")
     adapted = import_adapted(FIXTURES / f"{case}.out.py", f"static_moe_{case}_out")

@@ -71,6 +71,7 @@ _IN_PLACE_COLLECTIONS = frozenset({"append", "extend", "insert"})
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})
 _IDS_INDEXING = frozenset({"scatter", "scatter_", "scatter_add", "scatter_add_"})
+_VIEWS = frozenset({"unsqueeze", "view", "reshape", "to", "type", "float", "squeeze", "expand"})
 
 
 def _last_name(call: cst.Call) -> str:
@@ -178,6 +179,18 @@ def _routing_parameters(function: cst.FunctionDef, dispatch: list[cst.BaseStatem
     ids: set[str] = set()
     factors: set[str] = set()
     loop_names = _target_names(loop.target)
+    assigned = dict(filter(None, (single_assignment(node) for stmt in dispatch for node in walk(stmt)
+                                  if isinstance(node, cst.SimpleStatementLine))))
+
+    def weighted_by(operand: cst.BaseExpression) -> set[str]:
+        """The parameters a factor reads: itself, or rows of it taken in the loop (`w = weights[rows, slots]`)."""
+        found = names_in(operand) & params
+        base = _viewed_name(operand)
+        for _ in range(4):  # a short chain of views of a local
+            if base is None or base in params or base not in assigned:
+                break
+            base = _viewed_name(assigned[base])
+        return found | ({base} if base in params else set())
     for stmt in dispatch:
         for node in walk(stmt):
             if isinstance(node, cst.Call):
@@ -190,13 +203,42 @@ def _routing_parameters(function: cst.FunctionDef, dispatch: list[cst.BaseStatem
                 elif name in ("argsort", "sort") and isinstance(node.func, cst.Attribute):
                     ids |= names_in(node.func.value) & params
                 elif name in ("mul", "mul_"):
-                    factors |= set().union(*(names_in(a.value) for a in node.args)) & params
+                    factors |= set().union(*(weighted_by(a.value) for a in node.args))
             elif isinstance(node, cst.Comparison) and names_in(node) & loop_names:
                 ids |= names_in(node) & params
             elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-                factors |= (names_in(node.left) | names_in(node.right)) & params
+                factors |= weighted_by(node.left) | weighted_by(node.right)
     factors -= ids
     return (factors.pop(), ids.pop()) if len(ids) == 1 and len(factors) == 1 else None
+
+
+def _routing(function: cst.FunctionDef, body: list[cst.BaseStatement], at: int) -> tuple[str, str] | None:
+    """(weights, ids) of the routing the expert loop `body[at]` dispatches: a top-k before it, else parameters."""
+    return _topk_routing(body[:at]) or _routing_parameters(function, body, body[at])
+
+
+def _iterates_routed_values(function: cst.FunctionDef, body: list[cst.BaseStatement], at: int) -> bool:
+    """The expert loop `body[at]` iterates a tensor computed from the expert ids (`for i, n in
+    enumerate(tokens_per_expert)`, transformers' DeepSeek files of 2025): each item is a device value the loop reads
+    on the host (`if n == 0`, a slice to `start + n`), a pick as `.cpu().numpy()` of the counts would be."""
+    iterated = body[at].iter
+    if isinstance(iterated, cst.Call) and dotted_name(iterated.func) == "enumerate" and iterated.args:
+        iterated = iterated.args[0].value
+    routing = _routing(function, body, at) if isinstance(iterated, cst.Name) else None
+    return routing is not None and iterated.value in _derived_from(routing[1], body[:at])
+
+
+def _viewed_name(node: cst.BaseExpression) -> str | None:
+    """The name an expression takes rows or a view of: `w` of `w`, `w[i, j]`, `w.unsqueeze(-1)`, `w[i].to(x)`."""
+    while True:
+        if isinstance(node, cst.Name):
+            return node.value
+        if isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _VIEWS:
+            node = node.func.value
+        else:
+            return None
 
 
 def _listed(names: set[str]) -> str:
@@ -270,7 +312,7 @@ class StaticMoE(StepCodemod):
 
     @classmethod
     def idiom_in(cls, words, options) -> bool:
-        picks = not words.isdisjoint(_HOST_READS | {"where"}) or bool(options.host_sync_lines)
+        picks = not words.isdisjoint(_HOST_READS | {"where", "enumerate"}) or bool(options.host_sync_lines)
         return ":For" in words and picks
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -291,7 +333,8 @@ class StaticMoE(StepCodemod):
                 continue
             at = next((i for i, stmt in enumerate(body) if stmt is loop), None)
             # The picks may sit before the loop (counts read on the host, then slices of them inside it).
-            picks = self._picks(loop) or any(map(self._picks, body[:at] if at is not None else body))
+            iterates = at is not None and _iterates_routed_values(original_node, body, at)
+            picks = iterates or self._picks(loop) or any(map(self._picks, body[:at] if at is not None else body))
             if not picks:
                 continue  # its shapes do not depend on the routing: nothing to do
             if at is None:
@@ -306,7 +349,7 @@ class StaticMoE(StepCodemod):
                 self.record_manual(loop, f"this expert loop picks each expert's tokens by the routing, but {found}; "
                                          "write its dispatch with static shapes by hand (skill static-moe)")
                 continue
-            if not any(map(self._picks, body[found.start:found.end + 1])):
+            if not iterates and not any(map(self._picks, body[found.start:found.end + 1])):
                 continue  # the host reads lie outside the dispatch; its own shapes are static
             return self._rewrite(original_node, updated_node, found)
         return updated_node
@@ -323,7 +366,7 @@ class StaticMoE(StepCodemod):
         collections = _experts_called(loop)
         if len(collections) != 1:
             return f"it calls modules of more than one collection ({_listed(collections)})"
-        routing = _topk_routing(body[:at]) or _routing_parameters(function, body, loop)
+        routing = _routing(function, body, at)
         if routing is None:
             return None  # a loop over modules with no routing (a stack of layers): no dispatch here
         weights, ids = routing
@@ -367,7 +410,9 @@ class StaticMoE(StepCodemod):
             return "it returns from inside the dispatch"
         indexed = {n.value.value for stmt in span for n in walk(stmt)
                    if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name)}
-        tokens = indexed - local - {ids, weights}
+        # The last statement may write its result over the tokens' name (`hidden_states = <the mixture>`).
+        set_before = local if end == at else set().union(*map(_written, span[:-1]))
+        tokens = indexed - set_before - {ids, weights}
         if len(tokens) != 1:
             return f"the tokens it hands the experts are not one name it indexes ({_listed(tokens)})"
         return _Dispatch(start, end, result, collections.pop(), tokens.pop(), ids, weights)

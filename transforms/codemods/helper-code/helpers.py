@@ -570,6 +570,9 @@ def graphmode_stack_experts(experts):
         for p, row in zip(params, stacked[n]):
             p[n].data = row
     experts.__dict__["graphmode_stacked"] = stacked
+    for expert in experts:  # its linears stay apart: graphmode_merged_linear would stack them a second time
+        expert.__dict__["graphmode_expert"] = True
+        expert.__dict__.pop("graphmode_stacked", None)
 
 
 def graphmode_moe_routed(experts, tokens, expert_ids, expert_weights):
@@ -664,16 +667,20 @@ def graphmode_merged_linear(module, names, x, split=True):
 
     The stacked weight is built in eager code (Prefill), and the linears' own weights become views of it: the same
     memory, so the model's state dict, its loading and its other callers see the parameters they always had, and a
-    checkpoint loaded later lands in the stacked weight too. Off the static path, and for linears of another kind
-    (quantised, adapters), each linear is called as written, one by one: the model's own computation, hooks
-    included, so the call can stand in the code both paths share."""
+    checkpoint loaded later lands in the stacked weight too. Off the static path each linear is called as written,
+    one by one: the model's own computation, hooks included, so the call can stand in the code both paths share.
+    So are linears of another kind (quantised, adapters), an expert's (`graphmode_stack_experts` stacks its weights
+    with the other experts', and a routed dispatch calls it with parameters of its own) and a module's that no eager
+    call has stacked yet."""
     linears = [getattr(module, name) for name in names]
-    if not graphmode_static_path(module) or any(type(linear) is not torch.nn.Linear for linear in linears):
+    merged = graphmode_static_path(module) and "graphmode_expert" not in module.__dict__
+    if merged and not torch.compiler.is_compiling() and all(type(lin) is torch.nn.Linear for lin in linears):
+        graphmode_stack_weights(module, names, linears)
+    held = module.__dict__.get("graphmode_stacked", {}).get(names) if merged else None
+    if held is None or any(type(linear) is not torch.nn.Linear for linear in linears):
         outputs = [linear(x) for linear in linears]
         return outputs if split else torch.cat(outputs, dim=-1)
-    if not torch.compiler.is_compiling():
-        graphmode_stack_weights(module, names, linears)
-    weight, bias, sizes = module.graphmode_stacked[names]
+    weight, bias, sizes = held
     out = torch.nn.functional.linear(x, weight, bias)
     return out.split(sizes, dim=-1) if split else out
 
