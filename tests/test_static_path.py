@@ -419,3 +419,30 @@ def test_an_original_if_stays_where_it_was_written_after_the_static_statements_o
     with both.GraphmodeStaticPath(model):
         y, n, m = model(x, cache)
     assert torch.equal(y, x * 2 + 100) and n == 3 and torch.equal(m, y.mean())
+
+
+def test_an_if_as_long_as_the_files_longest_line_is_not_made_longer_by_elif():
+    original = '''
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, cache=None):
+                if cache is not None and cache.shape[0] > 0 and cache.shape[-1] == x.shape[-1] and x.dim() > 0:
+                    x = x + cache
+                return x
+        '''
+    adapted = '''
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, cache=None):
+                x = x * 2
+                return x
+        '''
+    split = _split(original, adapted)
+    # Neither `elif` nor the `if` under `else:` would fit the file's longest line: the rewrite becomes a twin, and
+    # the original `if` stays as written.
+    assert "elif" not in split and "def forward_static(self, x):" in split
+    assert "\n        if cache is not None and cache.shape[0] > 0" in split

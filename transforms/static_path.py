@@ -586,18 +586,27 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
     """
     if last and static and _ends_the_call(static[-1]):
         return [_fork(receiver, static, [], own), *own]
-    if len(own) == 1 and isinstance(own[0], cst.If):
+    # `elif` is two characters longer than `if`, and the switch asked in a test longer still: only where the line
+    # stays within the file's (the room at the fork's level is `width` + one indentation).
+    last_if = own[-1] if own and isinstance(own[-1], cst.If) and _header_fits(own[-1], width + 2) else None
+    if len(own) == 1 and last_if is not None:
         if static:
-            return [_elif_fork(receiver, static, own[0])]
-        if own[0].orelse is None:
-            return [_unless_static(receiver, own[0])]
-    if len(own) > 1 and isinstance(own[-1], cst.If) and static and _overwritten_defaults(own[:-1], static[0]):
-        return [*own[:-1], _elif_fork(receiver, static, own[-1])]
+            return [_elif_fork(receiver, static, last_if)]
+        if last_if.orelse is None and _header_fits(_unless_static(receiver, last_if), width + 4):
+            return [_unless_static(receiver, last_if)]
+    if len(own) > 1 and last_if is not None and static and _overwritten_defaults(own[:-1], static[0]):
+        return [*own[:-1], _elif_fork(receiver, static, last_if)]
     if _fits(own, width):
         return [_fork(receiver, static, own, own)]
-    if len(own) > 1 and isinstance(own[-1], cst.If) and own[-1].orelse is None and _fits(own[:-1], width):
-        return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, own[-1])]
+    if len(own) > 1 and last_if is not None and last_if.orelse is None and _fits(own[:-1], width) \
+            and _header_fits(_unless_static(receiver, last_if), width + 4):
+        return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, last_if)]
     return None
+
+
+def _header_fits(block: cst.If, width: int) -> bool:
+    """The `if` line of `block` (its first, where the test spans several) is at most `width` long."""
+    return len(code_of(block.with_changes(leading_lines=())).splitlines()[0]) <= width
 
 
 def _overwritten_defaults(defaults: list[cst.BaseStatement], first: cst.BaseStatement) -> bool:
