@@ -519,11 +519,14 @@ def test_padded_rows_hide_what_the_padding_mask_holds_0_for_only_inside_the_entr
 
 
 class _Projections(torch.nn.Module):
-    def __init__(self, bias: bool):
+    """Three linears of one input, on the static path (where the merged matmul runs) unless `static` is False."""
+
+    def __init__(self, bias: bool, static: bool = True):
         super().__init__()
         self.q = torch.nn.Linear(8, 8, bias=bias)
         self.k = torch.nn.Linear(8, 4, bias=bias)
         self.v = torch.nn.Linear(8, 4, bias=bias)
+        helpers.GraphmodeStaticPath.state_of(self)["on"] = static
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -573,6 +576,18 @@ def test_merged_linear_calls_linears_of_another_kind_one_by_one():
     assert not hasattr(module, "graphmode_stacked")
     merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
     torch.testing.assert_close(merged[1], module.k(x))
+    assert not hasattr(module, "graphmode_stacked")
+
+
+def test_merged_linear_off_the_static_path_calls_each_linear_as_written():
+    torch.manual_seed(0)
+    module, x = _Projections(True, static=False), torch.randn(2, 3, 8)
+    called = []
+    module.k.register_forward_hook(lambda linear, args, out: called.append("k"))
+    merged = helpers.graphmode_merged_linear(module, ("q", "k", "v"), x)
+    for got, want in zip(merged, [module.q(x), module.k(x), module.v(x)]):
+        assert torch.equal(got, want)  # the separate linears' own results, not a merged matmul's
+    assert called == ["k", "k"]  # the hook ran for the merged call and for the check's own call
     assert not hasattr(module, "graphmode_stacked")
 
 

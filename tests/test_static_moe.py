@@ -101,6 +101,7 @@ class _GatedExpert(nn.Module):
 def test_experts_with_merged_projections_are_held_once_and_routed_by_their_own_weights():
     torch.manual_seed(0)
     experts = nn.ModuleList(_GatedExpert(16, 24) for _ in range(8)).eval()
+    helpers.GraphmodeStaticPath.state_of(experts)["on"] = True  # as in the entries: the merged matmul runs
     tokens = torch.randn(PREFILL, 16)
     ids, weights = _routing(tokens, len(experts), 2)
     with torch.no_grad():
@@ -121,6 +122,7 @@ def test_experts_with_merged_projections_are_held_once_and_routed_by_their_own_w
 def test_merged_projections_of_a_module_no_eager_call_stacked_run_one_by_one_when_compiled():
     torch.manual_seed(0)
     expert, x = _GatedExpert(16, 24).eval(), torch.randn(1, 16)
+    helpers.GraphmodeStaticPath.state_of(expert)["on"] = True
     with torch.no_grad():
         got = _compiled(expert)(x)  # Decode reaching an expert that no Prefill token was routed to
         torch.testing.assert_close(got, expert.down(F.silu(expert.gate(x)) * expert.up(x)))

@@ -261,8 +261,7 @@ def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
             "        return h + self.table[start_pos]\n") in split
     # Two runs changed: each forks, the original's statements in `else` as written; the rest is shared.
     assert ("    def forward(self, x, start_pos: int):\n"
-            "        if graphmode_static_path(self):\n"
-            "            # graphmode: a changed first run.\n"
+            "        if graphmode_static_path(self):  # graphmode: a changed first run.\n"
             "            a = x + 2\n"
             "        else:\n"
             "            a = x + 1\n"
@@ -307,6 +306,12 @@ def test_the_scan_reads_only_the_static_branches_of_a_fork_as_step_code():
                 if not graphmode_static_path(self):
                     print(y)
                 if graphmode_static_path(self):
+                    y = y + 1
+                elif n > 0:
+                    y = y + x.min().item()
+                if not graphmode_static_path(self) and n > 1:
+                    y = y + x.mean().item()
+                if graphmode_static_path(self):
                     return y + 1
                 return y + x.max().item()
         ''')
@@ -335,3 +340,109 @@ def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
     norm_line = next(n for n, t in enumerate(old, 1) if t.strip() == "a1 = a + 0")
     twin = new.index("    def forward_static(self, x):") + 1
     assert lines[norm_line] > twin and new[lines[norm_line] - 1].strip() == "a1 = a + 0"
+
+
+BRANCH_ORIGINAL = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, cache=None):
+        y = x * 2
+        # Grow the cache.
+        if cache is not None:
+            y = y + cache
+        else:
+            y = y - 1
+        n = y.shape[0]
+        if cache is not None:
+            n += cache.shape[0]
+        half = n // 2
+        m = None
+        if half > 1:
+            m = y.sum()
+        return y, n, m
+'''
+
+BRANCH_ADAPTED = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, cache=None):
+        y = x * 2
+        # graphmode: the static cache.
+        y = y + 100
+        n = y.shape[0]
+        half = n // 2
+        m = y.mean()
+        return y, n, m
+'''
+
+
+def test_an_original_if_stays_where_it_was_written_after_the_static_statements_or_asking_the_switch():
+    split = _split(BRANCH_ORIGINAL, BRANCH_ADAPTED)
+    # The original `if` follows the static statements as `elif`, its comment above it, its lines as written; one
+    # only the original runs asks the switch in its own test; a default the static statement overwrites stays
+    # above the fork.
+    assert ("        y = x * 2\n"
+            "        if graphmode_static_path(self):  # graphmode: the static cache.\n"
+            "            y = y + 100\n"
+            "        # Grow the cache.\n"
+            "        elif cache is not None:\n"
+            "            y = y + cache\n"
+            "        else:\n"
+            "            y = y - 1\n"
+            "        n = y.shape[0]\n"
+            "        if not graphmode_static_path(self) and cache is not None:\n"
+            "            n += cache.shape[0]\n"
+            "        half = n // 2\n"
+            "        m = None\n"
+            "        if graphmode_static_path(self):\n"
+            "            m = y.mean()\n"
+            "        elif half > 1:\n"
+            "            m = y.sum()\n"
+            "        return y, n, m\n") in split
+    from graphmode.transforms.pipeline import original_to_adapted
+    old, new = textwrap.dedent(BRANCH_ORIGINAL).splitlines(), split.splitlines()
+    lines = original_to_adapted(textwrap.dedent(BRANCH_ORIGINAL), split)
+    for text in ("y = y + cache", "y = y - 1", "n += cache.shape[0]"):
+        line = next(n for n, t in enumerate(old, 1) if t.strip() == text)
+        assert new[lines[line] - 1] == old[line - 1], "the original's line maps to itself, where it was written"
+    original, both = _run(textwrap.dedent(BRANCH_ORIGINAL)), _run(split)
+    x, cache = torch.arange(3.0), torch.ones(2)
+    for args in ((x,), (x, torch.ones(3)), (torch.arange(5.0), torch.ones(5))):
+        want, got = original.Model()(*args), both.Model()(*args)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1]
+        assert got[2] is want[2] is None or torch.equal(got[2], want[2])
+    model = both.Model()
+    with both.GraphmodeStaticPath(model):
+        y, n, m = model(x, cache)
+    assert torch.equal(y, x * 2 + 100) and n == 3 and torch.equal(m, y.mean())
+
+
+def test_an_if_as_long_as_the_files_longest_line_is_not_made_longer_by_elif():
+    original = '''
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, cache=None):
+                if cache is not None and cache.shape[0] > 0 and cache.shape[-1] == x.shape[-1] and x.dim() > 0:
+                    x = x + cache
+                return x
+        '''
+    adapted = '''
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def forward(self, x, cache=None):
+                x = x * 2
+                return x
+        '''
+    split = _split(original, adapted)
+    # Neither `elif` nor the `if` under `else:` would fit the file's longest line: the rewrite becomes a twin, and
+    # the original `if` stays as written.
+    assert "elif" not in split and "def forward_static(self, x):" in split
+    assert "\n        if cache is not None and cache.shape[0] > 0" in split

@@ -90,17 +90,29 @@ def _relative_import(statement: cst.BaseStatement) -> bool:
 
 def _import_line(names: list[str], dots: str, limit: int) -> str:
     """One `from graphmode_static import ...` statement: one line where it fits, else the names packed into lines
-    inside brackets."""
+    inside brackets, hanging (a line of its own for each bracket) or aligned after the opening bracket, whichever
+    takes fewer lines (hanging where they tie)."""
     head = f"from {dots}{MODULE_NAME} import "
     if len(head) + len(", ".join(names)) <= limit:
         return head + ", ".join(names) + "\n"
-    lines, line = [], "   "
-    for name in names:
-        if len(line) + len(name) + 2 > limit:
-            lines.append(line)
-            line = "   "
-        line += f" {name},"
-    return head + "(\n" + "\n".join([*lines, line]) + "\n)\n"
+    hanging = ["(", *_packed(names, "    ", limit), ")"]
+    aligned = _packed(names, " " * (len(head) + 1), limit, closing=")")
+    if len(aligned) < len(hanging) and len(head) + 1 + len(aligned[0].lstrip()) <= limit:
+        return head + "(" + "\n".join(aligned)[len(head) + 1:] + "\n"
+    return head + "\n".join(hanging) + "\n"
+
+
+def _packed(names: list[str], indent: str, limit: int, closing: str = "") -> list[str]:
+    """The names, comma-separated, in as few lines of at most `limit` characters at `indent` as they fit; the last
+    ends in `closing` (else in a comma)."""
+    lines, line = [], ""
+    for index, name in enumerate(names):
+        item = name + (closing if index == len(names) - 1 else ",")
+        if line and len(indent) + len(line) + 1 + len(item) > limit:
+            lines.append(indent + line)
+            line = ""
+        line = f"{line} {item}" if line else item
+    return [*lines, indent + line]
 
 
 def _after_imports(body: list[cst.BaseStatement]) -> int:

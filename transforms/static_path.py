@@ -20,7 +20,10 @@ gets its original body back, and the changed statements go beside the ones they 
           <the statements both paths share>
 
   The static statements call a renamed parameter by its original name (on the static path it carries the value
-  the entries pass).
+  the entries pass). Where the original run is one `if`, it stays where it was written, after the static
+  statements as `elif <its test>:`, or, where only the original runs it, as `if not graphmode_static_path(self) and
+  <its test>:` (`_placed` has every form). graphmode's note on a fork goes at the end of its `if` line where it
+  fits.
 - Where more of the body differs, the rewrite becomes a twin beside the original, which hands it the call:
 
       def forward(self, x, past=None, position_ids=None):
@@ -35,7 +38,9 @@ gets its original body back, and the changed statements go beside the ones they 
 it as a constant of the module's state, so a compiled `decode` traces the static statements alone and every other
 call runs the original. Free functions, static and class methods have no module to ask: their twin is called by
 name from the static code (`f_static(...)`), and a function that calls such a twin forks or gets one of its own.
-`__init__` keeps the codemods' version, which only adds the static buffers. Statements outside functions the chain
+`__init__` keeps the codemods' version, which only adds the static buffers. The merged projections
+(`graphmode_merged_linear`) are the model's own computation off the static path, so they go into the original body
+too (merged_projections.shared_merges) and fork nowhere. Statements outside functions the chain
 removed (an import only the original body uses) are put back. The scan (transforms/rules) and the line maps
 (`fork_lines`, `twin_spans`) read a fork's `else` and what follows a returning static branch as the model's own code.
 """
@@ -51,8 +56,9 @@ import libcst as cst
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
+from graphmode.transforms.codemods.merged_projections import shared_merges
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, walk
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
@@ -60,6 +66,7 @@ from graphmode.transforms.positions import module_code
 from graphmode.transforms.tidy import without_identical_branches
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
+NOTE = "# graphmode:"  # how the codemods' comments on what they wrote begin
 
 TWIN_SUFFIX = "_static"
 _KEPT_AS_CHANGED = frozenset({"__init__", "__new__", "__post_init__"})  # run once at construction: additions only
@@ -78,6 +85,8 @@ class _Plan:
 def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
     """The adapted module with every function the chain changed split into its original and its static twin.
     `original_text`: the original's code, where the caller has it (else it is generated again)."""
+    # The merged projections are the model's own computation off the static path too: both paths share them.
+    original = shared_merges(original, adapted)
     originals = dict(_functions(original))
     changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
@@ -129,6 +138,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
         original_text = module_code(original)
     width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
     module = adapted.visit(_Split(originals, changed, plan, width))
+    module = module.visit(_NotesOnHeaders(width, len(module.default_indent.expandtabs())))
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -231,6 +241,9 @@ def _fork_parts(stmt: ast.stmt) -> tuple[list[int], list[int], int] | None:
     shift = stmt.body[0].col_offset - stmt.col_offset
     if negated:
         return [], block, shift
+    if len(stmt.orelse) == 1 and stmt.orelse[0].__class__ is ast.If and stmt.orelse[0].col_offset == stmt.col_offset:
+        # `elif <the original test>:`: the original's lines where they were written, the comments above it too.
+        return block, list(range(block[-1] + 1, stmt.end_lineno + 1)), 0
     return block, list(range(block[-1] + 2, stmt.end_lineno + 1)) if stmt.orelse else [], shift
 
 
@@ -532,34 +545,118 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
         return None
     # A rewrite may have made both arms of a branch the same (one static form for every attention kind).
     theirs = _merged_arms(theirs, runs)
-    indented = [s for i1, i2, j1, j2 in runs if not (i2 == len(ours) and j2 == len(theirs)) for s in ours[i1:i2]]
-    if any(len(line) > width for s in indented for line in code_of(s).splitlines()):
-        return None  # an original statement under `else:` would no longer fit the file's lines
-    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
-           for line in code_of(s).splitlines()):
-        return None  # nor would a static one, however line_wrap wrapped it
     kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
     static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
     if static_lines > max(2 * kept_lines, _SHORT):
         return None  # most of the body differs
+    if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
+           for line in code_of(s).splitlines()):
+        return None  # a static statement would not fit the file's lines one level deeper, however wrapped
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
+    placed: dict[tuple[int, int, int, int], list[cst.BaseStatement]] = {}
+    for i1, i2, j1, j2 in runs:
+        last = i2 == len(ours) and j2 == len(theirs)
+        statements = _placed(receiver, theirs[j1:j2], ours[i1:i2], last, width)
+        if statements is None:
+            return None  # an original statement under `else:` would no longer fit the file's lines
+        placed[i1, i2, j1, j2] = statements
     body: list[cst.BaseStatement] = list(docstring)
     done = 0
-    for i1, i2, j1, j2 in sorted([*runs, *guards]):
+    for run in sorted([*runs, *guards]):
+        i1, i2 = run[0], run[1]
         body += ours[done:i1]
         done = i2
-        if (i1, i2, j1, j2) in guards:
-            body.append(guards[i1, i2, j1, j2])
-            continue
-        if i2 == len(ours) and j2 == len(theirs) and theirs[j1:j2] and _ends_the_call(theirs[j2 - 1]):
-            # The static statements return: the original's follow the fork as written, not indented under `else`.
-            body += [_fork(receiver, theirs[j1:j2], [], ours[i1:i2]), *ours[i1:i2]]
-            done = len(ours)
-        else:
-            body.append(_fork(receiver, theirs[j1:j2], ours[i1:i2], ours[i1:i2]))
+        body += [guards[run]] if run in guards else placed[run]
     body += ours[done:]
     params = _merged_signature(original.params, static.params)[0]
     return original.with_changes(params=params, body=original.body.with_changes(body=body))
+
+
+def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement], last: bool,
+            width: int) -> list[cst.BaseStatement] | None:
+    """The statements that stand for one changed run: the fork, in the form that leaves the original's statements
+    where they were written wherever one exists, else with them under `else:`; None where they would not fit
+    `width` there.
+
+    - The static statements return at the end of the body: the original's follow the fork as written.
+    - The run is one `if` of the original: the static statements come first and it follows as `elif`, its lines
+      as written (`if graphmode_static_path(self): <static> elif <its test>: ...`).
+    - The run is defaults (`mask = None`) and then one `if`, and the first static statement assigns those names
+      again: the defaults stay above the fork, on both paths (the static path overwrites them before any read),
+      and the `if` follows as `elif`.
+    - Only the original runs the run, and it is one `if` without `else`: `if not graphmode_static_path(self) and
+      <its test>:`.
+    - The run ends in such an `if`, and the statements before it are all that fits under `else:`: those are
+      forked, and the `if` asks as above.
+    """
+    if last and static and _ends_the_call(static[-1]):
+        return [_fork(receiver, static, [], own), *own]
+    # `elif` is two characters longer than `if`, and the switch asked in a test longer still: only where the line
+    # stays within the file's (the room at the fork's level is `width` + one indentation).
+    last_if = own[-1] if own and isinstance(own[-1], cst.If) and _header_fits(own[-1], width + 2) else None
+    if len(own) == 1 and last_if is not None:
+        if static:
+            return [_elif_fork(receiver, static, last_if)]
+        if last_if.orelse is None and _header_fits(_unless_static(receiver, last_if), width + 4):
+            return [_unless_static(receiver, last_if)]
+    if len(own) > 1 and last_if is not None and static and _overwritten_defaults(own[:-1], static[0]):
+        return [*own[:-1], _elif_fork(receiver, static, last_if)]
+    if _fits(own, width):
+        return [_fork(receiver, static, own, own)]
+    if len(own) > 1 and last_if is not None and last_if.orelse is None and _fits(own[:-1], width) \
+            and _header_fits(_unless_static(receiver, last_if), width + 4):
+        return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, last_if)]
+    return None
+
+
+def _header_fits(block: cst.If, width: int) -> bool:
+    """The `if` line of `block` (its first, where the test spans several) is at most `width` long."""
+    return len(code_of(block.with_changes(leading_lines=())).splitlines()[0]) <= width
+
+
+def _overwritten_defaults(defaults: list[cst.BaseStatement], first: cst.BaseStatement) -> bool:
+    """Each of `defaults` gives a name a constant (`x = None`, `n = 0`), and `first` assigns every one of them."""
+    names = [_constant_assignment(s) for s in defaults]
+    assigned = single_assignment(first)
+    return None not in names and assigned is not None and set(names) <= {assigned[0]} \
+        and not names_in(assigned[1]) & set(names)
+
+
+def _constant_assignment(stmt: cst.BaseStatement) -> str | None:
+    """`name = <None, True, False, a number or a string>` -> name."""
+    assigned = single_assignment(stmt)
+    if assigned is None:
+        return None
+    value = assigned[1]
+    constant = isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) \
+        or (isinstance(value, cst.Name) and value.value in ("None", "True", "False"))
+    return assigned[0] if constant else None
+
+
+def _fits(statements: list[cst.BaseStatement], width: int) -> bool:
+    return all(len(line) <= width for s in statements for line in code_of(s).splitlines())
+
+
+def _elif_fork(receiver: str, static: list[cst.BaseStatement], own: cst.If) -> cst.If:
+    """`if graphmode_static_path(receiver): <static> elif <own's test>: ...`: the blank lines before `own` go before
+    the fork, its comments stay with it (above `elif`)."""
+    comments = [line for line in own.leading_lines if line.comment is not None]
+    # A rewrite keeps the comments above what it replaced: above `elif` they say it once.
+    said = {line.comment.value for line in comments}
+    first = static[0].with_changes(leading_lines=[line for line in static[0].leading_lines
+                                                  if line.comment is None or line.comment.value not in said])
+    fork = _fork(receiver, [first, *static[1:]], [], [own])
+    return fork.with_changes(orelse=own.with_changes(leading_lines=comments))
+
+
+def _unless_static(receiver: str, own: cst.If) -> cst.If:
+    """`own` asking first whether this call is off the static path: `if not graphmode_static_path(receiver) and
+    <its test>:`."""
+    test = own.test
+    if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not test.lpar:
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    ask = cst.UnaryOperation(cst.Not(), cst.parse_expression(f"{SWITCH_TEST}({receiver})"))
+    return own.with_changes(test=cst.BooleanOperation(left=ask, operator=cst.And(), right=test))
 
 
 def _merged_arms(theirs: list[cst.BaseStatement], runs: list[tuple[int, int, int, int]]) -> list[cst.BaseStatement]:
@@ -626,15 +723,67 @@ def _ends_the_call(stmt: cst.BaseStatement) -> bool:
 def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],
           replaced: list[cst.BaseStatement]) -> cst.If:
     """`if graphmode_static_path(receiver): <static> else: <original>` (either side may be empty); the blank lines
-    before the statements it `replaced` go before it."""
+    before the statements it `replaced` go before it. The static statements are one block, without blank lines of
+    their own between them."""
     first = (replaced or static)[0]
     blank = [line for line in first.leading_lines if line.comment is None]
-    static, original = _without_blank_start(static), _without_blank_start(original)
+    static = [s.with_changes(leading_lines=[line for line in s.leading_lines if line.comment is not None])
+              for s in static]
+    original = _without_blank_start(original)
     test: cst.BaseExpression = cst.parse_expression(f"{SWITCH_TEST}({receiver})")
     if not static:
         test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
     orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
     return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+class _NotesOnHeaders(Transformer):
+    """Each fork on the switch and each eager-only guard with graphmode's note on its `if` line (noted_on_header):
+    the note says what the block is, and costs no line of its own there."""
+
+    def __init__(self, limit: int, indent: int) -> None:
+        self.limit, self.indent, self.depth = limit, indent, 0
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self.depth += 1
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        self.depth -= 1
+        width = self.limit - self.indent * (self.depth + 1)  # the room at the level of this block's statements
+        body = [noted_on_header(s, width) if isinstance(s, cst.If) and _noted_kind(s) else s for s in updated_node.body]
+        return updated_node.with_changes(body=body)
+
+
+def _noted_kind(block: cst.If) -> bool:
+    """A fork on the switch (`if graphmode_static_path(self):`) or an eager-only guard."""
+    test = code_of(block.test).strip()
+    return test.startswith(f"{SWITCH_TEST}(") or test == EAGER_ONLY
+
+
+def noted_on_header(block: cst.If, width: int) -> cst.If:
+    """`block` with graphmode's one-line note above it, or above the first statement of its body, at the end of its
+    `if` line instead, where that line stays within `width` (the room at the `if`'s own level)."""
+    header = code_of(block.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
+                                        orelse=None, leading_lines=())).splitlines()[0]
+    if block.body.header.comment is not None or "\n" in code_of(block.test):
+        return block
+    own, body = list(block.leading_lines), list(block.body.body)
+    inner = list(body[0].leading_lines) if body else []
+    for lines, on_block in ((own, True), (inner, False)):
+        notes = [index for index, line in enumerate(lines) if line.comment is not None
+                 and line.comment.value.startswith(NOTE)]
+        if len(notes) != 1 or notes[0] != len(lines) - 1:
+            continue  # none, several, or one the model's own comments follow
+        comment = lines[-1].comment
+        if len(header) + 2 + len(comment.value) > width:
+            return block
+        noted = block.with_changes(body=block.body.with_changes(
+            header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)))
+        if on_block:
+            return noted.with_changes(leading_lines=lines[:-1])
+        return noted.with_changes(body=noted.body.with_changes(
+            body=[body[0].with_changes(leading_lines=lines[:-1]), *body[1:]]))
+    return block
 
 
 def _without_blank_start(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:

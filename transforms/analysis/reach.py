@@ -93,12 +93,15 @@ def leaves_static_path(stmt: ast.stmt) -> bool:
 
 def model_code_field(node: ast.AST) -> str | None:
     """The field of `node` (a statement of a forked method) that only the model's own callers run: a fork's
-    `orelse`, the `body` of `if not graphmode_static_path(self):`; None for any other node."""
+    `orelse` (an `else:` or the original `if` as `elif`), the `body` of `if not graphmode_static_path(self):` and of
+    `if not graphmode_static_path(self) and <the original test>:`; None for any other node."""
     if node.__class__ is not ast.If:
         return None
     test = node.test
     if asks_switch(test):
         return "orelse"
+    if test.__class__ is ast.BoolOp and test.op.__class__ is ast.And:
+        test = test.values[0]
     if test.__class__ is ast.UnaryOp and test.op.__class__ is ast.Not and asks_switch(test.operand):
         return "body"
     return None

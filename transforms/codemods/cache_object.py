@@ -165,7 +165,7 @@ def _callers_copy(write: cst.BaseStatement, cache: str) -> cst.If:
         call = stmt.body[0].value
         return stmt.with_changes(body=[cst.Expr(call)])
 
-    comment = _comment("the caller's cache still grows; callers count positions from its length.")
+    comment = _comment("the caller's cache still grows (its length counts positions).")
     if isinstance(write, cst.If):
         return write.with_changes(body=write.body.with_changes(body=[bare(s) for s in write.body.body]),
                                   leading_lines=[*write.leading_lines, comment])
@@ -377,7 +377,7 @@ class CacheObject(GraphCodemod):
         guarded = _guarded_block(write, cache)
         if guarded is not None and _tuple_write(guarded, cache):
             plan.replace[write] = static.with_changes(leading_lines=[*write.leading_lines, _comment(
-                "written in place at the positions; attention reads every slot.")])
+                "written in place; attention reads all slots.")])
             returned = _returned_tuple(body[write_index + 1:], cache, keys, values)
             if returned is not None:  # eager callers read the past length off the tuple they get back
                 plan.replace[returned] = returned.visit(_WrittenSlots(keys, values, slots))

@@ -475,7 +475,7 @@ class CarriedCache(GraphCodemod):
         update = cst.parse_statement(f"{keys.target}, {values.target} = self.kv_cache.update({slots}, "
                                      f"{keys.target}, {values.target})\n")
         # The comments above the cat describe the concatenation, which is gone; blank lines stay.
-        written = "written in place at the positions; attention reads every slot."
+        written = "written in place; attention reads all slots."
         if keys.last_row or values.last_row:  # said where it is done: a multi-token step would differ
             written = ("new rows written in place (Decode has one: the row the original appends); attention reads "
                        "all slots.")

@@ -258,5 +258,5 @@ def _uncast(node: cst.BaseExpression) -> str:
 
 
 def _commented(stmt: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:
-    comment = cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {why} (fused; was five elementwise ops)."))
+    comment = cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {why}, fused (was five ops)."))
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, comment])

@@ -14,7 +14,7 @@ from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, contains_call, dotted_name
 
 GUARD = "not torch.compiler.is_compiling()"
-_COMMENT = "# graphmode: eager only; a graph cannot read tensor values or print."
+_COMMENT = "# graphmode: eager only (a host read or print)."
 _SYNCS = ("item", "tolist")
 # `if torch.isnan(x).any(): raise ...` reads a tensor value on the host as surely as `.item()` does.
 _VALUE_TESTS = ("any", "all")

@@ -6,9 +6,11 @@ name `x` in statements of one block, with `x` not assigned between them. Before 
 
     a_out, b_out = graphmode_merged_linear(self, ("a", "b"), x)
 
-and each call becomes its output. `graphmode_merged_linear` (helper code) stacks the weights once in eager code and
-makes the linears' own weights views of the stack, so the state dict, checkpoint loading and every other caller see
-the parameters they always had, in the same memory.
+and each call becomes its output (`a, b = self.a(x), self.b(x)` becomes the merged call itself).
+`graphmode_merged_linear` (helper code) stacks the weights once in eager code and makes the linears' own weights
+views of the stack, so the state dict, checkpoint loading and every other caller see the parameters they always had,
+in the same memory. Off the static path it calls each linear as written, so the merged call is the original
+computation there, and the adapted file holds it once, in the code both paths share (`shared_merges`).
 
 Under the NPU backends, `F.silu(self.gate(x)) * self.up(x)` (either order of the product) becomes
 `torch_npu.npu_swiglu(graphmode_merged_linear(self, ("gate", "up"), x, split=False), dim=-1)`: the activation and
@@ -121,22 +123,11 @@ class MergedProjections(StepCodemod):
             rewritten = replaced(body[index], {product: fused})
             return [*body[:index], _commented(rewritten, "gate and up in one matmul, SiLU(gate) * up in one kernel"),
                     *body[index + 1:]]
-        outputs = {name: f"{name}_out" for name in names}
-        new_body = []
-        for index, stmt in enumerate(body):
-            if index == first:
-                targets = ", ".join(outputs[name] for name in names)
-                quoted = ", ".join(f'"{name}"' for name in names)
-                merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")
-                new_body.append(_commented(merged.with_changes(leading_lines=stmt.leading_lines),
-                                           f"{', '.join(names)} in one matmul over their stacked weights"))
-                stmt = stmt.with_changes(leading_lines=[])
-            swaps = {call: cst.Name(outputs[name]) for call, name in _calls(stmt, calls)}
-            if swaps:
-                self.record_edit(body[index], "outputs of the merged matmul")
-                stmt = replaced(stmt, swaps)
-            new_body.append(stmt)
-        return new_body
+        merged = merged_body(body, x, names, first)
+        for stmt in body:
+            if _calls(stmt, calls):
+                self.record_edit(stmt, "outputs of the merged matmul")
+        return merged
 
     def _swiglu(self, body, x: str, names: tuple[str, ...]):
         """The statement holding `F.silu(self.g(x)) * self.u(x)` (all the group's calls), the product, (g, u)."""
@@ -152,6 +143,49 @@ class MergedProjections(StepCodemod):
                             len(_calls_anywhere(body, {(n, x) for n in names})) == 2:
                         return index, node, (gate, up)
         return None
+
+
+def merged_body(body: list[cst.BaseStatement], x: str, names: tuple[str, ...], first: int) -> list[cst.BaseStatement]:
+    """The block with the calls `self.n(x)` of `names` replaced by the outputs of one `graphmode_merged_linear`
+    call, written before statement `first` (the first that calls one). Where that statement is
+    `a, b = self.a(x), self.b(x)`, all of the calls in order, the merged call takes its place: its outputs are the
+    names it assigns."""
+    calls = {(name, x) for name in names}
+    quoted = ", ".join(f'"{name}"' for name in names)
+    why = "on the static path, one matmul over the stacked weights"
+    targets = _tuple_of_calls(body[first], x, names)
+    if targets is not None:
+        merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")
+        return [*body[:first], _commented(merged.with_changes(leading_lines=body[first].leading_lines), why),
+                *body[first + 1:]]
+    outputs = {name: f"{name}_out" for name in names}
+    new_body = []
+    for index, stmt in enumerate(body):
+        if index == first:
+            targets = ", ".join(outputs[name] for name in names)
+            merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")
+            new_body.append(_commented(merged.with_changes(leading_lines=stmt.leading_lines), why))
+            stmt = stmt.with_changes(leading_lines=[])
+        swaps = {call: cst.Name(outputs[name]) for call, name in _calls(stmt, calls)}
+        new_body.append(replaced(stmt, swaps) if swaps else stmt)
+    return new_body
+
+
+def _tuple_of_calls(stmt: cst.BaseStatement, x: str, names: tuple[str, ...]) -> str | None:
+    """The code of the targets of `a, b = self.a(x), self.b(x)` (the calls of `names`, in order, and nothing else
+    in the statement), else None."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Tuple) \
+            or not isinstance(assign.value, cst.Tuple):
+        return None
+    targets, values = assign.targets[0].target.elements, assign.value.elements
+    if len(targets) != len(names) or any(isinstance(e, cst.StarredElement) for e in [*targets, *values]):
+        return None
+    if tuple(_call_of(e.value, x) for e in values) != names:
+        return None
+    return ", ".join(code_of(e.value).strip() for e in targets)
 
 
 def _call_of(node: cst.BaseExpression, x: str) -> str | None:
@@ -212,3 +246,69 @@ def _groups(body: list[cst.BaseStatement], linears: dict[str, tuple[str, str]]) 
 def _commented(stmt: cst.BaseStatement, why: str) -> cst.BaseStatement:
     comment = cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {why} (fused)."))
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, comment])
+
+
+def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
+    """`original` with, in each function, the merges the chain wrote in its adapted form: off the static path
+    `graphmode_merged_linear` calls each linear as written, so the merged call is the model's own computation on
+    both paths, and the code both share holds it once instead of a fork around the projections
+    (transforms/static_path.py). A merge goes where the same projections of the same input are; the NPU form
+    (`split=False` under a fused activation) is a static path's alone and stays there."""
+    written = {qualname: _merged_calls(function) for qualname, function in _qualified_functions(adapted)}
+
+    class _Merge(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.scope: list[str] = []
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            self.scope.append(node.name.value)
+
+        def leave_ClassDef(self, original_node, updated_node):
+            self.scope.pop()
+            return updated_node
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def leave_FunctionDef(self, original_node, updated_node):
+            merges = written.get(".".join([*self.scope, original_node.name.value]))
+            if not merges:
+                return updated_node
+            new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
+            for block in nodes_of_type(original_node, cst.IndentedBlock):
+                body = list(block.body)
+                for x, names in merges:
+                    first = next((index for group_x, group, index in _groups(body, dict.fromkeys(names, ("", "")))
+                                  if (group_x, group) == (x, names)), None)
+                    if first is not None:
+                        new_blocks[block] = block.with_changes(body=merged_body(body, x, names, first))
+                        break
+            return replaced(original_node, new_blocks) if new_blocks else updated_node
+
+    return original.visit(_Merge())
+
+
+def _merged_calls(function: cst.FunctionDef) -> list[tuple[str, tuple[str, ...]]]:
+    """(input, names) of each `graphmode_merged_linear(self, ("a", "b"), x)` with split outputs in the function."""
+    found = []
+    for call in nodes_of_type(function, cst.Call):
+        if not (isinstance(call.func, cst.Name) and call.func.value == HELPER and len(call.args) == 3
+                and all(a.keyword is None for a in call.args) and isinstance(call.args[1].value, cst.Tuple)
+                and isinstance(call.args[2].value, cst.Name)):
+            continue
+        names = tuple(e.value.evaluated_value for e in call.args[1].value.elements
+                      if isinstance(e.value, cst.SimpleString))
+        if len(names) == len(call.args[1].value.elements):
+            found.append((call.args[2].value.value, names))
+    return found
+
+
+def _qualified_functions(module: cst.Module):
+    """(qualified name, function) of the module's functions and its classes' methods."""
+    def walk(body, prefix: str):
+        for stmt in body:
+            if isinstance(stmt, cst.FunctionDef):
+                yield prefix + stmt.name.value, stmt
+            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+                yield from walk(stmt.body.body, f"{prefix}{stmt.name.value}.")
+    yield from walk(module.body, "")

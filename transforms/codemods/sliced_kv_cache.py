@@ -201,7 +201,7 @@ class SlicedKVCache(BufferCodemod):
             leading_lines = list(use.statement.leading_lines)
             if first_write:
                 leading_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(
-                    "# graphmode: written in place at the positions; attention reads every slot.")))
+                    "# graphmode: written in place; attention reads all slots.")))
                 first_write = False
             replace[use.statement] = write.with_changes(leading_lines=leading_lines)
             self.record_edit(use.statement, f"`self.{use.attribute}` written with `index_copy_` at "

@@ -274,14 +274,11 @@ class SplitDecode(GraphCodemod):
             return _add_after_forward(updated_node, _copied_entries(forward, decode_body, omitted, positions, signature,
                                                                     call, self._cache_in_buffers,
                                                                     self.options.prefill_resets, slots))
-        # Decode's docstring names what tracing settles, so a reviewer sees why `decode` may simply call `forward`.
-        about = (f"Tracing settles the branches only Prefill takes: {', '.join(f'`{test}`' for test in settled)}."
-                 if settled else "")
+        # The branches tracing settles are in the edits (`graphmode fix` lists them), not in Decode's docstring: it
+        # says what a user of the entry needs.
         logits_only = self._cache_in_buffers and _returns_logits_and_cache(decode_body)
-        if logits_only:
-            about += " The cache lives in buffers; only the logits come back."
         return _add_after_forward(updated_node, _entry_methods(
-            signature, call, about, f"return {call}" + ("[0]" if logits_only else ""), self.options.prefill_resets,
+            signature, call, "", f"return {call}" + ("[0]" if logits_only else ""), self.options.prefill_resets,
             slots))
 
     def _starts_at(self, node: cst.CSTNode) -> tuple[int, int]:
@@ -354,13 +351,12 @@ class SplitDecode(GraphCodemod):
             passed["position_ids"] = f"{ROW_POSITIONS}({POSITION_TENSOR}, {_PADDING})"
             signature += f", {_PADDING}=None"
             padding, self._padded_entries = _PADDING, True
-            about = (f"\n\n`{_PADDING}` (rows, slots), optional: 0 at a row's padded slots (left padding); in "
-                     "Decode, pass it at the full length `setup_caches` set, so every step has the same shapes.")
+            about = f"\n`{_PADDING}` (rows, slots), optional: 0 at left-padded slots, at the length `setup_caches` set."
         keywords = [f"{tokens}={tokens}", *(f"{name}={value}" for name, value in passed.items())]
         keywords += [f"{name}={value}" for name, value in _DECODE_KEYWORDS.items() if name in names]
         call = f"self.forward({', '.join(keywords)})" + ("[0]" if "return_dict" in names else "")
-        return _entry_methods(signature, call, "The cache lives in buffers; only the logits come back." + about,
-                              f"return {call}", self.options.prefill_resets, POSITION_TENSOR, padding)
+        return _entry_methods(signature, call, about, f"return {call}", self.options.prefill_resets, POSITION_TENSOR,
+                              padding)
 
 
 # How the positional entries pass their 1-D position tensor to a parameter, by the layout the harness used.
@@ -401,7 +397,8 @@ def _entry_methods(signature: str, prefill_call: str, decode_about: str, decode_
     them to the file's own limit."""
     switch = _switch(slots, padding)
     about = " ".join(["one new token per sequence; compile this alone.", decode_about.lstrip(" ")]).rstrip(" ")
-    # A paragraph after a blank line goes at the method's indentation (the blank line holds none).
+    about = about.replace(" \n", "\n")
+    # A line of its own goes at the method's indentation.
     about = "\n".join(f"        {line}" if number and line else line for number, line in enumerate(about.split("\n")))
     setup = "".join(f"        self.{name}()  # as the harness does before every Prefill\n" for name in resets)
     return list(cst.parse_statement(
@@ -452,8 +449,7 @@ def _setup_method() -> cst.FunctionDef:
     return cst.parse_statement(
         "class Entries:\n"
         f"    def {SETUP}(self, max_batch_size=1, max_seq_length=None):\n"
-        '        """Allocates the static path\'s buffers (added by graphmode) for `max_batch_size` sequences of '
-        "`max_seq_length` positions (default: the config's limit).\"\"\"\n"
+        '        """Sizes the static path\'s buffers (added by graphmode); default: the config\'s limit."""\n'
         f"        {STATIC_PATH}.setup(self, max_batch_size, max_seq_length)\n"
     ).body.body[0]
 

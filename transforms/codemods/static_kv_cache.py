@@ -114,7 +114,7 @@ class StaticKVCacheCodemod(BufferCodemod):
             # A comment above the cat that tells of the concatenation (which is gone) goes; others (a layout) stay.
             *(line for line in body[index].leading_lines if not _tells_of_growth(line.comment)),
             cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: written in place at the positions; attention reads every slot.")),
+                "# graphmode: written in place; attention reads all slots.")),
         ])
         width = 1 if isinstance(body[index], cst.If) else 2
         self.record_edit(body[index], f"`{keys[1]}` concatenation replaced by `self.kv_cache.update`")

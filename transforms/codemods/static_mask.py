@@ -127,8 +127,7 @@ class StaticMask(BufferCodemod):
             leading_lines=[
                 *body[build.first].leading_lines,
                 cst.EmptyLine(indent=True, comment=cst.Comment(
-                    "# graphmode: the causal rows of these positions; later slots stay "
-                    "hidden.")),
+                    "# graphmode: the causal rows of these positions.")),
             ]
         )
         for stmt in body[build.first : build.last + 1]:

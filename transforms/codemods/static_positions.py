@@ -196,7 +196,7 @@ class _ApplyPositions(Transformer):
         tokens = params[1].name.value
         guard = cst.parse_statement(f"{POSITION_TENSOR} = {POSITIONS}({POSITION_TENSOR}, {tokens})\n")
         guard = guard.with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-            "# graphmode: the layers take a position tensor; a caller may pass the int start."))])
+            "# graphmode: the layers take a position tensor."))])
         self.uses_helper = True
         body = list(updated_node.body.body)
         at = 1 if body and is_docstring(body[0]) else 0

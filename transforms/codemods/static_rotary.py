@@ -32,6 +32,7 @@ import libcst.matchers as m
 
 from graphmode.transforms.codemods._module import BufferCodemod, replace_method, self_attributes
 from graphmode.transforms.cstutil import (
+    code_of,
     find_method,
     is_docstring,
     names_in,
@@ -183,7 +184,7 @@ class StaticRotary(BufferCodemod):
         selects = ", ".join(f"self.{name}[{position}]" for name in names)
         new_body = [*docstring, cst.parse_statement(f"return {selects}\n").with_changes(
             leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: tables built by setup_caches, for every position it serves."))]
+                "# graphmode: rows of the tables setup_caches built."))]
         )]
         self.record_edit(method, f"table built by setup_caches as buffers {', '.join(names)}")
         new_method = method.with_changes(body=method.body.with_changes(body=new_body))
@@ -223,12 +224,12 @@ class StaticRotary(BufferCodemod):
         # __init__ is left as it is: the tables it builds cover the length it passes (the model's own limit), and
         # `setup_caches` serves no more positions than the config names.
         # forward: no growth, the whole tables.
-        returned = rest[1].visit(_WholeTables(slices))
+        returned = _on_one_line(rest[1].visit(_WholeTables(slices)))
         comments = [line for line in rest[1].leading_lines if line.comment is not None]
         returned = returned.with_changes(leading_lines=[
             *branch.leading_lines, *comments,
             cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: built for every position in __init__; callers select rows by position.")),
+                "# graphmode: whole tables, every position; callers select rows by position.")),
         ])
         new_method = method.with_changes(body=method.body.with_changes(body=[*docstring, returned]))
         updated = replace_method(updated, method.name.value, new_method)
@@ -237,6 +238,17 @@ class StaticRotary(BufferCodemod):
         self.record_edit(rest[1], f"returns the whole tables {', '.join(sorted(set(slices.values())))} instead of "
                                   f"`[:{length}]`; callers index them by position")
         return updated
+
+
+def _on_one_line(stmt: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    """`return (a, b)` written over several lines, as one line: `return a, b` (shorter without its slices, it may fit
+    where the original did not; transforms.line_wrap wraps it again where it does not)."""
+    value = stmt.body[0].value if isinstance(stmt.body[0], cst.Return) else None
+    if not isinstance(value, cst.Tuple) or "#" in code_of(value) \
+            or any("\n" in code_of(e.value) for e in value.elements):
+        return stmt  # a comment inside, or an element over several lines: kept as written
+    flat = cst.parse_statement(f"return {', '.join(code_of(e.value).strip() for e in value.elements)}\n")
+    return flat.with_changes(leading_lines=stmt.leading_lines)
 
 
 def _compared_attribute(test: cst.BaseExpression) -> str | None:

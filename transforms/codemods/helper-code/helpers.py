@@ -667,15 +667,16 @@ def graphmode_merged_linear(module, names, x, split=True):
 
     The stacked weight is built in eager code (Prefill), and the linears' own weights become views of it: the same
     memory, so the model's state dict, its loading and its other callers see the parameters they always had, and a
-    checkpoint loaded later lands in the stacked weight too. Linears of another kind (quantised, adapters) are
-    called one by one, as written, and so are an expert's (`graphmode_stack_experts` stacks its weights with the
-    other experts', and a routed dispatch calls it with parameters of its own) and a module's that no eager call
-    has stacked yet."""
+    checkpoint loaded later lands in the stacked weight too. Off the static path each linear is called as written,
+    one by one: the model's own computation, hooks included, so the call can stand in the code both paths share.
+    So are linears of another kind (quantised, adapters), an expert's (`graphmode_stack_experts` stacks its weights
+    with the other experts', and a routed dispatch calls it with parameters of its own) and a module's that no eager
+    call has stacked yet."""
     linears = [getattr(module, name) for name in names]
-    expert = "graphmode_expert" in module.__dict__
-    if not expert and not torch.compiler.is_compiling() and all(type(lin) is torch.nn.Linear for lin in linears):
+    merged = graphmode_static_path(module) and "graphmode_expert" not in module.__dict__
+    if merged and not torch.compiler.is_compiling() and all(type(lin) is torch.nn.Linear for lin in linears):
         graphmode_stack_weights(module, names, linears)
-    held = None if expert else module.__dict__.get("graphmode_stacked", {}).get(names)
+    held = module.__dict__.get("graphmode_stacked", {}).get(names) if merged else None
     if held is None or any(type(linear) is not torch.nn.Linear for linear in linears):
         outputs = [linear(x) for linear in linears]
         return outputs if split else torch.cat(outputs, dim=-1)
