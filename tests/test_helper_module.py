@@ -138,3 +138,16 @@ def test_the_import_goes_after_the_leading_imports_and_blocks_of_them_before_any
 def _imported(source: str) -> set[str]:
     return {a.name for s in ast.parse(source).body if isinstance(s, ast.Import) for a in s.names} | {
         s.module for s in ast.parse(source).body if isinstance(s, ast.ImportFrom)}
+
+
+def test_the_in_place_view_defines_every_helper_its_code_and_its_helpers_call():
+    """The design's diff and the battery's in-place rewrite read `static_view`, the chain's text with the helpers
+    still pasted in: each helper a pasted one calls must be pasted too (graphmode_merged_linear asks the switch)."""
+    for example, entry in (("legacy_llm", "Transformer"), ("meta_llama", "Transformer"),
+                           ("hf_cache_api", "ForCausalLM")):
+        view = adapt_source((ROOT / "examples" / example / "model.py").read_text(), "model.py", None,
+                            Options(entry_class=entry)).static_view
+        tree = ast.parse(view)
+        defined = {s.name for s in tree.body if isinstance(s, (ast.ClassDef, ast.FunctionDef))}
+        called = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in helper_names()}
+        assert called <= defined, (example, sorted(called - defined))

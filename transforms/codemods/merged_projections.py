@@ -24,6 +24,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from graphmode.transforms.analysis.reach import SWITCH_TEST
 from graphmode.transforms.codemods._fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
@@ -93,7 +94,8 @@ class MergedProjections(StepCodemod):
         if not any(edit.codemod == self.NAME for edit in self.edits):
             return updated_node
         module = updated_node
-        for name in (STACKER, HELPER):
+        # graphmode_merged_linear asks the switch itself: off the static path it calls each linear as written.
+        for name in (SWITCH_TEST, STACKER, HELPER):
             if not defined_at_top(module, name):
                 module = insert_after_imports(module, helper_statements(name))
         return module
