@@ -256,7 +256,12 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
     both paths, and the code both share holds it once instead of a fork around the projections
     (transforms/static_path.py). A merge goes where the same projections of the same input are; the NPU form
     (`split=False` under a fused activation) is a static path's alone and stays there."""
-    written = {qualname: _merged_calls(function) for qualname, function in _qualified_functions(adapted)}
+    # A function the chain handed on as it was parsed (the same node) holds no merge: only the others are read.
+    untouched = {id(function) for _, function in _qualified_functions(original)}
+    written = {qualname: merges for qualname, function in _qualified_functions(adapted)
+               if id(function) not in untouched and (merges := _merged_calls(function))}
+    if not written:
+        return original
 
     class _Merge(cst.CSTTransformer):
         def __init__(self) -> None:
