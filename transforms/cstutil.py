@@ -357,3 +357,14 @@ def appending_cat(stmt: cst.CSTNode, last_row: bool = False) -> AppendingCat | N
     if last_row and dim >= 0 and _last_row_of(new, dim) == target:
         return AppendingCat(stmt, target, old, dim, last_row=True)
     return None
+
+
+def qualified_functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef]]:
+    """Top-level functions and the methods of top-level (and nested) classes, by qualified name."""
+    def walk_body(body, prefix: str):
+        for stmt in body:
+            if isinstance(stmt, cst.FunctionDef):
+                yield prefix + stmt.name.value, stmt
+            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+                yield from walk_body(stmt.body.body, f"{prefix}{stmt.name.value}.")
+    yield from walk_body(module.body, "")

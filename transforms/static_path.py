@@ -58,7 +58,8 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.merged_projections import shared_merges
 from graphmode.transforms.codemods.hoist_item import GUARD as EAGER_ONLY
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, single_assignment, walk
+from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
+    single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.helper_module import imports_helper_module
 from graphmode.transforms.line_wrap import MIN_LIMIT
@@ -87,8 +88,8 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
     `original_text`: the original's code, where the caller has it (else it is generated again)."""
     # The merged projections are the model's own computation off the static path too: both paths share them.
     original = shared_merges(original, adapted)
-    originals = dict(_functions(original))
-    changed = {q: f for q, f in _functions(adapted) if q in originals and not _same(originals[q], f)}
+    originals = dict(qualified_functions(original))
+    changed = {q: f for q, f in qualified_functions(adapted) if q in originals and not _same(originals[q], f)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
     # Guarded eager-only statements are the same on both paths: such a function keeps its adapted form, untwinned.
     changed = {q: f for q, f in changed.items() if not _guards_only(originals[q], f)}
@@ -118,7 +119,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
         plan.dispatched.add(qualname)
         plan.keywords.update(renamed_parameters(originals[qualname].params, function.params))
     # A function that calls a renamed twin by name needs a twin of its own, or the static path would leave it there.
-    unchanged = {q: f for q, f in _functions(adapted) if q in originals and q not in changed
+    unchanged = {q: f for q, f in qualified_functions(adapted) if q in originals and q not in changed
                  and q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
     while True:
         callers = {q for q, f in unchanged.items() if q not in plan.dispatched and q not in plan.renamed
@@ -271,17 +272,6 @@ def _ast_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | as
             elif isinstance(stmt, ast.ClassDef):
                 yield from walk(stmt.body, f"{prefix}{stmt.name}.")
     yield from walk(tree.body, "")
-
-
-def _functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef]]:
-    """Top-level functions and the methods of top-level (and nested) classes, by qualified name."""
-    def walk(body, prefix: str):
-        for stmt in body:
-            if isinstance(stmt, cst.FunctionDef):
-                yield prefix + stmt.name.value, stmt
-            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
-                yield from walk(stmt.body.body, f"{prefix}{stmt.name.value}.")
-    yield from walk(module.body, "")
 
 
 def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:

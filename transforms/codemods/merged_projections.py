@@ -30,7 +30,7 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, \
-    self_attribute_name
+    qualified_functions, self_attribute_name
 
 HELPER = "graphmode_merged_linear"
 STACKER = "graphmode_stack_weights"
@@ -257,8 +257,8 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
     (transforms/static_path.py). A merge goes where the same projections of the same input are; the NPU form
     (`split=False` under a fused activation) is a static path's alone and stays there."""
     # A function the chain handed on as it was parsed (the same node) holds no merge: only the others are read.
-    untouched = {id(function) for _, function in _qualified_functions(original)}
-    written = {qualname: merges for qualname, function in _qualified_functions(adapted)
+    untouched = {id(function) for _, function in qualified_functions(original)}
+    written = {qualname: merges for qualname, function in qualified_functions(adapted)
                if id(function) not in untouched and (merges := _merged_calls(function))}
     if not written:
         return original
@@ -308,14 +308,3 @@ def _merged_calls(function: cst.FunctionDef) -> list[tuple[str, tuple[str, ...]]
         if len(names) == len(call.args[1].value.elements):
             found.append((call.args[2].value.value, names))
     return found
-
-
-def _qualified_functions(module: cst.Module):
-    """(qualified name, function) of the module's functions and its classes' methods."""
-    def walk(body, prefix: str):
-        for stmt in body:
-            if isinstance(stmt, cst.FunctionDef):
-                yield prefix + stmt.name.value, stmt
-            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
-                yield from walk(stmt.body.body, f"{prefix}{stmt.name.value}.")
-    yield from walk(module.body, "")
