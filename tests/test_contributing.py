@@ -78,4 +78,4 @@ def test_readme_starts_with_the_set_up_and_run_then_the_test_command_and_says_wh
     install, tests = second.split(" && ")
     assert first.startswith(install + " && ") and tests in ci
     said = " ".join(start.split("```")[-1].split())  # the prose after the commands, its lines joined
-    assert re.search(r"about \d+ to \d+ minutes on a quiet 2-core machine", said) and "`--runs 1`" in said
+    assert re.search(r"about \d+ to \d+ minutes on a 2-core machine", said) and "`--runs 1`" in said
