@@ -182,6 +182,21 @@ def _logits(output):
     return getattr(output, "logits", output)
 
 
+def unit_scale_weights(model, generator=None) -> None:
+    """Random weights that keep activations at unit scale (norms 1, each matrix scaled by its fan-in), as
+    graphmode's harnesses set tiny models' weights: with a config's 0.02 init the logits of random weights are
+    nearly flat, and greedy tokens would turn on rounding alone."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                scale = 1.0 if "embed" in name else param.shape[-1] ** -0.5
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+
+
 def run_real(shape: Shape, positions: int, steps: int) -> dict:
     """A published shape for real: the eager original against the adapted Decode compiled, bf16, CPU."""
     import torch
@@ -195,16 +210,7 @@ def run_real(shape: Shape, positions: int, steps: int) -> dict:
     original = getattr(original_module, entry)(config).eval()
     adapted = getattr(adapted_module, entry)(config).eval()
     torch.set_default_dtype(torch.float32)
-    # Unit-scale activations, as graphmode's harnesses set tiny models' weights: with the config's 0.02 the logits
-    # of random weights are nearly flat, and greedy tokens would turn on bf16 rounding alone.
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in original.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                scale = 1.0 if "embed" in name else param.shape[-1] ** -0.5
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    unit_scale_weights(original, torch.Generator().manual_seed(0))
     adapted.load_state_dict(original.state_dict())
     prompt = torch.randint(0, config.vocab_size, (1, 16))
     with torch.inference_mode():

@@ -38,7 +38,7 @@ def main() -> int:
     from torch._dynamo.utils import counters
     from transformers import CONFIG_MAPPING
 
-    from bench.real_size import Shape, release_modules
+    from bench.real_size import Shape, release_modules, unit_scale_weights
 
     original_module, adapted_module, entry = release_modules(Shape("tiny", "", args.model))
     config = CONFIG_MAPPING[args.model](**{**TINY, "first_k_dense_replace": 1 if args.moe else 2},
@@ -47,15 +47,7 @@ def main() -> int:
     torch.manual_seed(0)
     original = getattr(original_module, entry)(config).eval()
     adapted = getattr(adapted_module, entry)(config).eval()
-    # Unit-scale activations: with the config's 0.02 the logits of random weights are nearly flat, and greedy
-    # tokens would turn on rounding alone.
-    with torch.no_grad():
-        for name, param in original.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                scale = 1.0 if "embed" in name else param.shape[-1] ** -0.5
-                param.copy_(torch.randn(param.shape) * scale)
+    unit_scale_weights(original)  # the global generator, seeded above
     adapted.load_state_dict(original.state_dict())
     prompt = torch.randint(0, config.vocab_size, (1, PROMPT))
 

@@ -753,10 +753,10 @@ def _noted_kind(block: cst.If) -> bool:
 def noted_on_header(block: cst.If, width: int) -> cst.If:
     """`block` with graphmode's one-line note above it, or above the first statement of its body, at the end of its
     `if` line instead, where that line stays within `width` (the room at the `if`'s own level)."""
-    header = code_of(block.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
-                                        orelse=None, leading_lines=())).splitlines()[0]
     if block.body.header.comment is not None or "\n" in code_of(block.test):
         return block
+    header = code_of(block.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
+                                        orelse=None, leading_lines=())).splitlines()[0]
     own, body = list(block.leading_lines), list(block.body.body)
     inner = list(body[0].leading_lines) if body else []
     for lines, on_block in ((own, True), (inner, False)):

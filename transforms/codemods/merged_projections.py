@@ -30,7 +30,7 @@ from graphmode.transforms.codemods._helper_code import helper_statements
 from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, \
-    qualified_functions, self_attribute_name
+    qualified_functions, self_attribute_name, string_tuple
 
 HELPER = "graphmode_merged_linear"
 STACKER = "graphmode_stack_weights"
@@ -152,21 +152,20 @@ def merged_body(body: list[cst.BaseStatement], x: str, names: tuple[str, ...], f
     call, written before statement `first` (the first that calls one). Where that statement is
     `a, b = self.a(x), self.b(x)`, all of the calls in order, the merged call takes its place: its outputs are the
     names it assigns."""
+    def merged_call(targets: str, leading_lines) -> cst.BaseStatement:
+        call = cst.parse_statement(f"{targets} = {HELPER}(self, {string_tuple(list(names))}, {x})\n")
+        return _commented(call.with_changes(leading_lines=leading_lines),
+                          "on the static path, one matmul over the stacked weights")
+
     calls = {(name, x) for name in names}
-    quoted = ", ".join(f'"{name}"' for name in names)
-    why = "on the static path, one matmul over the stacked weights"
     targets = _tuple_of_calls(body[first], x, names)
     if targets is not None:
-        merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")
-        return [*body[:first], _commented(merged.with_changes(leading_lines=body[first].leading_lines), why),
-                *body[first + 1:]]
+        return [*body[:first], merged_call(targets, body[first].leading_lines), *body[first + 1:]]
     outputs = {name: f"{name}_out" for name in names}
     new_body = []
     for index, stmt in enumerate(body):
         if index == first:
-            targets = ", ".join(outputs[name] for name in names)
-            merged = cst.parse_statement(f"{targets} = {HELPER}(self, ({quoted}), {x})\n")
-            new_body.append(_commented(merged.with_changes(leading_lines=stmt.leading_lines), why))
+            new_body.append(merged_call(", ".join(outputs[name] for name in names), stmt.leading_lines))
             stmt = stmt.with_changes(leading_lines=[])
         swaps = {call: cst.Name(outputs[name]) for call, name in _calls(stmt, calls)}
         new_body.append(replaced(stmt, swaps) if swaps else stmt)

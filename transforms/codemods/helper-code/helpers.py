@@ -673,11 +673,12 @@ def graphmode_merged_linear(module, names, x, split=True):
     with the other experts', and a routed dispatch calls it with parameters of its own) and a module's that no eager
     call has stacked yet."""
     linears = [getattr(module, name) for name in names]
-    merged = graphmode_static_path(module) and "graphmode_expert" not in module.__dict__
-    if merged and not torch.compiler.is_compiling() and all(type(lin) is torch.nn.Linear for lin in linears):
+    merged = all(type(linear) is torch.nn.Linear for linear in linears) and graphmode_static_path(module) \
+        and "graphmode_expert" not in module.__dict__
+    if merged and not torch.compiler.is_compiling():
         graphmode_stack_weights(module, names, linears)
     held = module.__dict__.get("graphmode_stacked", {}).get(names) if merged else None
-    if held is None or any(type(linear) is not torch.nn.Linear for linear in linears):
+    if held is None:
         outputs = [linear(x) for linear in linears]
         return outputs if split else torch.cat(outputs, dim=-1)
     weight, bias, sizes = held
