@@ -25,10 +25,26 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     if seen:  # the adapted run read the host where the original's trace never went (agent.repair)
         options = replace(options, traced=True, host_sync_lines=tuple(sorted(
             {*options.host_sync_lines, *((file, line) for file, line in seen)})))
-    if selected is None:
-        selected = set(CODEMODS) - {d["codemod"] for d in state.dropped}
+    every = frozenset(CODEMODS) - {d["codemod"] for d in state.dropped}
+    planned = {c.codemod for c in state.plan}
+    # Every planned change approved is the design's own selection: planned.diff is that adaptation, so the chain
+    # is not run again for it.
+    chosen = every if selected is None or (planned and planned <= selected <= every) else frozenset(selected)
     target = Path(state.options.target)
-    return {rel: adapt_source(read_source(target, rel), rel, selected, options) for rel in state.sources}
+    texts = tuple((rel, read_source(target, rel)) for rel in state.sources)
+    key = (chosen, options, texts)
+    if key not in _ADAPTED:
+        if len(_ADAPTED) >= _KEPT:
+            _ADAPTED.pop(next(iter(_ADAPTED)))
+        _ADAPTED[key] = {rel: adapt_source(text, rel, set(chosen), options) for rel, text in texts}
+    return _ADAPTED[key]
+
+
+# The chain's results in this process, by selection, options and source texts: design, implement and a
+# bisection's trials ask for the same selection more than once in a session. Kept few: a result holds the
+# file's texts several times.
+_ADAPTED: dict[tuple, dict[str, FileAdaptation]] = {}
+_KEPT = 8
 
 
 def parameter_values(state: RunState) -> dict:

@@ -41,17 +41,27 @@ def analyze(state: RunState) -> dict:
     findings = [f for relative in sources for f in scan_source(read_source(target, relative), relative)]
     evidence = _user_code(lambda: collect_evidence(target, log_dir=logs, timeout_s=opts.timeout_s,
                                                    sources=opts.sources), opts.python)
-    baseline = Baseline.model_validate(_user_code(
-        lambda: probe(target, steps=8, backend=opts.backend, log_dir=logs, timeout_s=opts.timeout_s), opts.python))
+    probed = _user_code(
+        lambda: probe(target, steps=8, backend=opts.backend, log_dir=logs, timeout_s=opts.timeout_s), opts.python)
+    probed.pop("sources", None)  # the harness's SOURCES, as `sources` below has them (or graphmode.toml's instead)
+    baseline = Baseline.model_validate(probed)
     check_batch_fits(opts.batch_buckets, baseline)
     return {
         "sources": sources,
-        "entry_class": baseline.entry_class,
-        "max_seq_len": baseline.max_seq_len,
         "findings": with_runtime_findings(reconcile(findings, evidence), baseline, sources),
         "baseline": baseline,
         "evidence": {**evidence.to_dict(), "summary": evidence.summary()},
     }
+
+
+def _write_change_diff(run_dir: Path, change: str, diff: str) -> str:
+    """The change's diff in changes/<id>.diff of the run folder (each design writes them anew); "" for none."""
+    path = run_dir / "changes" / f"{change}.diff"
+    if not diff:
+        path.unlink(missing_ok=True)
+        return ""
+    write_atomic(path, diff)
+    return str(path)
 
 
 def check_batch_fits(buckets: list[int], baseline: Baseline) -> None:
@@ -93,9 +103,10 @@ def design(state: RunState) -> dict:
     diffs = change_diffs({a.path: a.static_diff() for a in adaptations.values() if a.changed},
                          {c.id: c.edits for c in plan})
     config = full_config(Path(state.options.target))
-    plan = [c.model_copy(update={"diff": diffs.get(c.id, ""), "numbers": fusion_numbers(c.codemod, config)})
-            for c in plan]
     run_dir = Path(state.options.run_dir)
+    plan = [c.model_copy(update={"diff_path": _write_change_diff(run_dir, c.id, diffs.get(c.id, "")),
+                                 "numbers": fusion_numbers(c.codemod, config)})
+            for c in plan]
     planned = run_dir / "planned.diff"
     write_atomic(planned, "".join(file_diffs.values())
                  + helper_module_diffs({a.path: a.adapted for a in adaptations.values() if a.changed}))

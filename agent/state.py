@@ -11,6 +11,7 @@ earlier layout is refused with a clear message rather than misread (agent.workfl
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,8 +20,9 @@ from graphmode.runners.run_settings import SETTINGS, default
 from graphmode.runners.timing import speedup_unstable
 from graphmode.transforms.findings import Finding
 
-# 2: options nested under `options`; typed baseline, verification and manual items (1: every field flat, dicts).
-SCHEMA_VERSION = 2
+# 3: the entry class and MAX_SEQ_LEN only in the baseline, each change's diff on disk (2: options nested under
+# `options`; typed baseline, verification and manual items; 1: every field flat, dicts).
+SCHEMA_VERSION = 3
 
 
 class RunOptions(BaseModel):
@@ -80,7 +82,6 @@ class Baseline(Record):
     entry_class: str = ""
     entry_file: str | None = None
     max_seq_len: int = 64
-    sources: list[str] = Field(default_factory=list)
     prompt_shape: list[int] = Field(default_factory=list)
     steps: int = 0
     # None when the probe crashed and nothing could be measured (`crash` says why).
@@ -189,8 +190,15 @@ class Change(BaseModel):
     files: list[str] = Field(default_factory=list)
     edits: list[dict] = Field(default_factory=list)  # transforms.codemods.Edit as dicts, original lines
     fixes: list[int] = Field(default_factory=list)  # indexes into RunState.findings
-    diff: str = ""  # the hunks of the planned diff its edits touch (agent.diffs), shown before approval
+    # The hunks of the planned diff its edits touch (agent.diffs), shown before approval: a file beside design.md
+    # (changes/<id>.diff), so checkpoints stay small; "" when the change has no lines of its own.
+    diff_path: str = ""
     numbers: str = ""  # a fusion's estimated effect per layer (agent.adaptation.fusion_numbers), for the design
+
+
+    def diff(self) -> str:
+        """Its part of the planned diff; "" when it has no lines of its own."""
+        return Path(self.diff_path).read_text(encoding="utf-8") if self.diff_path else ""
 
 
 class Round(BaseModel):
@@ -224,8 +232,6 @@ class RunState(BaseModel):
 
     # analyze
     sources: list[str] = Field(default_factory=list)  # relative to the target
-    entry_class: str = ""
-    max_seq_len: int = 64
     findings: list[Finding] = Field(default_factory=list)
     baseline: Baseline = Field(default_factory=Baseline)
     # One traced eager run of the unmodified Prefill and Decode (runners.evidence_model.Evidence as a dict): what grows,
@@ -272,3 +278,14 @@ class RunState(BaseModel):
     # verify / report
     verification: Verification | None = None
     report_path: str = ""
+
+    # What analyze found, kept once: in the probe's record.
+    @property
+    def entry_class(self) -> str:
+        """The model class the harness builds."""
+        return self.baseline.entry_class
+
+    @property
+    def max_seq_len(self) -> int:
+        """The harness's MAX_SEQ_LEN: the positions its static path is set up for unless a person revises it."""
+        return self.baseline.max_seq_len

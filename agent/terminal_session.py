@@ -90,8 +90,9 @@ def _show_diffs(changes) -> None:
 
     for change in changes:
         console.print(Rule(f"{change.id}. {change.title}", align="left"))
-        if change.diff:
-            console.print(Syntax(change.diff, "diff", theme="ansi_dark", word_wrap=False))
+        diff = change.diff()
+        if diff:
+            console.print(Syntax(diff, "diff", theme="ansi_dark", word_wrap=False))
         else:
             console.print("(no lines of its own: it changes what other changes' lines do)")
 
@@ -180,7 +181,7 @@ def ask(state: RunState):
 
     values = parameter_values(state)
     # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
-    total = sum(change.diff.count("\n") for change in state.plan)
+    total = sum(change.diff().count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:
         _show_diffs(state.plan)
     console.print(change_table(state))

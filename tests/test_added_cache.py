@@ -141,7 +141,7 @@ def test_attention_without_a_causal_mask_gets_no_cache_and_says_why():
 def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
     """verify does not report a missing `prefill` method: it says what the design said about the entries."""
     from graphmode.agent.nodes import design, verify
-    from graphmode.agent.state import RunOptions, RunState
+    from graphmode.agent.state import Baseline, RunOptions, RunState
     from graphmode.runners.entry_calls import EntryCalls, ParameterUse
     from graphmode.runners.evidence_model import Evidence, SourceLine
 
@@ -157,7 +157,7 @@ def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
                         recomputes_sequence=SourceLine("model.py", 30),
                         entry_calls=EntryCalls("Model", 5, [tokens]).to_dict())
     state = RunState(session_id="added-cache", options=RunOptions(target=str(target), run_dir=str(run_dir)),
-                     sources=["model.py"], entry_class="Model",
+                     sources=["model.py"], baseline=Baseline(entry_class="Model"),
                      evidence={**evidence.to_dict(), "summary": evidence.summary()})
     state = RunState.model_validate({**state.model_dump(), **design(state)})  # as the workflow merges a step's fields
     designed = [r["reason"] for item in state.manual for r in item.reasons if r.get("codemod") == "added_cache"]

@@ -23,3 +23,22 @@ def test_a_change_that_adds_methods_shows_them_and_not_its_neighbours_lines():
     assert "+    def decode(self" in parts["split_decode"] and "is_compiling" not in parts["split_decode"]
     assert "+        if not torch.compiler.is_compiling():" in parts["hoist_item"]
     assert "def decode" not in parts["hoist_item"]
+
+
+def test_the_design_keeps_each_changes_diff_on_disk_not_in_the_session(tmp_path: Path):
+    """The checkpoint holds a path per change; the diff text is in changes/<id>.diff beside design.md, and it is the
+    hunks the person is shown."""
+    from graphmode.agent import nodes
+    from graphmode.agent.state import Baseline, RunOptions, RunState
+
+    example = Path(__file__).parents[1] / "examples" / "legacy_llm"
+    state = RunState(session_id="diffs", options=RunOptions(target=str(example), run_dir=str(tmp_path / "run")),
+                     sources=["model.py"], baseline=Baseline(entry_class="Transformer", max_seq_len=64))
+    designed = RunState.model_validate({**state.model_dump(), **nodes.design(state)})
+    with_lines = [c for c in designed.plan if c.diff_path]
+    assert with_lines
+    for change in with_lines:
+        assert Path(change.diff_path) == tmp_path / "run" / "changes" / f"{change.id}.diff"
+        assert change.diff().startswith("--- a/model.py") and "\n@@ " in change.diff()
+    saved = designed.model_dump_json()
+    assert "\n@@ " not in saved and "@@ -" not in saved

@@ -22,8 +22,9 @@ UNKNOWN = "fused_elsewhere"  # a fusion name this graphmode has no codemod for (
 
 def _designed(tmp_path: Path) -> RunState:
     state = RunState(session_id="fusion", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
-                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
-                     baseline=Baseline(headline="not probed: this test is about the fusions", steps=8))
+                     sources=["model.py"],
+                     baseline=Baseline(entry_class="Transformer", max_seq_len=64,
+                                       headline="not probed: this test is about the fusions", steps=8))
     state = RunState.model_validate({**state.model_dump(), **nodes.design(state)})
     return state.model_copy(update={"approved": [c.id for c in state.plan]})
 
@@ -89,8 +90,9 @@ def _state(tmp_path: Path, fusion: dict, **verification) -> RunState:
         "adapted": {"env": env, "tokens": [[1, 2]], "prompt_len": 8}, "runs": 3, "variables": variables,
         "decode_speedup_range": {"median": 2.0, "min": 1.9, "max": 2.1}, "fusion": fusion, **verification})
     return RunState(session_id="fusion", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
-                    entry_class="Transformer", applied=["fused_rms_norm"], adapted_dir=str(EXAMPLE),
-                    baseline=Baseline(headline="not probed: this test is about the report", steps=8),
+                    applied=["fused_rms_norm"], adapted_dir=str(EXAMPLE),
+                    baseline=Baseline(entry_class="Transformer", headline="not probed: this test is about the report",
+                                      steps=8),
                     verification=v)
 
 

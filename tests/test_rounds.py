@@ -17,7 +17,7 @@ from test_fusion_report import _designed, _state
 from test_workflow import graphmode
 
 from graphmode.agent import nodes
-from graphmode.agent.adaptation import static_length
+from graphmode.agent.adaptation import adapt_sources, static_length
 from graphmode.agent.bisection import bisect_changes
 from graphmode.agent.choices import proposed_choice
 from graphmode.agent.repair import plan_repair
@@ -76,6 +76,18 @@ def test_a_trial_that_does_not_run_tells_nothing_and_the_entry_points_alone_cann
     assert found.culprit.codemod == "merged_projections"
     entries_only = bisect_changes(plan, plan, lambda ids: (True, "tokens differ from Decode step 0"))
     assert entries_only.culprit is None and "already differ" in entries_only.why
+
+
+def test_the_chain_runs_once_per_selection(tmp_path):
+    """Implementing every planned change is the design's own selection (planned.diff): the chain's result is reused,
+    not run again; a smaller selection is its own run."""
+    state = _designed(tmp_path)
+    every = {c.codemod for c in state.plan}
+    designed = adapt_sources(state, None)
+    assert adapt_sources(state, every) is designed
+    fewer = adapt_sources(state, every - {"split_decode"})
+    assert fewer is not designed and "split_decode" not in fewer["model.py"].applied
+    assert adapt_sources(state, every - {"split_decode"}) is fewer
 
 
 def test_a_revision_names_a_parameter_its_change_is_built_with():

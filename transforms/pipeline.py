@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from libcst.codemod import CodemodContext, SkipFile
 
-from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, ManualItem, Options
+from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, PartialMatch, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.helper_module import move_helpers_out
 from graphmode.transforms.parsed import ParsedSource
@@ -27,7 +27,7 @@ class FileAdaptation:
     original: str
     adapted: str
     edits: list[Edit] = field(default_factory=list)  # lines refer to the original source
-    manual: list[ManualItem] = field(default_factory=list)
+    manual: list[PartialMatch] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)  # codemods that changed this file, in order
     # The codemods' rewrite before the original bodies were put back beside it (transforms/static_path.py): what
     # the static path runs, function for function in the original's places. Empty: the same as `adapted`.
@@ -80,7 +80,7 @@ def _adapt(source: str, path: str, selected: Iterable[str] | None, options: Opti
         # changes nothing. graphmode adapts from the original.
         return FileAdaptation(path=path, original=source, adapted=source)
     names = set(CODEMODS) if selected is None else set(selected)
-    dropped: list[ManualItem] = []
+    dropped: list[PartialMatch] = []
     while True:
         result = _run_chain(source, path, names, options)
         broken = [
@@ -93,7 +93,7 @@ def _adapt(source: str, path: str, selected: Iterable[str] | None, options: Opti
         for name, req in broken:
             names.discard(name)
             first = next(e for e in result.edits if e.codemod == name)
-            dropped.append(ManualItem(name, first.function, first.start_line,
+            dropped.append(PartialMatch(name, first.function, first.start_line,
                                       f"not applied: it needs `{req}`, which could not be applied here",
                                       CODEMODS[name].SKILL))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from graphmode.transforms.codemods.absorbed_mla import AbsorbedMLA
 from graphmode.transforms.codemods.added_cache import AddedCache
-from graphmode.transforms.codemods.base import Edit, GraphCodemod, ManualItem, Options
+from graphmode.transforms.codemods.base import Edit, GraphCodemod, PartialMatch, Options
 from graphmode.transforms.codemods.cache_object import CacheObject
 from graphmode.transforms.codemods.fused_add_rms_norm import FusedAddRMSNorm
 from graphmode.transforms.codemods.fused_attention import FusedAttention
@@ -36,4 +36,4 @@ CHAIN: tuple[type[GraphCodemod], ...] = (
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 
-__all__ = ["CHAIN", "CODEMODS", "Edit", "GraphCodemod", "ManualItem", "Options"]
+__all__ = ["CHAIN", "CODEMODS", "Edit", "GraphCodemod", "PartialMatch", "Options"]

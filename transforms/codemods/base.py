@@ -1,7 +1,7 @@
 """What every graphmode codemod shares.
 
 A codemod is a libcst `Codemod` and a plain `CSTTransformer` that rewrites one idiom and records what
-it did: an `Edit` per rewritten span, or a `ManualItem` where it recognised the idiom only in part
+it did: an `Edit` per rewritten span, or a `PartialMatch` where it recognised the idiom only in part
 and therefore changed nothing there. It is not a `VisitorBasedCodemodCommand`: the matcher decorators
 that class supports cost four times a plain walk of the tree, and no codemod here uses them.
 """
@@ -84,7 +84,10 @@ class Edit:
 
 
 @dataclass(frozen=True)
-class ManualItem:
+class PartialMatch:
+    """A spot a codemod recognised only in part and left unchanged; the design turns it into an item for a person
+    (agent.state.ManualItem, with the findings no change fixes)."""
+
     codemod: str
     function: str
     line: int
@@ -120,7 +123,7 @@ class GraphCodemod(Codemod, Transformer):
         super().__init__(context)
         self.options = options
         self.edits: list[Edit] = []
-        self.manual: list[ManualItem] = []
+        self.manual: list[PartialMatch] = []
 
     @classmethod
     def may_apply(cls, source: ParsedSource, options: Options) -> bool:
@@ -254,7 +257,7 @@ class GraphCodemod(Codemod, Transformer):
         self.edits.append(Edit(self.NAME, self.qualname(node), end, end, summary))
 
     def record_manual(self, node: cst.CSTNode, reason: str) -> None:
-        self.manual.append(ManualItem(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL))
+        self.manual.append(PartialMatch(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL))
 
     def qualname(self, node: cst.CSTNode) -> str:
         names: list[str] = []
