@@ -242,7 +242,7 @@ def verify(state: RunState) -> dict:
     result = _user_code(run, opts.python)
     if isinstance(result, AdaptedNotRunnable):
         return {"verification": Verification(ran=False, problems=[str(result)])}
-    return {"verification": Verification.model_validate(result.to_dict())}
+    return {"verification": result}
 
 
 def after_verify(state: RunState) -> str:

@@ -174,7 +174,7 @@ def round_record(state: RunState, repairs: list[dict], outcome: str) -> Round:
 
 def tokens_differ(v: Verification) -> bool:
     """Whether the verification saw the tokens, or the logits beyond their tolerance, differ from the original's."""
-    atol = (v.model_extra or {}).get("logits_atol")
+    atol = v.logits_atol
     return not v.tokens_equal or (atol is not None and (v.logits_max_abs_diff or 0.0) > atol)
 
 
@@ -191,7 +191,7 @@ def bisect_applied(state: RunState) -> Bisection:
     remove_tree(trials)
     reference_logits = logs / "original.logits.pt"
     reference = torch.load(reference_logits) if reference_logits.is_file() else None
-    atol = (v.model_extra or {}).get("logits_atol", DEFAULT_LOGITS_ATOL)
+    atol = DEFAULT_LOGITS_ATOL if v.logits_atol is None else v.logits_atol
     approved = set(state.approved or [])
     applied = [c for c in state.plan if c.id in approved and c.codemod in state.applied]
 

@@ -1,9 +1,10 @@
 """The state one adaptation carries from node to node.
 
 Run options (what the person asked for) are kept apart from results (what each step found). The results that
-graphmode itself reads are typed models: the baseline probe, the verification, the findings and the items left for a
-person. A runner's record may hold more than graphmode reads (figures kept for the reports); those extra fields are
-kept as they came (`extra="allow"`), so nothing a runner measured is lost on the way to the report.
+graphmode itself reads are typed models: the baseline probe, the verification (runners.verification: the record
+verify returns, kept as it came), the findings and the items left for a person. A runner's record may hold more than
+graphmode reads (figures kept for the reports); those extra fields are kept as they came (`extra="allow"`), so
+nothing a runner measured is lost on the way to the report.
 
 Everything serialises to plain JSON, so a session checkpointed to SQLite can be resumed by a later process, and
 batch tools can read it back. `schema_version` says which layout a saved session has: a session saved by an
@@ -14,13 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from graphmode.runners.run_settings import SETTINGS, default
-from graphmode.runners.timing import speedup_unstable
+from graphmode.runners.verification import Record, Verification
 from graphmode.transforms.findings import Finding
 
-# 3: the entry class and MAX_SEQ_LEN only in the baseline, each change's diff on disk (2: options nested under
+# 3: the entry class and MAX_SEQ_LEN only in the baseline, each change's diff on disk, the verification as
+# runners.verify returns it (2: options nested under
 # `options`; typed baseline, verification and manual items; 1: every field flat, dicts).
 SCHEMA_VERSION = 3
 
@@ -70,12 +72,6 @@ class RunOptions(BaseModel):
         return self.run_dir.rstrip("/").split("/")[-1]
 
 
-class Record(BaseModel):
-    """A runner's record saved with the session: the fields graphmode reads are declared, the rest is kept."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 class Baseline(Record):
     """The unmodified Decode under Dynamo (graphmode.runners.probe.probe; its docstring says every field)."""
 
@@ -96,71 +92,6 @@ class Baseline(Record):
     measured_with: str | None = None
     headline: str = ""  # all of the above in one line
     triage: dict[str, Any] | None = None  # {"stages": [...], "failed_stage", "classification"}
-
-
-class SideFigures(BaseModel):
-    """One side's timings: each the median over the runs (decode_ms_min/max: over all steps of all runs)."""
-
-    prefill_ms: float
-    decode_ms_per_token: float
-    decode_ms_min: float
-    decode_ms_max: float
-    warmup_s: float
-    load_s: float
-
-
-class Verification(Record):
-    """Eager original against compiled adapted (graphmode.runners.verify.VerifyResult), or why it did not run."""
-
-    ran: bool = True  # False: the adapted model could not be run at all; `problems` says why
-    passed: bool = False
-    problems: list[str] = Field(default_factory=list)
-    backend: str = ""
-    backend_reason: str = ""
-    steps: int = 0
-    tokens_equal: bool = False
-    first_divergent_step: int | None = None
-    logits_max_abs_diff: float | None = None
-    logits_max_abs_diff_per_step: list[float] = Field(default_factory=list)
-    graph_breaks: int | None = None
-    recompiles: int | None = None
-    recompile_limit_hit: bool = False
-    decode_speedup: float | None = None
-    eager: SideFigures | None = None
-    graph: SideFigures | None = None
-    original: dict[str, Any] = Field(default_factory=dict)  # run 1 of each side (runners.results.WorkerResult)
-    adapted: dict[str, Any] = Field(default_factory=dict)
-    runs: int = 1
-    figures: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)  # side -> figure -> stats
-    decode_speedup_range: dict[str, float] = Field(default_factory=dict)
-    decode_ms_per_step: dict[str, list[list[float]]] = Field(default_factory=dict)
-    tokens_identical_across_runs: dict[str, bool] = Field(default_factory=dict)
-    logits_max_abs_diff_across_runs: dict[str, float] = Field(default_factory=dict)
-    tokens_compared: int | None = None
-    tokens_differing: int | None = None
-    similarity: float | None = None
-    similarity_threshold: float | None = None
-    compile_logs: list[str] = Field(default_factory=list)
-    variables: dict[str, Any] = Field(default_factory=dict)
-    unstable_figures: list[str] = Field(default_factory=list)
-    timed_beside_other_targets: int = 0  # timing runs a batch neighbour's work overlapped (runners.shared_cores)
-    compile_cache: dict[str, Any] = Field(default_factory=dict)
-    bucket_sweep: dict[str, Any] = Field(default_factory=dict)
-    own_harness: dict[str, Any] = Field(default_factory=dict)
-    battery: list[dict[str, Any]] = Field(default_factory=list)  # runners.battery rows; [] in older sessions
-    # The adaptation with and without its fusions, timed in the same run, and the ops each counted
-    # (runners.verify.fusion_figures); {} without fusions and in older sessions.
-    fusion: dict[str, Any] = Field(default_factory=dict)
-    # What capture/replay needs of the graph runs (runners.verify.capture_figures): held tensors' addresses, CUDA graph
-    # captures, replays and skips; {} in older sessions.
-    capture: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def decode_speedup_unstable(self) -> bool:
-        """The reports' verdict on the Decode speed-up: too spread over the runs to quote (runners.timing), or timed
-        while another target of a batch worked on the same cores."""
-        return (speedup_unstable(self.decode_speedup_range, self.unstable_figures)
-                or self.timed_beside_other_targets > 0)
 
 
 class ManualItem(Record):

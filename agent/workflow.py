@@ -23,9 +23,11 @@ from graphmode.agent.errors import UserError
 from graphmode.agent.home import sessions_db  # here too: the commands that run sessions import it from here
 from graphmode.agent.state import SCHEMA_VERSION, RunState
 
-STATE_MODULE = "graphmode.agent.state"
-STATE_CLASSES = ("RunState", "RunOptions", "Baseline", "Verification", "SideFigures", "ManualItem", "Change",
-                 "Round")
+# The classes checkpoints hold, by module: they load without an "unregistered type" warning.
+STATE_CLASSES = (*(("graphmode.agent.state", name) for name in ("RunState", "RunOptions", "Baseline", "ManualItem",
+                                                                  "Change", "Round")),
+                 *(("graphmode.runners.verification", name) for name in ("Verification", "SideFigures")),
+                 ("graphmode.transforms.findings", "Finding"))
 
 STEPS = ("analyze", "design", "confirm", "implement", "verify", "repair", "report")
 
@@ -49,9 +51,7 @@ def build_graph(checkpointer):
 def open_checkpointer() -> Iterator[SqliteSaver]:
     connection = sqlite3.connect(sessions_db(), check_same_thread=False)
     try:
-        # Checkpoints hold our state classes; name them so they load without an "unregistered type" warning.
-        serde = JsonPlusSerializer(allowed_msgpack_modules=[*((STATE_MODULE, name) for name in STATE_CLASSES),
-                                                             ("graphmode.transforms.findings", "Finding")])
+        serde = JsonPlusSerializer(allowed_msgpack_modules=list(STATE_CLASSES))
         yield SqliteSaver(connection, serde=serde)
     finally:
         connection.close()

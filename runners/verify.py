@@ -11,7 +11,7 @@ compiled side must show no graph break, no recompile after warm-up and no hit li
 With fusions applied (codemods with FUSION = True), a third side runs in the same alternation: the adapted
 sources without the fusions, Decode compiled the same way. Its Decode time, set against the adapted side's, is the
 fusions' gain measured in the same run; run 1 of each side also counts the ops of one captured Decode step
-(the worker's --count-ops). The verdict stays the adapted side's against eager (VerifyResult.fusion says more).
+(the worker's --count-ops). The verdict stays the adapted side's against eager (Verification.fusion says more).
 
 With batch buckets, one more graph-side process (runners/batch_buckets.py) pads the prompt to each
 bucket and checks the real rows against graph run 1; its per-bucket captures are expected and are
@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +38,7 @@ from graphmode.runners.static_addresses import moved_problem
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.timing import SPREAD, STEADY_FIGURES, speedup_unstable
 from graphmode.runners.traffic import estimates
+from graphmode.runners.verification import SideFigures, Verification
 
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).
@@ -72,94 +72,13 @@ class AdaptedNotRunnable(VerificationError):
     no result, but this is a finding about the adaptation, not bad input."""
 
 
-@dataclass
-class SideTimings:
-    prefill_ms: float
-    decode_ms_per_token: float  # median over steps 1..N-1 (step 0 is warm-up on both sides)
-    decode_ms_min: float
-    decode_ms_max: float
-    warmup_s: float
-    load_s: float
-
-
-@dataclass
-class VerifyResult:
-    original_dir: str
-    adapted_dir: str
-    backend: str
-    backend_reason: str
-    steps: int
-    tokens_equal: bool
-    first_divergent_step: int | None
-    logits_max_abs_diff: float
-    logits_max_abs_diff_per_step: list[float]  # index 0: Prefill; index k: Decode step k-1
-    logits_finite: bool
-    logits_atol: float
-    eager: SideTimings      # each figure the median over the runs (decode_ms_min/max: over all steps of all runs)
-    graph: SideTimings
-    decode_speedup: float  # eager median / graph median; > 1 means graph mode is faster
-    graph_breaks: int
-    break_reasons: list[dict[str, Any]]
-    recompiles: int
-    recompile_reasons: list[str]
-    recompile_limit_hit: bool
-    original: WorkerResult  # run 1 of each side: its tokens and logits are the ones compared
-    adapted: WorkerResult
-    problems: list[str] = field(default_factory=list)
-    # Repeated runs and the fuller comparison (added fields; older sessions lack them).
-    runs: int = 1
-    figures: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # side -> figure -> stats
-    decode_speedup_range: dict[str, float] = field(default_factory=dict)  # {"median","min","max"}
-    decode_ms_per_step: dict[str, list[list[float]]] = field(default_factory=dict)  # side -> runs -> steps
-    tokens_identical_across_runs: dict[str, bool] = field(default_factory=dict)
-    logits_max_abs_diff_across_runs: dict[str, float] = field(default_factory=dict)  # vs run 1 of the side
-    tokens_compared: int = 0
-    tokens_differing: int = 0      # positions (all sequences) where graph run 1 differs from eager run 1
-    similarity: float = 1.0        # lowest difflib.SequenceMatcher ratio over the sequences
-    similarity_threshold: float = DEFAULT_SIMILARITY
-    graphs_after_warmup: int = 0   # the most any graph run compiled after warm-up
-    compile_logs: list[str] = field(default_factory=list)  # file names in the log folder
-    variables: dict[str, Any] = field(default_factory=dict)  # what was held fixed
-    unstable_figures: list[str] = field(default_factory=list)  # "side.figure" whose runs spread > SPREAD
-    # Timing runs that waited out their limit for the cores and ran beside another batch target's work
-    # (runners.shared_cores): their figures were not taken alone.
-    timed_beside_other_targets: int = 0
-    # The compile cache the graph side used, and the warm-up it saved: run 1 fills it, runs 2..N read it.
-    compile_cache: dict[str, Any] = field(default_factory=dict)
-    # The batch-bucket sweep (runners.batch_buckets.BucketSweep as a dict); empty without buckets.
-    bucket_sweep: dict[str, Any] = field(default_factory=dict)
-    # The original harness run eagerly against the adapted sources (its own calling convention kept?):
-    # {"ran", "tokens_equal", "first_divergent_step", "error"}; empty when not checked. Reported beside the
-    # verdict, not part of it: graph mode is verified through the entry points; this says whether the model's
-    # other callers (its own generate loop) still work unchanged.
-    own_harness: dict[str, Any] = field(default_factory=dict)
-    # The equivalence battery (runners/battery.py): rows {"name", "path", "status", "detail"}, status "held",
-    # "failed" or "n/a" (the original itself cannot run it). Part of the verdict: every row must hold or be n/a.
-    battery: list[dict[str, Any]] = field(default_factory=list)
-    # With fusions applied: the adapted side against the same adaptation without them, and the ops each side's
-    # Decode step runs ({} without fusions; the layout is fusion_figures' docstring).
-    fusion: dict[str, Any] = field(default_factory=dict)
-    # What capture/replay needs of the graph runs (capture_figures): the held tensors' addresses across the Decode
-    # steps, and on CUDA the CUDA graphs captured, replayed and declined, per run of each graph side.
-    capture: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["passed"] = self.passed
-        return data
-
-
 def _steady(result: WorkerResult) -> list[float]:
     return result.decode_ms[1:] or result.decode_ms
 
 
-def _timings(results: list[WorkerResult]) -> SideTimings:
+def _timings(results: list[WorkerResult]) -> SideFigures:
     steps = [ms for r in results for ms in _steady(r)]
-    return SideTimings(
+    return SideFigures(
         prefill_ms=statistics.median(r.prefill_ms for r in results),
         decode_ms_per_token=statistics.median(statistics.median(_steady(r)) for r in results),
         decode_ms_min=min(steps),
@@ -252,7 +171,7 @@ def _first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:
     return None if len(a) == len(b) else 0
 
 
-def _problems(result: VerifyResult) -> list[str]:
+def _problems(result: Verification) -> list[str]:
     problems = []
     if not result.tokens_equal:
         problems.append(f"tokens differ from eager from Decode step {result.first_divergent_step}")
@@ -291,7 +210,7 @@ def _problems(result: VerifyResult) -> list[str]:
 
 def capture_figures(adapted_runs: list[WorkerResult], unfused_runs: list[WorkerResult],
                     sweep: BucketSweep | None) -> dict[str, Any]:
-    """VerifyResult.capture: {"static_addresses": {"graph": [each run's record], "unfused": [...]},
+    """Verification.capture: {"static_addresses": {"graph": [each run's record], "unfused": [...]},
     "cuda_graphs": {"graph": [...], "unfused": [...], "buckets": the sweep's} ({} off CUDA)."""
     sides = {"graph": adapted_runs, "unfused": unfused_runs}
     capture: dict[str, Any] = {"static_addresses": {side: [r.static_addresses for r in runs]
@@ -466,13 +385,13 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            batch_buckets: list[int] | None = None,
            progress: Callable[[str], None] | None = None,
            unfused_dir: Path | None = None, fusions: list[str] | None = None,
-           full_config: dict[str, Any] | None = None, static_length: int | None = None) -> VerifyResult:
+           full_config: dict[str, Any] | None = None, static_length: int | None = None) -> Verification:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
-    VerifyResult.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
+    Verification.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
     `batch_buckets`: batch sizes to pad the prompt to after the runs (see runners/batch_buckets.py).
     `unfused_dir`: the same adaptation without the fusion codemods `fusions` (their names): a third side in
-    every run, timed against the adapted one (VerifyResult.fusion); it does not enter the verdict. `full_config`: the
+    every run, timed against the adapted one (Verification.fusion); it does not enter the verdict. `full_config`: the
     model's full-size config (a config.json's values), for the bytes-per-layer estimate at the sizes it names.
     `static_length`: the positions the adapted side's static path is set up for (`setup_caches`), where a person
     revised it; else the harness's MAX_SEQ_LEN.
@@ -544,7 +463,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     tpots = {key: [statistics.median(_steady(r)) for r in results]
              for key, results in (("eager", original_runs), ("graph", adapted_runs))}
     worst = max(adapted_runs, key=lambda r: (r.graph_breaks, r.recompiles))
-    result = VerifyResult(
+    result = Verification(
         original_dir=str(original_dir), adapted_dir=str(adapted_dir),
         backend=backend.name, backend_reason=reason, steps=steps,
         tokens_equal=first is None, first_divergent_step=first,
@@ -558,7 +477,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         graph_breaks=worst.graph_breaks, break_reasons=worst.break_reasons,
         recompiles=worst.recompiles, recompile_reasons=worst.recompile_reasons,
         recompile_limit_hit=any(r.recompile_limit_hit for r in adapted_runs),
-        original=original, adapted=adapted,
+        original=original.to_dict(), adapted=adapted.to_dict(),
         runs=runs,
         figures={"eager": _figures(original_runs, [s for _, _, s in sides["original"]]),
                  "graph": _figures(adapted_runs, [s for _, _, s in sides["adapted"]])},
@@ -601,7 +520,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         result.fusion = fusion_figures(result, list(fusions or []), unfused, eager_logits, graph_logits,
                                        unfused_error, timed_beside_others)
         # The analytic estimate (runners/traffic.py) at the sizes run and at the full config's.
-        result.fusion["estimate"] = estimates(result.adapted.decode_graph.get("config_traffic"), full_config,
+        result.fusion["estimate"] = estimates(adapted.decode_graph.get("config_traffic"), full_config,
                                               list(fusions or []))
     return result
 
@@ -635,10 +554,10 @@ def _run_unfused(done: list[tuple[WorkerResult, torch.Tensor, float]], run: int,
 _COUNTED = ("ops", "ops_per_layer", "layers", "inductor_kernels")
 
 
-def fusion_figures(result: VerifyResult, fusions: list[str], unfused: list[tuple[WorkerResult, torch.Tensor, float]],
+def fusion_figures(result: Verification, fusions: list[str], unfused: list[tuple[WorkerResult, torch.Tensor, float]],
                    eager_logits: torch.Tensor, graph_logits: torch.Tensor, error: str | None,
                    timed_beside_others: int) -> dict[str, Any]:
-    """VerifyResult.fusion: "before" is the adaptation without the fusions, "after" with them (the verified one),
+    """Verification.fusion: "before" is the adaptation without the fusions, "after" with them (the verified one),
     "original" the eager original; a figure nobody counted is None, and `missing` says why.
 
     {"applied": [names], "ops_per_step" / "ops_per_layer" / "layers" / "bytes_per_layer":
@@ -651,8 +570,8 @@ def fusion_figures(result: VerifyResult, fusions: list[str], unfused: list[tuple
     "error": why the side without fusions did not run (None when it did)}.
     """
     runs = [r for r, _, _ in unfused]
-    graphs = {"original": result.original.decode_graph, "before": runs[0].decode_graph if runs else {},
-              "after": result.adapted.decode_graph}
+    graphs = {"original": result.original["decode_graph"], "before": runs[0].decode_graph if runs else {},
+              "after": result.adapted["decode_graph"]}
     fusion: dict[str, Any] = {"applied": fusions}
     for key, name in (("ops_per_step", "ops"), ("ops_per_layer", "ops_per_layer"), ("layers", "layers")):
         fusion[key] = {side: graph.get(name) for side, graph in graphs.items()}
@@ -677,8 +596,8 @@ def fusion_figures(result: VerifyResult, fusions: list[str], unfused: list[tuple
     fusion["problems"] = []
     if runs:
         first, unfused_logits = runs[0], unfused[0][1]
-        fused_vs_unfused = _first_divergence(first.tokens, result.adapted.tokens)
-        unfused_vs_eager = _first_divergence(result.original.tokens, first.tokens)
+        fused_vs_unfused = _first_divergence(first.tokens, result.adapted["tokens"])
+        unfused_vs_eager = _first_divergence(result.original["tokens"], first.tokens)
         fusion["tokens"] = {"unfused_equal_eager": unfused_vs_eager is None,
                             "fused_equal_unfused": fused_vs_unfused is None,
                             "first_divergent_step": fused_vs_unfused}

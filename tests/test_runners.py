@@ -19,7 +19,7 @@ import torch
 from adapted_files import write_adapted
 
 from graphmode.agent.reporting import write_report
-from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
+from graphmode.agent.state import Baseline, RunOptions, RunState
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
 from graphmode.runners.cli import ERROR_PREFIX
@@ -290,18 +290,18 @@ def test_verify_hand_adapted_copy_passes_the_harness_and_the_battery_names_what_
         "prompt 8 + 55 steps: the last slot of 64"}
     assert result.tokens_equal and result.first_divergent_step is None
     assert result.graph_breaks == 0 and result.recompiles == 0 and not result.recompile_limit_hit
-    assert result.adapted.graphs_at_warmup >= 1 and result.adapted.graphs_after_warmup == 0
+    assert result.adapted["graphs_at_warmup"] >= 1 and result.adapted["graphs_after_warmup"] == 0
     assert len(result.logits_max_abs_diff_per_step) == 33
     assert result.logits_max_abs_diff == max(result.logits_max_abs_diff_per_step) <= result.logits_atol
-    assert len(result.original.tokens[0]) == 32 == len(result.adapted.tokens[0])
+    assert len(result.original["tokens"][0]) == 32 == len(result.adapted["tokens"][0])
 
 
 @pytest.mark.slow
 def test_verify_result_is_json_and_timings_are_consistent(verified):
     result, logs = verified
-    data = json.loads(json.dumps(result.to_dict()))
+    data = json.loads(result.model_dump_json())
     assert data["tokens_equal"] is True and data["backend"] == "aot_eager"
-    assert data["passed"] is False and all(row["status"] in ("held", "failed", "n/a") for row in data["battery"])
+    assert result.passed is False and all(row["status"] in ("held", "failed", "n/a") for row in data["battery"])
     for side in ("eager", "graph"):
         t = data[side]
         assert t["decode_ms_min"] <= t["decode_ms_per_token"] <= t["decode_ms_max"]
@@ -342,9 +342,10 @@ def test_verify_times_decode_without_the_fusions_in_the_same_runs_and_the_report
             assert key in fusion["missing"] or "decode_graph" in fusion["missing"], key
 
     state = RunState(session_id="fusion", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
-                     entry_class="Transformer", applied=[], adapted_dir=str(result.adapted_dir),
-                     baseline=Baseline(headline="not probed: this test is about the fusion figures", steps=8),
-                     verification=Verification.model_validate(result.to_dict()))
+                     applied=[], adapted_dir=str(result.adapted_dir),
+                     baseline=Baseline(entry_class="Transformer",
+                                       headline="not probed: this test is about the fusion figures", steps=8),
+                     verification=result)
     report = json.loads((write_report(state).parent / "report.json").read_text())
     assert {"ops_per_step", "bytes_per_layer", "decode_ms", "applied", "notes"} <= set(report["fusion"])
     assert report["fusion"]["decode_ms"]["with"] == ms["with"] and report["fusion"]["decode_ms"]["without"] == \
