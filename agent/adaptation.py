@@ -19,8 +19,8 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     values = parameter_values(state)
     options = Options(max_seq_len=values["max_seq_len"], entry_class=values["entry_class"],
                       max_batch_size=values["max_batch_size"], fused_ops=values["fused_ops"])
-    if state.evidence:
-        options = evidence_options(options, Evidence.from_dict(state.evidence))
+    if state.evidence is not None:
+        options = evidence_options(options, state.evidence)
     seen = state.repair_evidence.get("host_sync_lines", [])
     if seen:  # the adapted run read the host where the original's trace never went (agent.repair)
         options = replace(options, traced=True, host_sync_lines=tuple(sorted(

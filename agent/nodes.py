@@ -21,7 +21,6 @@ from graphmode.agent.revisions import PARAMETERS, parameters_of, traced_dims
 from graphmode.agent.runtime_findings import with_runtime_findings
 from graphmode.agent.sources import declared_sources, read_source
 from graphmode.agent.state import Baseline, RunState, Verification
-from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.codemods import CODEMODS
 from graphmode.transforms.helper_module import helper_module_diffs
 from graphmode.transforms.rules import scan_source
@@ -50,7 +49,7 @@ def analyze(state: RunState) -> dict:
         "sources": sources,
         "findings": with_runtime_findings(reconcile(findings, evidence), baseline, sources),
         "baseline": baseline,
-        "evidence": {**evidence.to_dict(), "summary": evidence.summary()},
+        "evidence": evidence.to_dict(),  # as checkpoints keep it; RunState builds the record from it
     }
 
 
@@ -115,7 +114,7 @@ def design(state: RunState) -> dict:
 
     # The releases the model runs on: those of the target's interpreter, checked and described when the run began.
     interpreter = state.options.interpreter or own_interpreter().to_dict()
-    evidence = Evidence.from_dict(state.evidence) if state.evidence else None
+    evidence = state.evidence
     caches = (evidence_caches(evidence), evidence_cache_writes(evidence)) if evidence else ((), ())
     text = render(
         "design.md.j2", state=state, plan=plan, findings=state.findings, manual=manual, skill=skill,

@@ -24,7 +24,6 @@ from graphmode.agent.bisection import Bisection, bisect_changes
 from graphmode.agent.failures import causes_among, mapped_failures
 from graphmode.agent.output import remove_tree, write_adapted_tree
 from graphmode.agent.state import Round, RunState, Verification
-from graphmode.runners.evidence_model import Evidence
 from graphmode.transforms.findings import Finding
 
 # Words of Dynamo's break reasons when the graph stops to read a tensor's value on the host.
@@ -52,8 +51,8 @@ def plan_repair(state: RunState, bisection: Bisection | None) -> Repair:
     """What the next round changes, from the failures of this one (and the bisection, when the tokens differed)."""
     repair = Repair()
     known = {tuple(pair) for pair in state.repair_evidence.get("host_sync_lines", [])}
-    if state.evidence:
-        known |= set(host_sync_lines(Evidence.from_dict(state.evidence)))
+    if state.evidence is not None:
+        known |= set(host_sync_lines(state.evidence))
     # A line an earlier round's adapted run already made a finding of is not said again.
     said = {(f.path, f.line) for f in state.findings if f.source == "adapted"}
     failures = mapped_failures(state)

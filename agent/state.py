@@ -13,10 +13,11 @@ earlier layout is refused with a clear message rather than misread (agent.workfl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PlainSerializer, PlainValidator, model_validator
 
+from graphmode.runners.evidence_model import Evidence
 from graphmode.runners.run_settings import SETTINGS, default
 from graphmode.runners.verification import Record, Verification
 from graphmode.transforms.findings import Finding
@@ -156,6 +157,18 @@ class Round(BaseModel):
     outcome: str = ""  # one sentence: verified, repaired into round N+1, or why it stopped
 
 
+def _traced_run(value: Any) -> Evidence | None:
+    """The evidence as analyze returned it (a dict, as checkpoints keep it) or already built; None when not traced."""
+    if value is None or isinstance(value, Evidence):
+        return value
+    return Evidence.from_dict(value) if value else None
+
+
+# Saved as runners.evidence_model's JSON layout (Evidence.to_dict), held as the typed record.
+TracedRun = Annotated[Evidence | None, PlainValidator(_traced_run),
+                      PlainSerializer(lambda evidence: evidence.to_dict() if evidence is not None else None)]
+
+
 class RunState(BaseModel):
     schema_version: int = SCHEMA_VERSION
     session_id: str
@@ -165,10 +178,9 @@ class RunState(BaseModel):
     sources: list[str] = Field(default_factory=list)  # relative to the target
     findings: list[Finding] = Field(default_factory=list)
     baseline: Baseline = Field(default_factory=Baseline)
-    # One traced eager run of the unmodified Prefill and Decode (runners.evidence_model.Evidence as a dict): what grows,
-    # which ints change, where the host syncs are, and how the harness calls forward. The codemods' options are
-    # read from it by agent.adaptation.
-    evidence: dict = Field(default_factory=dict)
+    # One traced eager run of the unmodified Prefill and Decode: what grows, which ints change, where the host syncs
+    # are, and how the harness calls forward. The codemods' options are read from it by agent.adaptation.
+    evidence: TracedRun = None
 
     # design / confirm
     plan: list[Change] = Field(default_factory=list)
