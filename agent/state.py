@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, PlainSerializer, PlainValidator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
 
 from graphmode.runners.evidence_model import Evidence
 from graphmode.runners.run_settings import SETTINGS, default
@@ -170,6 +170,9 @@ TracedRun = Annotated[Evidence | None, PlainValidator(_traced_run),
 
 
 class RunState(BaseModel):
+    # A field this layout does not have is a caller's mistake (or an older layout's field), not something to drop.
+    model_config = ConfigDict(extra="forbid")
+
     schema_version: int = SCHEMA_VERSION
     session_id: str
     options: RunOptions

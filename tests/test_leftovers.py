@@ -81,8 +81,9 @@ def test_each_line_is_left_for_a_person_once_with_every_reason(tmp_path):
     (target / "model.py").write_text(TWICE_LEFT)
     findings = scan_source(TWICE_LEFT, "model.py")
     state = RunState(session_id="leftovers", options=RunOptions(target=str(target), run_dir=str(tmp_path / "run")),
-                     sources=["model.py"], entry_class="Model", max_seq_len=32, findings=findings,
-                     baseline=Baseline(headline="not probed: this test is about the items left", steps=8))
+                     sources=["model.py"], findings=findings,
+                     baseline=Baseline(entry_class="Model", max_seq_len=32,
+                                       headline="not probed: this test is about the items left", steps=8))
     # What is left before merging: the findings no codemod fixes and the codemods' own items.
     adaptation = adapt_source(TWICE_LEFT, "model.py", None, Options(entry_class="Model", max_seq_len=32))
     left = [(f.line, f.code, f.message) for f in findings if fixed_by(f, adaptation.edits) is None]

@@ -206,8 +206,9 @@ def _round_two(home: Path, run_dir: Path, session: str) -> str:
 
     first = RunState(session_id=session, options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir),
                                                             backend="aot_eager", rounds=2),
-                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
-                     baseline=Baseline(headline="not probed: this test is about the confirmation", steps=8))
+                     sources=["model.py"],
+                     baseline=Baseline(entry_class="Transformer", max_seq_len=64,
+                                       headline="not probed: this test is about the confirmation", steps=8))
     first = RunState.model_validate({**first.model_dump(), **nodes.design(first)})
     hoist = next(c for c in first.plan if c.codemod == "hoist_item")
     line = next(n for n, text in enumerate((EXAMPLE / "model.py").read_text().splitlines(), start=1)
@@ -263,8 +264,9 @@ def test_the_change_table_fits_the_terminal_and_cuts_nothing(tmp_path, width):
     from graphmode.agent.terminal_session import change_table, choice_prompt
 
     state = RunState(session_id="table001", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
-                     sources=["model.py"], entry_class="Transformer", max_seq_len=64,
-                     baseline=Baseline(headline="not probed: this test is about the table", steps=8))
+                     sources=["model.py"],
+                     baseline=Baseline(entry_class="Transformer", max_seq_len=64,
+                                       headline="not probed: this test is about the table", steps=8))
     state = RunState.model_validate({**state.model_dump(), **nodes.design(state)})
     screen = io.StringIO()
     Console(file=screen, width=width, color_system=None).print(change_table(state))

@@ -297,7 +297,7 @@ def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path,
     monkeypatch.setenv("GRAPHMODE_HOME", str(home))
     run_dir = tmp_path / "out" / "legacy_llm"
     state = RunState(session_id="finished1", options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir)),
-                     verification=Verification(passed=passed, problems=[] if passed else ["tokens differ"]),
+                     verification=Verification(problems=[] if passed else ["tokens differ"]),
                      report_path=str(run_dir / "report.md"))
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
