@@ -50,7 +50,7 @@ def test_implement_writes_the_adaptation_without_its_fusions_only_when_one_was_a
 
 
 def _fusion(**changes) -> dict:
-    """VerifyResult.fusion's layout (runners.verify.fusion_figures), with counts as a counting worker gives them."""
+    """Verification.fusion's layout (runners.verify.fusion_figures), with counts as a counting worker gives them."""
     fusion = {
         "applied": ["fused_rms_norm", UNKNOWN],
         "ops_per_step": {"original": 310, "before": 250, "after": 190},
