@@ -479,13 +479,6 @@ def test_reorder_moves_the_static_rows_as_beam_search_reorders_its_cache():
 
 
 # -- left padding: rows share the slots, each has positions of its own, padded slots are hidden --------------------
-def test_positions_of_an_int_start_are_its_tokens_columns_and_a_tensor_stays_as_it_is():
-    tokens = torch.zeros(2, 3, dtype=torch.long)
-    assert helpers.graphmode_positions(5, tokens).tolist() == [5, 6, 7]
-    given = torch.tensor([9])
-    assert helpers.graphmode_positions(given, tokens) is given
-
-
 def test_table_buffers_keep_a_registered_tables_persistence_and_make_an_attribute_a_buffer():
     module = torch.nn.Module()
     module.register_buffer("cos", torch.ones(6, 2))  # persistent, as the model registered it

@@ -96,8 +96,12 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
     if not changed:
         return _put_back_statements(original, adapted)
     plan = _Plan()
+    # Every renamed parameter, by the name its dispatcher keeps: a call that passes one by keyword passes it by that
+    # name on the static path too (_StaticCalls), so a body renamed only there is still the original.
+    kept_names = {new: old for q, f in changed.items() for new, old in renamed_parameters(originals[q].params,
+                                                                                          f.params).items()}
     for qualname, function in list(changed.items()):
-        if _renamed_only(originals[qualname], function):
+        if _renamed_only(originals[qualname], function, kept_names):
             try:
                 _merged_signature(originals[qualname].params, function.params)
             except _Unsplittable:
@@ -480,11 +484,14 @@ _MOST_FORKS = 3
 _SHORT = 6
 
 
-def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
-    """The rewrite only renamed parameters (`start_pos` -> `input_pos`): the original body, handed what the static
-    path's callers pass, is the static path."""
+def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef, kept_names: dict[str, str]) -> bool:
+    """The rewrite only renamed parameters (`start_pos` -> `input_pos`), its own or, in keywords, those of what it
+    calls (`kept_names`: renamed -> the name kept): the original body, handed what the static path's callers pass,
+    is the static path."""
     body = _with_original_names(original, adapted)
-    return body is not None and code_of(body) == code_of(original.body)
+    if body is None:
+        return False
+    return code_of(body.visit(_KeywordsAsKept(kept_names)) if kept_names else body) == code_of(original.body)
 
 
 def _with_original_names(original: cst.FunctionDef, adapted: cst.FunctionDef) -> cst.BaseSuite | None:
@@ -510,6 +517,19 @@ class _RenameNames(Transformer):
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return updated_node.with_changes(keyword=original_node.keyword)
+
+
+class _KeywordsAsKept(Transformer):
+    """Keyword arguments named as a renamed parameter, by the name its dispatcher kept."""
+
+    def __init__(self, kept_names: dict[str, str]) -> None:
+        self.kept_names = kept_names
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        keyword = updated_node.keyword
+        if keyword is None or keyword.value not in self.kept_names:
+            return updated_node
+        return updated_node.with_changes(keyword=keyword.with_changes(value=self.kept_names[keyword.value]))
 
 
 def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> cst.FunctionDef | None:

@@ -214,7 +214,7 @@ class FusedAttention(StepCodemod):
             fused = self._fused_call(chain)
             statements = _with_fused(body[chain.output], chain.product, fused, function)
             comment = cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: one attention operator (fused; scores and probabilities never leave it)."))
+                "# graphmode: fused attention; no score matrix in memory."))
             leading = [*body[chain.removed[0]].leading_lines, *statements[0].leading_lines, comment]
             statements[0] = statements[0].with_changes(leading_lines=leading)
             for removed in chain.removed:

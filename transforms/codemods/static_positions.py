@@ -18,10 +18,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from graphmode.transforms.codemods._helper_code import helper_statements
-from graphmode.transforms.codemods._module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import GraphCodemod
-from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, is_docstring, position_params, torch_call_name
+from graphmode.transforms.cstutil import POSITION_TENSOR, code_of, position_params, torch_call_name
 from graphmode.transforms.dispatch import Transformer
 
 
@@ -64,14 +62,8 @@ class StaticPositions(GraphCodemod):
             return tree
         for node, summary in plan.edits:
             self.record_edit(node, summary)
-        apply = _ApplyPositions(plan, self.options.entry_class)
-        tree = tree.visit(apply)
-        if apply.uses_helper and not defined_at_top(tree, POSITIONS):
-            tree = insert_after_imports(tree, helper_statements(POSITIONS))
+        tree = tree.visit(_ApplyPositions(plan))
         return tree
-
-
-POSITIONS = "graphmode_positions"  # its code: helper-code/helpers.py, inserted by name
 
 
 class _PositionPlan(cst.CSTVisitor):
@@ -171,36 +163,12 @@ class _PositionPlan(cst.CSTVisitor):
 
 
 class _ApplyPositions(Transformer):
-    def __init__(self, plan: _PositionPlan, entry_class: str | None) -> None:
+    """The position parameters renamed and their uses rewritten. The entry class's own `forward` needs no
+    conversion of its own: only the entry points reach the static path, and they pass a position tensor, while the
+    model's other callers (an int start) run the original body kept beside it (transforms.static_path)."""
+
+    def __init__(self, plan: _PositionPlan) -> None:
         self.plan = plan
-        self.uses_helper = False
-        self.entry_class = entry_class
-        self._classes: list[str] = []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._classes.append(node.name.value)
-
-    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
-        self._classes.pop()
-        return updated_node
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        """The model's own `forward` still takes the int its callers pass (the original generate loop keeps
-        working); only a tensor reaches the layers."""
-        params = original_node.params.params
-        position = next((p for p in params if p in self.plan.params), None)
-        if position is None or original_node.name.value != "forward" or not self._classes \
-                or self._classes[-1] != self.entry_class or params.index(position) < 2 \
-                or not isinstance(updated_node.body, cst.IndentedBlock):
-            return updated_node
-        tokens = params[1].name.value
-        guard = cst.parse_statement(f"{POSITION_TENSOR} = {POSITIONS}({POSITION_TENSOR}, {tokens})\n")
-        guard = guard.with_changes(leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-            "# graphmode: the layers take a position tensor."))])
-        self.uses_helper = True
-        body = list(updated_node.body.body)
-        at = 1 if body and is_docstring(body[0]) else 0
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body[:at], guard, *body[at:]]))
 
     def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
         if original_node not in self.plan.params:

@@ -310,14 +310,6 @@ def graphmode_key_slots(module, position_ids):
         return module.graphmode_static_state["max_seq_len"]
     return int(position_ids.reshape(-1)[-1]) + 1
 
-# Inserted by static_positions at the top of the entry class's `forward`, whose callers pass an int start position.
-def graphmode_positions(start, tokens):
-    """The positions of `tokens`' columns as a tensor, where a caller passed the int position of the first (added
-    by graphmode); a position tensor as it is."""
-    if isinstance(start, torch.Tensor):
-        return start
-    return torch.arange(start, start + tokens.shape[1], device=tokens.device)
-
 
 # Inserted by sliced_kv_cache after the `__init__` statements that build caches its forward slices by position.
 def graphmode_cache_buffers(module, names, seq_dim, batch_dim=0):
