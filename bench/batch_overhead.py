@@ -53,9 +53,9 @@ def _stubbed_batch(manifest: Path, out: Path, jobs: int) -> tuple[float, float, 
     """(batch wall seconds, the stubs' seconds summed, targets recorded)."""
     from rich.console import Console
 
-    from graphmode.agent import batch_run
-    from graphmode.agent.batch_manifest import load_manifest
-    from graphmode.runners import batch_job
+    from graphmode.agent.batch import run as batch_run
+    from graphmode.agent.batch.manifest import load_manifest
+    from graphmode.agent.batch import job as batch_job
 
     real_job, real_run = batch_run._job, batch_job.run_job
     stub_seconds: list[float] = []

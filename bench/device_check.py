@@ -276,7 +276,7 @@ def run_adapt(target: Target, work: Path, limit: float, log: Log, env: dict[str,
     if report is not None:
         record.update(summarise(json.loads(report.read_text())))
     else:
-        # Cut short: what the verify workers that finished wrote (runners.results.WorkerResult, in logs/).
+        # Cut short: what the verify workers that finished wrote (runners.verify.results.WorkerResult, in logs/).
         record["workers"] = summarise_workers(out)
     record["status"] = ("timed out" if timed_out else "verified" if status == 0 else
                         "failed" if report is not None else "error")
@@ -300,17 +300,17 @@ def run_control(target: Target, work: Path, limit: float, log: Log, env: dict[st
     out.mkdir(parents=True)
     env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(out / "compile-cache"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     started, runs, problems = time.monotonic(), [], []
-    record["command"] = (f"-m graphmode.runners.worker --side adapted --folder {folder} --steps {target.steps} "
-                         f"--backend {target.backend} (x{target.runs})")
+    record["command"] = (f"-m graphmode.runners.workers.verify_worker --side adapted --folder {folder} "
+                         f"--steps {target.steps} --backend {target.backend} (x{target.runs})")
     for run in range(target.runs):
         left = limit - (time.monotonic() - started)
         if left < 10:
             problems.append(f"run {run + 1} not started: the limit was reached")
             break
         result = out / f"adapted.run{run + 1}.json"
-        command = [sys.executable, "-m", "graphmode.runners.worker", "--side", "adapted", "--folder", str(folder),
-                   "--steps", str(target.steps), "--backend", target.backend, "--out", str(result),
-                   "--npu-compile-cache", "off"]
+        command = [sys.executable, "-m", "graphmode.runners.workers.verify_worker", "--side", "adapted",
+                   "--folder", str(folder), "--steps", str(target.steps), "--backend", target.backend,
+                   "--out", str(result), "--npu-compile-cache", "off"]
         status, lines, timed_out = _run(command, env, left, target, log, work)
         if status != 0 or not result.is_file():
             problems.append(f"run {run + 1}: " + ("timed out" if timed_out else " / ".join(lines[-3:])))

@@ -150,7 +150,7 @@ def _bytes(tensor) -> int:
 def measure(shape: Shape) -> dict:
     import torch
 
-    from graphmode.runners.static_addresses import held_tensors
+    from graphmode.runners.verify.static_addresses import held_tensors
 
     original_module, adapted_module, entry = release_modules(shape)
     config = _config(shape, getattr(original_module, entry))

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from graphmode.runners.env_info import package_version
+from graphmode.runners.measure.env_info import package_version
 
 # What the workers need of the interpreter (pyproject.toml: requires-python, and torch's floor).
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 6)
-WORKER_MODULES = ("graphmode.runners.worker", "graphmode.runners.probe_worker", "graphmode.runners.evidence_worker",
-                  "graphmode.runners.battery")
+WORKER_MODULES = tuple(f"graphmode.runners.workers.{name}"
+                       for name in ("verify_worker", "probe_worker", "evidence_worker", "battery_worker"))
 _CHECK_TIMEOUT_S = 30.0
 
 # Run in the named interpreter, so written for any Python 3 (an old one must still say which it is). It reads

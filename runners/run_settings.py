@@ -1,9 +1,9 @@
 """The run settings of `graphmode adapt`, in one place: name, default, the values allowed and what each one means.
 
-The command line (agent/cli.py), graphmode.toml's [run] table (agent/target_file.py), a batch manifest's run keys
-(agent/batch_manifest.py), the workflow's `RunOptions` (agent/state.py) and verify's own defaults all read them from
-here, so a default or a bound is written once. Standard library only: a usage error is refused before torch or
-pydantic is imported.
+The command line (agent/cli/main.py), graphmode.toml's [run] table (agent/targets/target_file.py), a batch manifest's
+run keys (agent/batch/manifest.py), the workflow's `RunOptions` (agent/workflow/state.py) and verify's own defaults all
+read them from here, so a default or a bound is written once. Standard library only: a usage error is refused before
+torch or pydantic is imported.
 """
 from __future__ import annotations
 

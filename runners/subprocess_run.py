@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from graphmode.runners.child_process import die_with_parent as _die_with_parent
-from graphmode.runners.cli import ERROR_PREFIX
+from graphmode.runners.workers.common import ERROR_PREFIX
 from graphmode.runners.interpreter import worker_environment, worker_python
-from graphmode.runners.shared_cores import claim, without_claim
+from graphmode.runners.measure.shared_cores import claim, without_claim
 
 
 class WorkerError(RuntimeError):
@@ -46,7 +46,7 @@ def run_worker(module: str, args: list[str], *, name: str, timeout_s: float,
                env: dict[str, str] | None = None, cores_alone: bool = False) -> float:
     """Runs `python -m module args...` (with `env` added to this process's environment) under the interpreter the
     target's model runs under (runners.interpreter); returns the wall seconds from spawn to exit; raises `error`
-    with a one-line message on failure. In a batch whose targets share the cores (runners.shared_cores) it first
+    with a one-line message on failure. In a batch whose targets share the cores (runners.measure.shared_cores) it first
     waits for its claim on them: alone for a timing run (`cores_alone`), shared otherwise; the timeout and the
     seconds returned start once it holds them."""
     with claim(alone=cores_alone):

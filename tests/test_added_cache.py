@@ -140,10 +140,10 @@ def test_attention_without_a_causal_mask_gets_no_cache_and_says_why():
 
 def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
     """verify does not report a missing `prefill` method: it says what the design said about the entries."""
-    from graphmode.agent.nodes import design, verify
-    from graphmode.agent.state import Baseline, RunOptions, RunState
-    from graphmode.runners.entry_calls import EntryCalls, ParameterUse
-    from graphmode.runners.evidence_model import Evidence, SourceLine
+    from graphmode.agent.workflow.nodes import design, verify
+    from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
+    from graphmode.runners.evidence.entry_calls import EntryCalls, ParameterUse
+    from graphmode.runners.evidence.model import Evidence, SourceLine
 
     target = tmp_path / "target"
     target.mkdir()
@@ -170,8 +170,8 @@ def test_verify_repeats_the_designs_reason_when_no_entries_were_added(tmp_path):
 def test_a_growing_mask_beside_one_new_token_is_no_missing_cache(tmp_path):
     """generate()'s way of feeding a model with a cache: one token, the cache, and a 2-D mask one column longer
     every step. Only a token input that grows means the sequence is recomputed; the mask is a finding of its own."""
-    from graphmode.runners.evidence import collect_evidence
-    from graphmode.runners.evidence_findings import evidence_findings
+    from graphmode.runners.evidence.collect import collect_evidence
+    from graphmode.runners.evidence.findings import evidence_findings
 
     folder = tmp_path / "growing_mask"
     shutil.copytree(FIXTURES / "evidence" / "growing_mask", folder)

@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphmode.agent import cli, nodes
+from graphmode.agent import cli
+from graphmode.agent.workflow import nodes
 from graphmode.agent.errors import UserError
-from graphmode.agent.state import Baseline
-from graphmode.runners.batch_buckets import pad_batch, run_sweep
+from graphmode.agent.workflow.state import Baseline
+from graphmode.runners.verify.batch_buckets import pad_batch, run_sweep
 from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.backends import resolve
-from graphmode.runners.cli import WorkerFailure
+from graphmode.runners.workers.common import WorkerFailure
 from graphmode.runners.harness import load_harness, next_token_logits
 from graphmode.runners.subprocess_run import run_worker
-from graphmode.runners.verify import DEFAULT_LOGITS_ATOL, _bucket_problems
+from graphmode.runners.verify.verify import DEFAULT_LOGITS_ATOL, _bucket_problems
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,9 +157,10 @@ def test_sweep_catches_padding_rows_leaking_into_real_rows(tmp_path, bucketed_ru
     steps = 4
     torch.save(_reference_logits(folder, steps), tmp_path / "reference.pt")
     out = tmp_path / "sweep.json"
-    run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
-                                  "--backend", "eager", "--out", str(out), "--batch-buckets", "1,2",
-                                  "--reference", str(tmp_path / "reference.pt")],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
+                "--backend", "eager", "--out", str(out), "--batch-buckets", "1,2",
+                "--reference", str(tmp_path / "reference.pt")],
                name="buckets", timeout_s=180, log_dir=tmp_path / "logs")
     one, two = json.loads(out.read_text())["buckets"]
     assert one["bucket"] == 1 and one["tokens_equal"] and one["logits_max_abs_diff"] <= DEFAULT_LOGITS_ATOL

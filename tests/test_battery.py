@@ -1,5 +1,5 @@
-"""The equivalence battery (runners/battery.py): one test per row, each on a file the row must pass and on one it
-must catch.
+"""The equivalence battery (runners/workers/battery_worker.py): one test per row, each on a file the row must pass and
+on one it must catch.
 
 The file to catch is graphmode's rewrite put in place of the original (`FileAdaptation.static_view`), which is what
 earlier releases wrote: the harness's one greedy sequence verified on it, while padded batches, a second
@@ -18,7 +18,7 @@ import torch
 from adapted_files import write_adapted
 
 from graphmode.runners.backends import resolve
-from graphmode.runners.battery import FAILED, HELD, NOT_APPLICABLE, Battery
+from graphmode.runners.workers.battery_worker import FAILED, HELD, NOT_APPLICABLE, Battery
 from graphmode.runners.harness import load_harness
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.codemods._helper_code import helper_module_text

@@ -1,4 +1,4 @@
-"""runners/decode_graph.py on real tiny models: what one Decode step does, counted on its captured graph(s).
+"""runners/measure/decode_graph.py on real tiny models: what one Decode step does, counted on its captured graph(s).
 
 No expected number is written down: each check compares two real captures (a hand-written RMSNorm against
 F.rms_norm, a step with graph breaks against the same step without) or checks a property of one."""
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphmode.runners.decode_graph import capture_decode, count_graphs, layer_of, module_path_parts
+from graphmode.runners.measure.decode_graph import capture_decode, count_graphs, layer_of, module_path_parts
 from graphmode.runners.subprocess_run import run_worker
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -145,8 +145,9 @@ def test_worker_counts_the_decode_step_on_both_sides(tmp_path, side):
         shutil.copy(HAND_ADAPTED_MODEL, folder / "model.py")
         shutil.copy(EXAMPLE / "harness.py", folder / "harness.py")
     out = tmp_path / "r.json"
-    run_worker("graphmode.runners.worker", ["--side", side, "--folder", str(folder), "--steps", "2",
-                                            "--backend", "aot_eager", "--out", str(out), "--count-ops"],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", side, "--folder", str(folder), "--steps", "2",
+                "--backend", "aot_eager", "--out", str(out), "--count-ops"],
                name=side, timeout_s=180, log_dir=tmp_path / "logs")
     counted = json.loads(out.read_text())["decode_graph"]
     assert counted["layers"] == 2 and counted["ops"] > 2 * counted["ops_per_layer"] > 0
@@ -165,7 +166,8 @@ def test_worker_counts_the_decode_step_on_both_sides(tmp_path, side):
 @pytest.mark.slow
 def test_worker_without_count_ops_leaves_decode_graph_empty(tmp_path):
     out = tmp_path / "r.json"
-    run_worker("graphmode.runners.worker", ["--side", "original", "--folder", str(EXAMPLE), "--steps", "1",
-                                            "--backend", "aot_eager", "--out", str(out)],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", "original", "--folder", str(EXAMPLE), "--steps", "1",
+                "--backend", "aot_eager", "--out", str(out)],
                name="original", timeout_s=120, log_dir=tmp_path / "logs")
     assert json.loads(out.read_text())["decode_graph"] == {}

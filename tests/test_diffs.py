@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphmode.agent.diffs import change_diffs
+from graphmode.agent.workflow.diffs import change_diffs
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -28,8 +28,8 @@ def test_a_change_that_adds_methods_shows_them_and_not_its_neighbours_lines():
 def test_the_design_keeps_each_changes_diff_on_disk_not_in_the_session(tmp_path: Path):
     """The checkpoint holds a path per change; the diff text is in changes/<id>.diff beside design.md, and it is the
     hunks the person is shown."""
-    from graphmode.agent import nodes
-    from graphmode.agent.state import Baseline, RunOptions, RunState
+    from graphmode.agent.workflow import nodes
+    from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
 
     example = Path(__file__).parents[1] / "examples" / "legacy_llm"
     state = RunState(session_id="diffs", options=RunOptions(target=str(example), run_dir=str(tmp_path / "run")),

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.agent.consoles import EXIT_STOPPED
-from graphmode.runners.crash import exception_chain
+from graphmode.agent.cli.consoles import EXIT_STOPPED
+from graphmode.runners.probe.crash import exception_chain
 from graphmode.runners.interpreter import release
 from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
 
@@ -85,7 +85,7 @@ def test_an_interpreter_without_torch_is_refused_with_the_install_command(tmp_pa
 
 
 def test_a_manifest_names_a_python_per_target_and_checks_each_before_anything_runs(tmp_path, venv_python):
-    from graphmode.agent.batch_manifest import load_manifest
+    from graphmode.agent.batch.manifest import load_manifest
     from graphmode.agent.errors import UserError
 
     manifest = tmp_path / "manifest.toml"

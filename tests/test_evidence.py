@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.runners.evidence import EvidenceError, collect_evidence
-from graphmode.runners.evidence_model import DECODE, PREFILL, Evidence, SourceLine
-from graphmode.runners.evidence_findings import (NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile,
+from graphmode.runners.evidence.collect import EvidenceError, collect_evidence
+from graphmode.runners.evidence.model import DECODE, PREFILL, Evidence, SourceLine
+from graphmode.runners.evidence.findings import (NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile,
                                                  reconcile_details)
 from graphmode.runners.harness import load_harness
 from graphmode.transforms.findings import Finding
@@ -301,7 +301,7 @@ def test_alibi_bias_built_from_the_length(traced):
 def test_the_ops_reading_the_cache_along_its_growing_dim(traced):
     """Where a static cache's unwritten slots must be hidden: the SDPA that takes the growing keys in and gives a
     fixed output back, and the product whose scores grow with the keys (weights times values read them too)."""
-    from graphmode.agent.adaptation import cache_reads
+    from graphmode.agent.workflow.adaptation import cache_reads
 
     folder, ev = traced("seq_first")
     sdpa = line_of(folder / "model.py", "F.scaled_dot_product_attention(q, k, v")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graphmode.agent import nodes
-from graphmode.agent.batch_manifest import load_manifest
-from graphmode.agent.batch_summary import make_row, write_summary
-from graphmode.agent.reporting import write_report
-from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
-from graphmode.runners.batch_job import JobOutcome
-from graphmode.runners.traffic import estimates
+from graphmode.agent.workflow import nodes
+from graphmode.agent.batch.manifest import load_manifest
+from graphmode.agent.batch.summary import make_row, write_summary
+from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.state import Baseline, RunOptions, RunState, Verification
+from graphmode.agent.batch.job import JobOutcome
+from graphmode.runners.measure.traffic import estimates
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -50,7 +50,8 @@ def test_implement_writes_the_adaptation_without_its_fusions_only_when_one_was_a
 
 
 def _fusion(**changes) -> dict:
-    """Verification.fusion's layout (runners.verify.fusion_figures), with counts as a counting worker gives them."""
+    """Verification.fusion's layout (runners.verify.verify.fusion_figures), with counts as a counting worker gives
+    them."""
     fusion = {
         "applied": ["fused_rms_norm", UNKNOWN],
         "ops_per_step": {"original": 310, "before": 250, "after": 190},

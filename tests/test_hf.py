@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from graphmode.agent.errors import UserError  # noqa: E402
-from graphmode.agent.hf_target import _missing_imports, resolve  # noqa: E402
+from graphmode.agent.targets.hf import _missing_imports, resolve  # noqa: E402
 from graphmode.runners import optional_imports  # noqa: E402
 from graphmode.runners.hf_driver import StaticCacheDecoder, reinitialise, tiny_config_overrides  # noqa: E402
 
@@ -128,7 +128,7 @@ def test_a_placeholder_imports_but_fails_naming_the_package_when_called():
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "opt", "falcon", "gemma3_text"])
 def test_the_written_harness_is_python_that_builds_the_tiny_model(tmp_path, model_type):
-    from graphmode.agent.hf_target import write_target
+    from graphmode.agent.targets.hf import write_target
     from graphmode.runners.harness import load_harness
 
     folder = write_target(resolve(model_type, True, 64), None, tmp_path / "target", 64)
@@ -260,7 +260,7 @@ def _save_tiny_llama(folder: Path) -> torch.nn.Module:
 
 
 def test_a_model_folder_is_built_from_its_own_weights_read_in_place(tmp_path):
-    from graphmode.agent.hf_target import write_target
+    from graphmode.agent.targets.hf import write_target
 
     saved = _save_tiny_llama(tmp_path / "my-llama")
     target = resolve(str(tmp_path / "my-llama"), False, 64)
@@ -321,7 +321,7 @@ def test_a_glm_style_folder_is_read_with_its_lm_class_and_its_gmask_prefix():
 
 
 def test_the_hf_harness_drives_a_glm_style_model_as_its_generate_does(tmp_path):
-    from graphmode.agent.hf_target import write_target
+    from graphmode.agent.targets.hf import write_target
     from graphmode.runners.harness import load_harness
 
     target = resolve(str(GLM), True, 64)
@@ -350,7 +350,7 @@ def test_the_hf_harness_drives_a_glm_style_model_as_its_generate_does(tmp_path):
 
 
 def test_the_hf_harness_gives_transformers_own_generate_tokens_for_a_model_type(tmp_path):
-    from graphmode.agent.hf_target import write_target
+    from graphmode.agent.targets.hf import write_target
     from graphmode.runners.harness import load_harness
 
     target = resolve("llama", True, 64)
@@ -368,7 +368,7 @@ def test_the_hf_harness_gives_transformers_own_generate_tokens_for_a_model_type(
 
 
 def test_auto_map_classes_without_an_lm_head_are_named_when_the_harness_builds(tmp_path):
-    from graphmode.agent.hf_target import write_target
+    from graphmode.agent.targets.hf import write_target
     from graphmode.runners.harness import load_harness
 
     folder = tmp_path / "headless"
@@ -396,7 +396,7 @@ def test_auto_map_classes_without_an_lm_head_are_named_when_the_harness_builds(t
                                "151333": {"content": "<sop>", "special": True}}}, [151331, 151333]),
 ])
 def test_the_prompt_prefix_comes_from_the_folders_own_files(tmp_path, config, tokenizer, prefix):
-    from graphmode.agent.hf_prompt import prompt_tokens, tiny_special_ids
+    from graphmode.agent.targets.hf_prompt import prompt_tokens, tiny_special_ids
 
     if tokenizer is not None:
         (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer))
@@ -424,7 +424,7 @@ DEEPSEEK_V2_LITE = {
 def test_tiny_keeps_an_moe_layer_and_shrinks_expert_and_mla_sizes(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from graphmode.agent.hf_target import _tiny_overrides_from_dict
+    from graphmode.agent.targets.hf import _tiny_overrides_from_dict
 
     (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V2_LITE))
     target = resolve(str(tmp_path), True, 64)

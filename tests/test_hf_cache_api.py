@@ -18,7 +18,7 @@ import pytest
 from adapted_files import write_adapted
 
 from graphmode.runners.harness import load_harness
-from graphmode.runners.verify import verify
+from graphmode.runners.verify.verify import verify
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source, fixed_by
 from graphmode.transforms.rules import scan_source

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from graphmode.agent import nodes
-from graphmode.agent.leftovers import mark_decode_runs
-from graphmode.agent.state import Baseline, RunOptions, RunState, Verification
-from graphmode.runners.line_trace import lines_run
+from graphmode.agent.workflow import nodes
+from graphmode.agent.workflow.leftovers import mark_decode_runs
+from graphmode.agent.workflow.state import Baseline, RunOptions, RunState, Verification
+from graphmode.runners.evidence.line_trace import lines_run
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source, fixed_by
 from graphmode.transforms.rules import scan_source

@@ -18,9 +18,9 @@ import torch
 
 from adapted_files import write_adapted
 
-from graphmode.agent.adaptation import evidence_cache_writes, evidence_caches
-from graphmode.runners.evidence import collect_evidence
-from graphmode.runners.evidence_model import Evidence
+from graphmode.agent.workflow.adaptation import evidence_cache_writes, evidence_caches
+from graphmode.runners.evidence.collect import collect_evidence
+from graphmode.runners.evidence.model import Evidence
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
 from graphmode.transforms.pipeline import adapt_source

@@ -26,7 +26,7 @@ import torch
 
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
-from graphmode.runners.npu_config import (
+from graphmode.runners.backends.npu_config import (
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
     NpuConfigError,
@@ -61,8 +61,8 @@ def test_importing_graphmode_never_imports_torch_npu():
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0: on an Ascend host `import torch` itself loads torch_npu
     # through its [torch.backends] entry point; what is checked here is graphmode's own imports.
     out = _run_python(
-        "import sys, graphmode.runners.backends, graphmode.agent.cli, graphmode.runners.worker, "
-        "graphmode.runners.probe_worker, graphmode.runners.verify\n"
+        "import sys, graphmode.runners.backends, graphmode.agent.cli, graphmode.runners.workers.verify_worker, "
+        "graphmode.runners.workers.probe_worker, graphmode.runners.verify.verify\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'torchair', 'npugraph_ex')))\n",
         env_extra={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert out.strip() == "[]"
@@ -367,7 +367,8 @@ _REAL_API_CHECK = textwrap.dedent('''
     dynamo = sys.argv[1]
     sys.path.insert(0, dynamo)  # the extracted sources only: torch_npu itself is not importable
     import torch
-    from graphmode.runners import backends, npu_config as cfg
+    from graphmode.runners import backends
+    from graphmode.runners.backends import npu_config as cfg
 
     # npugraph_ex imports standalone with torch CPU (torch_npu registers it as top-level "npugraph_ex").
     import npugraph_ex

@@ -20,8 +20,8 @@ def test_nothing_outside_the_runners_imports_torch_at_import_time():
     code = (
         "import importlib, json, pkgutil, sys\n"
         "import graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates\n"
-        "names = ['graphmode.runners.backends', 'graphmode.runners.evidence_model',\n"
-        "         'graphmode.runners.evidence_analysis', 'graphmode.runners.evidence_findings']\n"
+        "names = ['graphmode.runners.backends', 'graphmode.runners.evidence.model',\n"
+        "         'graphmode.runners.evidence.analysis', 'graphmode.runners.evidence.findings']\n"
         "for package in (graphmode.agent, graphmode.transforms, graphmode.skills, graphmode.templates):\n"
         "    names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.')]\n"
         "for name in names:\n"
@@ -61,3 +61,23 @@ def test_installs_beside_other_packages_named_agent_and_templates(tmp_path):
     scan = subprocess.run([env_dir / "bin" / "graphmode", "scan", str(PROJECT_ROOT / "examples" / "legacy_llm")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert scan.returncode == 1 and "GM" in scan.stdout, scan.stderr[-2000:]  # findings, printed by graphmode
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_sub_package_and_the_files_read_as_data(tmp_path):
+    """Packages are found, not listed (setup.py): every folder with an __init__.py under the layout's folders is in the
+    wheel as graphmode.<folder>..., with the skills, the templates and the helper code the codemods copy."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            str(PROJECT_ROOT), "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    import zipfile
+
+    (wheel,) = tmp_path.glob("graphmode-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folders = ("agent", "transforms", "runners", "skills", "templates")
+    packages = {init.parent.relative_to(PROJECT_ROOT) for folder in folders
+                for init in (PROJECT_ROOT / folder).rglob("__init__.py")}
+    assert len(packages) > 15
+    assert {f"graphmode/{package}/__init__.py" for package in packages} <= names
+    assert {"graphmode/skills/host-syncs.md", "graphmode/templates/report.md.j2",
+            "graphmode/transforms/codemods/helper-code/helpers.py", "graphmode/agent/cli/__main__.py"} <= names

@@ -1,5 +1,5 @@
 """A branch on how far the positions reach (dynamic NTK rotary embeddings) settled by the static path's own limit:
-the trace records the comparison (runners/evidence_model.py `PositionTest`), tensor_branches puts the limit in front of
+the trace records the comparison (runners/evidence/model.py `PositionTest`), tensor_branches puts the limit in front of
 it in the static twin, and the twin compiles whole and computes what the original does. Real torch, the tiny model
 of tests/fixtures/evidence/ntk_rotary."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 
 from adapted_files import import_adapted, write_adapted
 
-from graphmode.agent.adaptation import position_tests
-from graphmode.runners.evidence import collect_evidence
-from graphmode.runners.evidence_model import PositionTest, SourceLine
+from graphmode.agent.workflow.adaptation import position_tests
+from graphmode.runners.evidence.collect import collect_evidence
+from graphmode.runners.evidence.model import PositionTest, SourceLine
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source
 

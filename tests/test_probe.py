@@ -1,4 +1,4 @@
-"""Tests for the probe's triage (runners/probe.py): real torch, real subprocess workers.
+"""Tests for the probe's triage (runners/probe/probe.py): real torch, real subprocess workers.
 
 The example is the bundled legacy model; the clean and the mismatching targets are tiny
 harness folders written here, following the contract in examples/legacy_llm/harness.py.
@@ -18,9 +18,9 @@ import pytest
 
 from graphmode.runners import backends
 from graphmode.runners.backends import BackendUnavailable
-from graphmode.runners.crash import describe_crash, exception_chain
+from graphmode.runners.probe.crash import describe_crash, exception_chain
 from graphmode.runners.harness import load_harness
-from graphmode.runners.probe import probe
+from graphmode.runners.probe.probe import probe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = PROJECT_ROOT / "examples" / "legacy_llm"
@@ -402,7 +402,7 @@ def test_a_data_dependent_branch_counts_as_a_graph_break():
     counters["unimplemented"]; the probe's count must see both."""
     import torch
 
-    from graphmode.runners.probe_worker import _breaks_counted
+    from graphmode.runners.workers.probe_worker import _breaks_counted
 
     def branch(x):
         if x.sum() > 0:

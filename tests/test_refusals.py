@@ -83,7 +83,7 @@ def test_resume_finds_saved_sessions_in_langgraphs_own_table_without_langgraph(t
     # The database is written by langgraph's saver, as a real session writes it; the look-up reads it without.
     from langgraph.checkpoint.base import empty_checkpoint
 
-    from graphmode.agent.workflow import open_checkpointer
+    from graphmode.agent.workflow.graph import open_checkpointer
 
     monkeypatch.setenv("GRAPHMODE_HOME", str(tmp_path / "home"))
     with open_checkpointer() as checkpointer:

@@ -16,13 +16,13 @@ from test_declined import _declining_the_hoist
 from test_fusion_report import _designed, _state
 from test_workflow import graphmode
 
-from graphmode.agent import nodes
-from graphmode.agent.adaptation import adapt_sources, static_length
-from graphmode.agent.bisection import bisect_changes
-from graphmode.agent.choices import proposed_choice
-from graphmode.agent.repair import plan_repair
-from graphmode.agent.revisions import parameters_of, parse_revision, source_classes
-from graphmode.agent.state import Change
+from graphmode.agent.workflow import nodes
+from graphmode.agent.workflow.adaptation import adapt_sources, static_length
+from graphmode.agent.workflow.bisection import bisect_changes
+from graphmode.agent.workflow.choices import proposed_choice
+from graphmode.agent.workflow.repair import plan_repair
+from graphmode.agent.workflow.revisions import parameters_of, parse_revision, source_classes
+from graphmode.agent.workflow.state import Change
 
 TARGETS = Path(__file__).parent / "fixtures" / "targets"
 

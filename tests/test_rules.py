@@ -42,7 +42,7 @@ def test_the_fixers_read_from_the_codemods_source_are_the_imported_chain():
 
 
 def test_what_the_trace_can_say_of_a_rule_is_stated_on_the_rule_and_names_only_rules():
-    from graphmode.runners.evidence_findings import TRACED_CODES
+    from graphmode.runners.evidence.findings import TRACED_CODES
 
     codes = {rule.CODE for rule in RULES}
     assert TRACED_CODES == {rule.CODE for rule in RULES if rule.TRACED}

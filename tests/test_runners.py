@@ -18,16 +18,16 @@ import torch
 
 from adapted_files import write_adapted
 
-from graphmode.agent.reporting import write_report
-from graphmode.agent.state import Baseline, RunOptions, RunState
+from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
-from graphmode.runners.cli import ERROR_PREFIX
-from graphmode.runners.dynamo_watch import parse_recompile_message
+from graphmode.runners.workers.common import ERROR_PREFIX
+from graphmode.runners.measure.dynamo_watch import parse_recompile_message
 from graphmode.runners.harness import HarnessError, load_harness, next_token_logits
-from graphmode.runners.probe import probe
+from graphmode.runners.probe.probe import probe
 from graphmode.runners.subprocess_run import WorkerError, run_worker
-from graphmode.runners.verify import VerificationError, verify
+from graphmode.runners.verify.verify import VerificationError, verify
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source
 
@@ -182,8 +182,9 @@ def test_parse_recompile_message_takes_newest_guard_and_user_line():
 def test_worker_original_side(tmp_path):
     steps = 6
     out, logits_file = tmp_path / "o.json", tmp_path / "o.pt"
-    run_worker("graphmode.runners.worker", ["--side", "original", "--folder", str(EXAMPLE), "--steps", str(steps),
-                                  "--backend", "aot_eager", "--out", str(out), "--logits", str(logits_file)],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", "original", "--folder", str(EXAMPLE), "--steps", str(steps),
+                "--backend", "aot_eager", "--out", str(out), "--logits", str(logits_file)],
                name="original", timeout_s=120, log_dir=tmp_path / "logs")
     result = json.loads(out.read_text())
     logits = torch.load(logits_file)
@@ -209,8 +210,8 @@ def test_worker_original_side(tmp_path):
 @pytest.mark.slow
 def test_worker_error_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "graphmode.runners.worker", "--side", "original", "--folder", str(tmp_path),
-         "--steps", "2", "--backend", "eager", "--out", str(tmp_path / "o.json")],
+        [sys.executable, "-m", "graphmode.runners.workers.verify_worker", "--side", "original",
+         "--folder", str(tmp_path), "--steps", "2", "--backend", "eager", "--out", str(tmp_path / "o.json")],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -234,8 +235,9 @@ def test_worker_counts_recompiles_and_detects_the_limit(tmp_path, adapted):
     steps = torch._dynamo.config.recompile_limit + 3
     out = tmp_path / "a.json"
     compile_log = tmp_path / "adapted.compile.log"
-    run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
-                                  "--backend", "eager", "--out", str(out), "--compile-log", str(compile_log)],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", "adapted", "--folder", str(folder), "--steps", str(steps),
+                "--backend", "eager", "--out", str(out), "--compile-log", str(compile_log)],
                name="adapted", timeout_s=180, env={"TORCH_LOGS": "graph_breaks,recompiles"})
     result = json.loads(out.read_text())
     # The compile log keeps Dynamo's own recompile records (the watch's counting is unaffected).
@@ -382,7 +384,7 @@ def test_verify_kills_a_hung_worker(tmp_path):
 
 
 def test_logits_are_held_to_the_rounding_of_a_half_precision_model_and_to_the_fixed_tolerance_otherwise():
-    from graphmode.runners.verify import DEFAULT_LOGITS_ATOL, logits_tolerance
+    from graphmode.runners.verify.verify import DEFAULT_LOGITS_ATOL, logits_tolerance
 
     logits = torch.tensor([[-320.0, 12.0], [3.0, 1.0]])
     assert logits_tolerance(DEFAULT_LOGITS_ATOL, "float32", logits) == DEFAULT_LOGITS_ATOL

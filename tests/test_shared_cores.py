@@ -6,8 +6,8 @@ import sys
 import threading
 import time
 
-from graphmode.runners.shared_cores import LOCK_ENV, WAIT_ENV, claim, waits_given_up, without_claim
-from graphmode.runners.timing import speedup_unstable
+from graphmode.runners.measure.shared_cores import LOCK_ENV, WAIT_ENV, claim, waits_given_up, without_claim
+from graphmode.runners.measure.timing import speedup_unstable
 
 
 def _holder(lock: str, alone: bool, events: list[str], name: str, go: threading.Event, hold_s: float) -> None:
@@ -56,7 +56,7 @@ def test_without_the_variable_nothing_waits_and_workers_never_see_it(tmp_path):
 def test_a_claim_alone_in_another_process_holds_off_a_shared_one(tmp_path):
     lock = str(tmp_path / "cores.lock")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom graphmode.runners.shared_cores import claim, LOCK_ENV\n"
+        [sys.executable, "-c", "import sys, time\nfrom graphmode.runners.measure.shared_cores import claim, LOCK_ENV\n"
          f"with claim(alone=True, environ={{LOCK_ENV: {lock!r}}}):\n    print('in', flush=True)\n"
          "    time.sleep(1.0)\n"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "in"

@@ -1,5 +1,5 @@
-"""The capture/replay check that runs on a CPU (runners/static_addresses.py): a Decode step that puts a new tensor in
-a buffer's place fails verification, naming the buffer; one that writes in place passes.
+"""The capture/replay check that runs on a CPU (runners/verify/static_addresses.py): a Decode step that puts a new
+tensor in a buffer's place fails verification, naming the buffer; one that writes in place passes.
 
 Real tiny models in real worker processes: the hand-adapted example, and the same model with its cache written out of
 place (tests/fixtures/moving_cache). The bundled example adapted by graphmode is held to it in
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.runners.results import WorkerResult
+from graphmode.runners.verify.results import WorkerResult
 from graphmode.runners.subprocess_run import WorkerError, run_worker
-from graphmode.runners.verify import _capture_problems, capture_figures
+from graphmode.runners.verify.verify import _capture_problems, capture_figures
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HARNESS = Path(__file__).parents[1] / "examples" / "legacy_llm" / "harness.py"
@@ -29,8 +29,9 @@ def _adapted_side(tmp_path: Path, model: Path) -> WorkerResult:
     shutil.copy(HARNESS, folder / "harness.py")
     out = tmp_path / "adapted.json"
     # aot_eager: Dynamo and functionalisation, no code generation; what moves is the same under every backend.
-    run_worker("graphmode.runners.worker", ["--side", "adapted", "--folder", str(folder), "--steps", str(STEPS),
-                                            "--backend", "aot_eager", "--out", str(out)],
+    run_worker("graphmode.runners.workers.verify_worker",
+               ["--side", "adapted", "--folder", str(folder), "--steps", str(STEPS),
+                "--backend", "aot_eager", "--out", str(out)],
                name="adapted", timeout_s=300, log_dir=None, error=WorkerError)
     return WorkerResult.from_dict(json.loads(out.read_text()))
 
@@ -62,7 +63,7 @@ def test_a_cache_written_in_place_keeps_every_address(tmp_path):
 
 def _held(tmp_path: Path):
     from graphmode.runners.harness import load_harness
-    from graphmode.runners.static_addresses import held_tensors
+    from graphmode.runners.verify.static_addresses import held_tensors
 
     model = load_harness(tmp_path / "adapted_tiny").build_model()
     return held_tensors(model).items()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from graphmode.agent.errors import UserError
-from graphmode.agent.target_file import find, load
+from graphmode.agent.targets.target_file import find, load
 
 CONVENTIONS = Path(__file__).parent / "fixtures" / "conventions"
 

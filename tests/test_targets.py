@@ -1,4 +1,4 @@
-"""agent.targets: every form of target resolved in one place, checked before anything is written, and written
+"""agent.targets.resolve: every form of target resolved in one place, checked before anything is written, and written
 (materialize) under the run folder only."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.agent import target_file
+from graphmode.agent.targets import target_file
 from graphmode.agent.errors import UserError
-from graphmode.agent.targets import CONVENTION, HARNESS, HF, TargetSpec, resolve
+from graphmode.agent.targets.resolve import CONVENTION, HARNESS, HF, TargetSpec, resolve
 from graphmode.runners.interpreter import own_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -45,15 +45,16 @@ def _finish(child) -> int:
 
 
 def _workers_of(home: Path) -> list[int]:
-    """Live worker processes (`python -m runners.worker ...`) of the graphmode run whose GRAPHMODE_HOME is `home`
-    (read from /proc: every worker inherits graphmode's environment)."""
+    """Live worker processes (`python -m runners.workers.verify_worker ...`) of the graphmode run whose GRAPHMODE_HOME
+    is `home` (read from /proc: every worker inherits graphmode's environment)."""
     found = []
     marker = f"GRAPHMODE_HOME={home}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                if b"graphmode.runners.worker" in line and marker in (entry / "environ").read_bytes().split(b"\0"):
+                if b"graphmode.runners.workers.verify_worker" in line \
+                        and marker in (entry / "environ").read_bytes().split(b"\0"):
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -199,10 +200,10 @@ def _round_two(home: Path, run_dir: Path, session: str) -> str:
     """A session stopped at round 2's confirmation, saved through the workflow's own graph without running a model:
     round 1 declined the host-check hoist and failed on the line it rewrites, and its repair found nothing else, so
     round 2 offers that change alone. Returns the change's id."""
-    from graphmode.agent import nodes
-    from graphmode.agent.state import Baseline, Round, RunOptions, RunState
-    from graphmode.agent.terminal_session import session_config
-    from graphmode.agent.workflow import build_graph, open_checkpointer
+    from graphmode.agent.workflow import nodes
+    from graphmode.agent.workflow.state import Baseline, Round, RunOptions, RunState
+    from graphmode.agent.cli.terminal import session_config
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
 
     first = RunState(session_id=session, options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir),
                                                             backend="aot_eager", rounds=2),
@@ -259,9 +260,9 @@ def test_the_change_table_fits_the_terminal_and_cuts_nothing(tmp_path, width):
     from rich.console import Console
     from rich.markup import render
 
-    from graphmode.agent import nodes
-    from graphmode.agent.state import Baseline, RunOptions, RunState
-    from graphmode.agent.terminal_session import change_table, choice_prompt
+    from graphmode.agent.workflow import nodes
+    from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
+    from graphmode.agent.cli.terminal import change_table, choice_prompt
 
     state = RunState(session_id="table001", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
                      sources=["model.py"],

@@ -1,11 +1,12 @@
-"""runners/traffic.py: the analytic per-layer Decode traffic, checked against a hand calculation and the fusions."""
+"""runners/measure/traffic.py: the analytic per-layer Decode traffic, checked against a hand calculation and the
+fusions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from graphmode.runners.traffic import FUSIONS, Sizes, config_traffic, layer_steps, layer_traffic, read_config
+from graphmode.runners.measure.traffic import FUSIONS, Sizes, config_traffic, layer_steps, layer_traffic, read_config
 
 LLAMA_2_7B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
               "num_hidden_layers": 32, "max_position_embeddings": 4096, "torch_dtype": "float16"}

@@ -31,7 +31,7 @@ import torch
 
 from adapted_files import write_adapted
 
-from graphmode.runners.entry_calls import record_entry_calls
+from graphmode.runners.evidence.entry_calls import record_entry_calls
 from graphmode.runners.harness import load_harness
 from test_workflow import graphmode
 
@@ -143,8 +143,8 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
     """The trace names the statement that makes the positions of the new tokens out of something else (a mask's
     cumsum cut at the past length), not the views of it; the rewrite hands that statement `position_ids`, counts
     them from the cached length in the method that reads it, and drops what only fed the old statement."""
-    from graphmode.agent.adaptation import evidence_caches, position_lines
-    from graphmode.runners.evidence import collect_evidence
+    from graphmode.agent.workflow.adaptation import evidence_caches, position_lines
+    from graphmode.runners.evidence.collect import collect_evidence
     from graphmode.transforms.codemods import Options
     from graphmode.transforms.pipeline import adapt_source
 
@@ -168,7 +168,7 @@ def test_positions_made_inside_the_model_are_found_by_their_values(tmp_path):
 def test_mask_rows_and_resets_the_harness_passes_are_rebuilt_by_the_entries(tmp_path):
     """torchtune's calling convention: the entries build the mask rows from the positions (from one buffer) and
     reset the caches before Prefill as the harness does, so two generations in a row give the harness's tokens."""
-    from graphmode.agent.adaptation import entry_roles
+    from graphmode.agent.workflow.adaptation import entry_roles
     from graphmode.transforms.codemods import Options
     from graphmode.transforms.pipeline import adapt_source
 

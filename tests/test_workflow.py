@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.agent import nodes
+from graphmode.agent.workflow import nodes
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "legacy_llm"
 
@@ -114,7 +114,8 @@ def test_adapt_yes_writes_a_verified_report_and_leaves_the_example_untouched(tmp
 def _unstable_headline_is_not_quoted(run: Path, home: Path) -> None:
     """The same session's report, drawn again as if its runs had spread widely: the headline says the figure is
     unstable and cannot be quoted, instead of printing it in bold."""
-    from graphmode.agent import nodes, workflow
+    from graphmode.agent.workflow import nodes
+    from graphmode.agent.workflow import graph as workflow
 
     os.environ["GRAPHMODE_HOME"] = str(home)
     try:
@@ -290,9 +291,9 @@ def test_non_utf8_source_and_unknown_backend_and_session(tmp_path, home):
 def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path, home, monkeypatch, passed, status):
     """The exit-status contract (README) holds for a session resumed after it finished. The session is saved as the
     report step leaves it, through the workflow's own graph and checkpointer, so no model runs."""
-    from graphmode.agent.state import RunOptions, RunState, Verification
-    from graphmode.agent.terminal_session import session_config
-    from graphmode.agent.workflow import build_graph, open_checkpointer
+    from graphmode.agent.workflow.state import RunOptions, RunState, Verification
+    from graphmode.agent.cli.terminal import session_config
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
 
     monkeypatch.setenv("GRAPHMODE_HOME", str(home))
     run_dir = tmp_path / "out" / "legacy_llm"
@@ -311,8 +312,8 @@ def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path,
 def test_a_session_saved_in_an_earlier_layout_is_refused_with_what_to_do():
     """Sessions saved before the options were nested (layout 1: every field top-level) are not misread."""
     from graphmode.agent.errors import UserError
-    from graphmode.agent.state import SCHEMA_VERSION, RunOptions, RunState
-    from graphmode.agent.workflow import saved_state, saved_target
+    from graphmode.agent.workflow.state import SCHEMA_VERSION, RunOptions, RunState
+    from graphmode.agent.workflow.graph import saved_state, saved_target
 
     earlier = {"session_id": "old1", "target": "/models/llama", "run_dir": "/out/llama", "backend": "inductor"}
     with pytest.raises(UserError, match=r"session old1 was saved by an earlier graphmode \(state layout 1, this one "

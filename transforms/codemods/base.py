@@ -33,14 +33,14 @@ class Options:
     max_seq_len: int = 64  # longest sequence (prompt + generated) the static buffers must hold
     max_batch_size: int = 1
     entry_class: str | None = None  # the model class the harness builds; it gets prefill/decode
-    # How the harness really calls the entry class's forward in Decode (runners.entry_calls), when it was
+    # How the harness really calls the entry class's forward in Decode (runners.evidence.entry_calls), when it was
     # recorded: (parameter, role) pairs, role "tokens" | "positions" | "constant" | "state". Empty: not known,
     # and the codemods go by the signature alone.
     entry_roles: tuple[tuple[str, str], ...] = ()
     recomputes_sequence: bool = False  # Decode is given the whole sequence every step: no KV cache
     # Methods of the entry class the harness calls with no arguments before Prefill (`reset_caches`).
     prefill_resets: tuple[str, ...] = ()
-    # What one traced run of the unmodified model saw (runners.evidence), when it ran: the KV caches grown by a
+    # What one traced run of the unmodified model saw (runners.evidence.collect), when it ran: the KV caches grown by a
     # `torch.cat` in the sources, as (file, first line of the statement, growing dim counted from 0).
     traced: bool = False
     evidence_caches: tuple[tuple[str, int, int], ...] = ()
@@ -86,7 +86,7 @@ class Edit:
 @dataclass(frozen=True)
 class PartialMatch:
     """A spot a codemod recognised only in part and left unchanged; the design turns it into an item for a person
-    (agent.state.ManualItem, with the findings no change fixes)."""
+    (agent.workflow.state.ManualItem, with the findings no change fixes)."""
 
     codemod: str
     function: str
@@ -112,7 +112,7 @@ class GraphCodemod(Codemod, Transformer):
     # fail `idiom_in` is passed over (its body is neither walked nor rebuilt).
     IDIOM_IN_ONE_FUNCTION: ClassVar[bool] = False
     # Its output holds buffers `setup_caches` sizes by the static length and batch: the design shows those parameters
-    # on it, and a person may revise them (agent.revisions); verification sets the static path up at that size.
+    # on it, and a person may revise them (agent.workflow.revisions); verification sets the static path up at that size.
     SIZES_BUFFERS: ClassVar[bool] = False
     # A fusion: it makes Decode do the same work in fewer kernels, not compile. Verify times Decode with and without
     # the fusions the plan applied (an adaptation without them beside the one with them).

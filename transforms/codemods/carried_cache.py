@@ -8,7 +8,7 @@ of `forward` as tensors and grow it every step:
         key = torch.cat((past_key, key), dim=-2)
         value = torch.cat((past_value, value), dim=-2)
 
-Which `cat` is a cache, and along which dim it grows, is what the runtime evidence saw (runners.evidence_analysis:
+Which `cat` is a cache, and along which dim it grows, is what the runtime evidence saw (runners.evidence.analysis:
 a `cat` whose input is the same line's output one Decode step earlier); without evidence, the statement
 shape above is recognised. The pair becomes
 

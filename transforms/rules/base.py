@@ -324,9 +324,9 @@ class Rule:
     # True when the rule reports only where `in_step_code(node)` holds for the visited node: the walk
     # then skips it outside step code.
     STEP_ONLY: ClassVar[bool] = False
-    # What the traced run (runners.evidence) can say of this rule's hazard. TRACED: it can see the hazard or rule it
-    # out on a line Decode runs, so a finding of this code on such a line without it is dropped. EXPLAINED_BY: the
-    # codes whose static finding on a line already explains what the trace saw there (no second finding).
+    # What the traced run (runners.evidence.collect) can say of this rule's hazard. TRACED: it can see the hazard or
+    # rule it out on a line Decode runs, so a finding of this code on such a line without it is dropped. EXPLAINED_BY:
+    # the codes whose static finding on a line already explains what the trace saw there (no second finding).
     TRACED: ClassVar[bool] = False
     EXPLAINED_BY: ClassVar[frozenset[str]] = frozenset()
     # Fixit-style examples, each scanned as a whole file of its own (tests/test_rule_examples.py): snippets

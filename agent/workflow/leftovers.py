@@ -1,0 +1,58 @@
+"""The items left for a person: one per line, and whether the adapted Decode really runs that line.
+
+Findings no change fixes and the spots a codemod recognised only in part can name the same line (a
+GM501 position parameter and the static_positions note on why it was left): the person gets the line
+once, with every reason (`merge_by_line`).
+
+Rules and codemods judge by reading the source; the verifier traces one eager Decode step of the
+adapted model (runners/evidence/line_trace.py). An item on a line Decode never runs (a flash-attention path,
+a training branch, another head) does not stand between the model and graph mode; the report says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graphmode.transforms.pipeline import original_to_adapted
+
+
+def merge_by_line(items: list[dict]) -> list[dict]:
+    """One item per (path, line), in the order the lines first appear.
+
+    Each keeps its first item's fields (so `kind`, `code`, `message` still say what the main reason is)
+    and lists under `reasons` every item of that line whose rule or codemod and text differ (the same
+    message twice on one line, at two columns, is one reason); `path` and `line` are the item's own.
+    """
+    merged: dict[tuple[str, int], dict] = {}
+    for item in items:
+        key = (item["path"], item["line"])
+        reason = {k: v for k, v in item.items() if k not in ("path", "line", "reasons")}
+        if key not in merged:
+            merged[key] = {**item, "reasons": [reason]}
+        elif _says(reason) not in {_says(r) for r in merged[key]["reasons"]}:
+            merged[key]["reasons"].append(reason)
+    return list(merged.values())
+
+
+def _says(reason: dict) -> tuple[str, str]:
+    """What a reason says: its rule code or codemod, and its text."""
+    return reason.get("code") or reason.get("codemod") or "", reason.get("message") or reason.get("reason") or ""
+
+
+def mark_decode_runs(manual: list[dict], decode_lines: dict[str, list[int]], target: Path,
+                     adapted_dir: Path) -> list[dict]:
+    """Copies of the items, each with `decode_runs`: True or False, or None when nothing was traced."""
+    if not decode_lines:
+        return [{**item, "decode_runs": None} for item in manual]
+    maps: dict[str, dict[int, int]] = {}
+    marked = []
+    for item in manual:
+        path = item["path"]
+        if path not in maps:
+            original = (target / path).read_text(encoding="utf-8")
+            adapted_file = adapted_dir / path
+            adapted = adapted_file.read_text(encoding="utf-8") if adapted_file.is_file() else original
+            maps[path] = original_to_adapted(original, adapted)
+        line = maps[path].get(item["line"])
+        runs = None if line is None else line in set(decode_lines.get(path, ()))
+        marked.append({**item, "decode_runs": runs})
+    return marked
