@@ -79,3 +79,24 @@ def test_readme_starts_with_the_set_up_and_run_then_the_test_command_and_says_wh
     assert first.startswith(install + " && ") and tests in ci
     said = " ".join(start.split("```")[-1].split())  # the prose after the commands, its lines joined
     assert re.search(r"about \d+ to \d+ minutes on a 2-core machine", said) and "`--runs 1`" in said
+
+
+def test_the_architecture_page_names_every_package_and_only_files_that_exist():
+    """docs/architecture.md: every sub-package of the layout's folders has its line in the tree, and every file it
+    names in backticks exists; CONTRIBUTING points to it."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    packages = {str(init.parent.relative_to(ROOT)) for folder in ("agent", "transforms", "runners")
+                for init in (ROOT / folder).rglob("__init__.py") if init.parent != ROOT / folder}
+    tree = page.split("## The tree")[1].split("\n## ")[0]
+    listed, top = set(), None
+    for line in tree.splitlines():
+        head = re.match(r"^(\w+)/", line)
+        sub = re.match(r"^\s{2}([\w-]+)/", line)
+        if head:
+            top = head.group(1)
+        elif sub and top:
+            listed.add(f"{top}/{sub.group(1)}")
+    assert packages <= listed, sorted(packages - listed)
+    paths = {quoted for quoted in re.findall(r"`([\w./-]+\.py)`", page) if "/" in quoted and "NNN" not in quoted}
+    assert paths and [path for path in sorted(paths) if not (ROOT / path).exists()] == []
+    assert "docs/architecture.md" in TEXT
