@@ -62,7 +62,7 @@ def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> N
     not give a read-only copy that nobody can write the rewrites into, or delete."""
     # Imported here: the module reads libcst, which the commands that use this file's other helpers never import
     # (their refusals come before it; tests/test_refusals.py).
-    from graphmode.transforms.helper_module import helper_modules
+    from graphmode.transforms.output.helper_module import helper_modules
 
     rewritten = {**rewritten, **helper_modules(rewritten)}
     with swapped_in(dest) as staging:

@@ -9,7 +9,7 @@ the one the example's harness builds, else the file's causal-LM class (`graphmod
 the original's lines, the adapted file's lines (graphmode_static.py beside it not counted: it is the same for every
 file; its own length is printed once at the end), their ratio, and ruff's findings the adapted file adds: ruff's
 pyflakes and pycodestyle checks (F, E, W) run over both texts at the original's own line limit (its longest line,
-at least 79, what transforms.line_wrap wraps to), a finding counted as new where the adapted text has more of it
+at least 79, what transforms.output.line_wrap wraps to), a finding counted as new where the adapted text has more of it
 than the original. Issue 36's goal is a ratio of at most 1.25 with no new finding.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/adapted_lines.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from graphmode.transforms.codemods._helper_code import helper_module_text  # noqa: E402
+from graphmode.transforms.codemods.lib.helper_code import helper_module_text  # noqa: E402
 from graphmode.transforms.fix import fix_file  # noqa: E402
 
 EXAMPLES = {  # the model files of the bundled examples, with the class their harness builds

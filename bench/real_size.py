@@ -111,8 +111,8 @@ GIB = 1024 ** 3
 def release_modules(shape: Shape):
     """(original module, adapted module, config class name, the causal-LM class name) for the shape's release."""
     from graphmode.transforms.codemods import Options
-    from graphmode.transforms.codemods._helper_code import helper_module_text
-    from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
+    from graphmode.transforms.codemods.lib.helper_code import helper_module_text
+    from graphmode.transforms.output.helper_module import MODULE_NAME as HELPER_MODULE
     from graphmode.transforms.pipeline import adapt_source
 
     package = f"transformers.models.{shape.model}"

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:  # `python bench/three_way.py` from anywhere
 from graphmode.runners.backends import Backend, resolve  # noqa: E402
 from graphmode.runners.harness import next_token_logits  # noqa: E402
 from graphmode.transforms.codemods import Options  # noqa: E402
-from graphmode.transforms.helper_module import helper_modules  # noqa: E402
+from graphmode.transforms.output.helper_module import helper_modules  # noqa: E402
 from graphmode.transforms.pipeline import adapt_source  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "legacy_llm"

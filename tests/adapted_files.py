@@ -1,5 +1,5 @@
 """Adapted texts as graphmode's writers leave them, for the tests that run them: with graphmode_static.py, the helper
-module the adapted file imports (transforms/helper_module.py), where the import finds it."""
+module the adapted file imports (transforms/output/helper_module.py), where the import finds it."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +9,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from graphmode.transforms.codemods._helper_code import helper_module_text
-from graphmode.transforms.helper_module import FILE_NAME, helper_modules
+from graphmode.transforms.codemods.lib.helper_code import helper_module_text
+from graphmode.transforms.output.helper_module import FILE_NAME, helper_modules
 
 
 def write_adapted(folder: Path, files: dict[str, str]) -> None:

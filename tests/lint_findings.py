@@ -33,7 +33,7 @@ def findings(text: str, name: str, ignore: tuple[str, ...] = ()) -> Counter:
 
 
 def own_limit(original: str) -> int:
-    """The line length a file keeps to: its longest line, at least 79 (transforms.line_wrap wraps to it)."""
+    """The line length a file keeps to: its longest line, at least 79 (transforms.output.line_wrap wraps to it)."""
     return max([79, *(len(line) for line in original.splitlines())])
 
 

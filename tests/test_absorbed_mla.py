@@ -1,6 +1,6 @@
 """MLA at real sizes (issue 36): transformers' DeepSeek-V2 file caches the keys and values `kv_b_proj` expands the
 latent to; the static path caches the latent and the rope key instead and absorbs `kv_b_proj`
-(transforms/codemods/absorbed_mla.py).
+(transforms/codemods/caches/absorbed_mla.py).
 
 The release's own modeling files (transformers 4.57.1: its DeepSeek-V2 and V3 cache the expanded keys, which 5.x's
 files no longer do, and loop over their experts on the host; the wheel unzipped into the corpus cache,

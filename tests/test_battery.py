@@ -21,8 +21,8 @@ from graphmode.runners.backends import resolve
 from graphmode.runners.workers.battery_worker import FAILED, HELD, NOT_APPLICABLE, Battery
 from graphmode.runners.harness import load_harness
 from graphmode.transforms.codemods import Options
-from graphmode.transforms.codemods._helper_code import helper_module_text
-from graphmode.transforms.helper_module import MODULE_NAME
+from graphmode.transforms.codemods.lib.helper_code import helper_module_text
+from graphmode.transforms.output.helper_module import MODULE_NAME
 from graphmode.transforms.pipeline import adapt_source
 
 ROOT = Path(__file__).parents[1]

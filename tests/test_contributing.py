@@ -57,11 +57,13 @@ def test_every_file_the_page_names_exists():
 
 
 def test_every_codemod_module_is_one_codemod_with_its_place_in_the_chain():
-    modules = [m.name for m in pkgutil.iter_modules(codemods.__path__)
-               if not m.name.startswith("_") and m.name != "base"]
+    """Grouped by the idiom they rewrite (codemods/<idiom>/<name>.py); lib/ is what they share, never a codemod."""
+    modules = [m.name for m in pkgutil.walk_packages(codemods.__path__, codemods.__name__ + ".")
+               if not m.ispkg and m.name.count(".") == 4 and ".lib." not in m.name]
+    assert modules, "no codemod module found: the check would say nothing"
     by_module = {}
     for codemod in CHAIN:
-        by_module.setdefault(Path(inspect.getfile(codemod)).stem, []).append(codemod.NAME)
+        by_module.setdefault(codemod.__module__, []).append(codemod.NAME)
     assert sorted(by_module) == sorted(modules), set(modules) ^ set(by_module)
     assert all(len(names) == 1 for names in by_module.values()), by_module
 
@@ -88,14 +90,13 @@ def test_the_architecture_page_names_every_package_and_only_files_that_exist():
     packages = {str(init.parent.relative_to(ROOT)) for folder in ("agent", "transforms", "runners")
                 for init in (ROOT / folder).rglob("__init__.py") if init.parent != ROOT / folder}
     tree = page.split("## The tree")[1].split("\n## ")[0]
-    listed, top = set(), None
-    for line in tree.splitlines():
-        head = re.match(r"^(\w+)/", line)
-        sub = re.match(r"^\s{2}([\w-]+)/", line)
-        if head:
-            top = head.group(1)
-        elif sub and top:
-            listed.add(f"{top}/{sub.group(1)}")
+    listed, parents = set(), {}
+    for line in tree.splitlines():  # a folder per line, two spaces deeper than the folder it is in
+        folder = re.match(r"^( *)([\w-]+)/", line)
+        if folder:
+            depth = len(folder.group(1)) // 2
+            parents[depth] = folder.group(2)
+            listed.add("/".join(parents[level] for level in range(depth + 1)))
     assert packages <= listed, sorted(packages - listed)
     paths = {quoted for quoted in re.findall(r"`([\w./-]+\.py)`", page) if "/" in quoted and "NNN" not in quoted}
     assert paths and [path for path in sorted(paths) if not (ROOT / path).exists()] == []

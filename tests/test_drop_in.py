@@ -19,7 +19,7 @@ import torch
 from adapted_files import write_adapted
 
 from graphmode.transforms.codemods import Options
-from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
+from graphmode.transforms.output.helper_module import MODULE_NAME as HELPER_MODULE
 from graphmode.transforms.pipeline import adapt_source
 
 ROOT = Path(__file__).parents[1]

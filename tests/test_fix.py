@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graphmode.transforms.codemods._helper_code import helper_module_text
+from graphmode.transforms.codemods.lib.helper_code import helper_module_text
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "legacy_llm"

@@ -1,6 +1,7 @@
 """graphmode's helper code sits in graphmode_static.py beside the adapted file, which imports the names it uses
-(transforms/helper_module.py): from a plain folder whose harness puts it on sys.path, and relatively from a package.
-The adapted folder is run as written, with a real tiny model, in a fresh Python: its static path (`setup_caches`,
+(transforms/output/helper_module.py): from a plain folder whose harness puts it on sys.path, and relatively from a
+package. The adapted folder is run as written, with a real tiny model, in a fresh Python: its static path
+(`setup_caches`,
 `prefill`, a compiled `decode`) gives the tokens the original gives."""
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import libcst as cst
 
 from graphmode.agent.output import write_adapted_tree
 from graphmode.transforms.codemods import Options
-from graphmode.transforms.codemods._helper_code import helper_module_text, helper_names, helper_source
-from graphmode.transforms.helper_module import FILE_NAME, helper_module_diffs, imports_helper_module, \
+from graphmode.transforms.codemods.lib.helper_code import helper_module_text, helper_names, helper_source
+from graphmode.transforms.output.helper_module import FILE_NAME, helper_module_diffs, imports_helper_module, \
     move_helpers_out
 from graphmode.transforms.pipeline import adapt_source
 

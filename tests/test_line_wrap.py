@@ -5,7 +5,7 @@ import textwrap
 
 import libcst as cst
 
-from graphmode.transforms.line_wrap import wrap_long_lines
+from graphmode.transforms.output.line_wrap import wrap_long_lines
 
 # The original: its longest line (the model's own) sets the limit, 89 columns.
 ORIGINAL = textwrap.dedent('''\

@@ -22,7 +22,7 @@ from graphmode.agent.workflow.adaptation import evidence_cache_writes, evidence_
 from graphmode.runners.evidence.collect import collect_evidence
 from graphmode.runners.evidence.model import Evidence
 from graphmode.transforms.codemods import Options
-from graphmode.transforms.helper_module import MODULE_NAME as HELPER_MODULE
+from graphmode.transforms.output.helper_module import MODULE_NAME as HELPER_MODULE
 from graphmode.transforms.pipeline import adapt_source
 
 TARGET = Path(__file__).parent / "fixtures" / "targets" / "mla_cache"

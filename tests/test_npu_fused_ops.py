@@ -1,4 +1,4 @@
-"""The torch_npu fused operators the fusions write (transforms/codemods/_npu_ops.py, NPU_OPS).
+"""The torch_npu fused operators the fusions write (transforms/codemods/lib/npu_ops.py, NPU_OPS).
 
 On CPU, always: every `torch_npu.<op>(...)` call in the codemod fixtures' outputs (and in any adapted output committed
 under examples/) binds to the signature NPU_OPS gives the operator, and the binder refuses wrong calls with a clear
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.transforms.codemods._npu_ops import NPU_OPS, NpuOp, bind_problems, npu_op_called
+from graphmode.transforms.codemods.lib.npu_ops import NPU_OPS, NpuOp, bind_problems, npu_op_called
 from torch_npu_wheel import torch_npu_tree
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

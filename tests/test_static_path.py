@@ -1,4 +1,4 @@
-"""transforms/static_path.py: the codemods' rewrite goes beside the original, never in its place.
+"""transforms/output/static_path.py: the codemods' rewrite goes beside the original, never in its place.
 
 Each case is an original and a rewrite as the chain could leave it; the pass must give back a module whose every
 original function runs as written unless the switch is on, and whose twins run the rewrite when it is.
@@ -11,9 +11,9 @@ from types import ModuleType
 import libcst as cst
 import torch
 
-from graphmode.transforms.codemods._helper_code import helper_source
-from graphmode.transforms.codemods.split_decode import STATIC_PATH
-from graphmode.transforms.static_path import already_adapted, keep_original_path
+from graphmode.transforms.codemods.lib.helper_code import helper_source
+from graphmode.transforms.codemods.entries.split_decode import STATIC_PATH
+from graphmode.transforms.output.static_path import already_adapted, keep_original_path
 
 # The entries' switch, as split_decode inserts it beside the test the pass puts in the originals.
 SWITCH = "\n\n" + helper_source(STATIC_PATH)

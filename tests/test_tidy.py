@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 from graphmode.transforms.cstutil import code_of
-from graphmode.transforms.tidy import _each_read_after, _unread, tidy
+from graphmode.transforms.output.tidy import _each_read_after, _unread, tidy
 
 ROOT = Path(__file__).parents[1]
 
@@ -132,7 +132,7 @@ def _functions_tidy_sees() -> list[cst.FunctionDef]:
 
     import graphmode.transforms.pipeline as pipeline
     from graphmode.transforms.cstutil import nodes_of_type
-    from graphmode.transforms.tidy import added_by_graphmode
+    from graphmode.transforms.output.tidy import added_by_graphmode
 
     examples = sorted(p for p in (ROOT / "examples").glob("*/*.py") if p.name != "harness.py")
     cases = [*(before for before, _ in TIDIED), *KEPT]

@@ -18,7 +18,7 @@ from graphmode.runners.backends.npu_config import TORCH_NPU_VERSION
 NEEDED = (
     # npu/npugraph_ex/: torch.npu.npugraph_ex, whose inference.cache_compile is the public npugraph_ex cache.
     "torch_npu/dynamo/npugraph_ex/", "torch_npu/dynamo/torchair/", "torch_npu/npu/npugraph_ex/",
-    # The fused operators' meta functions and their documentation (transforms/codemods/_npu_ops.py).
+    # The fused operators' meta functions and their documentation (transforms/codemods/lib/npu_ops.py).
     "torch_npu/op_plugin/meta/_meta_registrations.py", "torch_npu/_op_plugin_docs.py",
 )
 

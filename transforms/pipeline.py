@@ -12,13 +12,13 @@ from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, PartialMatch, Options
 from graphmode.transforms.findings import Finding
-from graphmode.transforms.helper_module import move_helpers_out
+from graphmode.transforms.output.helper_module import move_helpers_out
 from graphmode.transforms.parsed import ParsedSource
-from graphmode.transforms.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
+from graphmode.transforms.output.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
                                               twin_spans)
-from graphmode.transforms.line_wrap import wrapped_with_code
-from graphmode.transforms.no_entry import without_entry_promises
-from graphmode.transforms.tidy import tidy
+from graphmode.transforms.output.line_wrap import wrapped_with_code
+from graphmode.transforms.output.no_entry import without_entry_promises
+from graphmode.transforms.output.tidy import tidy
 
 
 @dataclass
@@ -29,7 +29,7 @@ class FileAdaptation:
     edits: list[Edit] = field(default_factory=list)  # lines refer to the original source
     manual: list[PartialMatch] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)  # codemods that changed this file, in order
-    # The codemods' rewrite before the original bodies were put back beside it (transforms/static_path.py): what
+    # The codemods' rewrite before the original bodies were put back beside it (transforms/output/static_path.py): what
     # the static path runs, function for function in the original's places. Empty: the same as `adapted`.
     static_view: str = ""
 

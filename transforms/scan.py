@@ -71,14 +71,15 @@ def _fixers() -> dict[str, tuple[str, ...]]:
     literal `NAME` and `FIXES` of each class `CHAIN` lists) rather than imported: importing them loads libcst,
     which a scan without `check_fixes` never does. tests/test_rules.py checks this against the imported CHAIN."""
     package = ast.parse((_CODEMODS_FOLDER / "__init__.py").read_text(encoding="utf-8"))
-    modules = {alias.asname or alias.name: stmt.module.rpartition(".")[2]
-               for stmt in package.body if isinstance(stmt, ast.ImportFrom) and stmt.module
-               for alias in stmt.names}
+    # graphmode.transforms.codemods.<idiom>.<module> -> <idiom>/<module>.py under the package
+    modules = {alias.asname or alias.name: Path(*stmt.module.split(".")[3:]).with_suffix(".py")
+               for stmt in package.body if isinstance(stmt, ast.ImportFrom)
+               and (stmt.module or "").startswith("graphmode.transforms.codemods.") for alias in stmt.names}
     chain = next(stmt.value for stmt in package.body
                  if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "CHAIN")
     found: dict[str, list[str]] = {}
     for element in chain.elts:
-        module = ast.parse((_CODEMODS_FOLDER / f"{modules[element.id]}.py").read_text(encoding="utf-8"))
+        module = ast.parse((_CODEMODS_FOLDER / modules[element.id]).read_text(encoding="utf-8"))
         codemod = next(s for s in module.body if isinstance(s, ast.ClassDef) and s.name == element.id)
         values = {target.id: stmt.value for stmt in codemod.body if isinstance(stmt, ast.Assign)
                   for target in stmt.targets if isinstance(target, ast.Name)}

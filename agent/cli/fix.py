@@ -47,7 +47,7 @@ def run_fix(paths: list[Path], out: Path, show_diff: bool, jobs: int | None, ent
     results.sort(key=lambda r: r.relative)
     if show_diff:
         # Imported once files are read: the module reads libcst, which a refused command never imports.
-        from graphmode.transforms.helper_module import helper_module_diffs
+        from graphmode.transforms.output.helper_module import helper_module_diffs
 
         sys.stdout.write(helper_module_diffs(_adapted(results)))
         sys.stdout.flush()
@@ -123,7 +123,7 @@ def _check_out(out: Path, paths: list[Path]) -> None:
 
 
 def _write(out: Path, results: list[FileFix], seconds: float) -> None:
-    from graphmode.transforms.helper_module import helper_module_diffs, helper_modules
+    from graphmode.transforms.output.helper_module import helper_module_diffs, helper_modules
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

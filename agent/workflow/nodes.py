@@ -22,7 +22,7 @@ from graphmode.agent.workflow.runtime_findings import with_runtime_findings
 from graphmode.agent.targets.sources import declared_sources, read_source
 from graphmode.agent.workflow.state import Baseline, RunState, Verification
 from graphmode.transforms.codemods import CODEMODS
-from graphmode.transforms.helper_module import helper_module_diffs
+from graphmode.transforms.output.helper_module import helper_module_diffs
 from graphmode.transforms.rules import scan_source
 
 

@@ -49,7 +49,7 @@ def reachable_functions(module: ast.Module) -> set[Function]:
 
 
 def static_twin(function: Function) -> str | None:
-    """The twin a method hands the static path to (transforms/static_path.py), from its first statement
+    """The twin a method hands the static path to (transforms/output/static_path.py), from its first statement
     `if graphmode_static_path(self): return self.<twin>(...)`; None for any other function."""
     body = function.body[1:] if ast.get_docstring(function, clean=False) is not None else function.body
     if not body or body[0].__class__ is not ast.If:
@@ -80,7 +80,8 @@ def _lookup(owner: str | None, name: str, classes: dict[str, ast.ClassDef],
 
 
 def asks_switch(test: ast.expr) -> bool:
-    """`graphmode_static_path(self)`: true only on the static path, where a method forks (transforms/static_path.py)."""
+    """`graphmode_static_path(self)`: true only on the static path, where a method forks
+    (transforms/output/static_path.py)."""
     return test.__class__ is ast.Call and test.func.__class__ is ast.Name and test.func.id == SWITCH_TEST
 
 

@@ -20,7 +20,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
-from graphmode.transforms.codemods._imports import is_plain, with_plain_imports
+from graphmode.transforms.codemods.lib.imports import is_plain, with_plain_imports
 from graphmode.transforms.cstutil import class_level, types_under
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource

@@ -229,7 +229,7 @@ class SourceFile:
                 guards[-1] += 1
                 self.in_step = False
                 table = anywhere
-            # A forked method's own code (transforms/static_path.py) is eager: the static path never runs it.
+            # A forked method's own code (transforms/output/static_path.py) is eager: the static path never runs it.
             model_field = model_code_field(node) if cls is if_stmt and self._reached and guards else None
             for field in fields_of[cls]:
                 value = getattr(node, field)

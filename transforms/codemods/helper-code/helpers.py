@@ -1,7 +1,7 @@
 """Helper code the codemods insert into the adapted model file; graphmode reads it as text, never imports it.
 
 Each top-level class and function below is copied into the user's file by name, with its docstring and the
-comments inside it, exactly as written here (`graphmode.transforms.codemods._helper_code`). The comment lines
+comments inside it, exactly as written here (`graphmode.transforms.codemods.lib.helper_code`). The comment lines
 above a definition are not copied: they are for graphmode's maintainers. A change here changes every adapted
 file, so the fixtures under tests/fixtures/codemods change with it.
 
@@ -491,7 +491,7 @@ def graphmode_padded_rows(module, causal_mask, slots):
     return rows.masked_fill(hidden, torch.finfo(rows.dtype).min)
 
 
-# Inserted where a method has a static twin (transforms/static_path.py): the test at the top of the original.
+# Inserted where a method has a static twin (transforms/output/static_path.py): the test at the top of the original.
 def graphmode_static_path(module):
     """Whether this call came through the `prefill`/`decode` entries (added by graphmode); if not, the module runs
     its own code as written."""

@@ -1,0 +1,592 @@
+"""Replaces a cache *object* passed through `forward` (transformers' Cache API) by buffers the model owns.
+
+Since transformers 4.36 the attention modules write and measure a cache object:
+
+    kv_seq_len = key_states.shape[-2]
+    if past_key_value is not None:
+        kv_seq_len += past_key_value.get_usable_length(kv_seq_len, self.layer_idx)
+    ...
+    if past_key_value is not None:
+        cache_kwargs = {"sin": sin, "cos": cos}
+        key_states, value_states = past_key_value.update(key_states, value_states, self.layer_idx, cache_kwargs)
+
+Before 4.36 the cache is a tuple per layer, grown the same way in the same place:
+
+    kv_seq_len += past_key_value[0].shape[-2]
+    if past_key_value is not None:
+        key_states = torch.cat([past_key_value[0], key_states], dim=2)
+        value_states = torch.cat([past_key_value[1], value_states], dim=2)
+
+and the model's forward builds the 4-D mask for the grown length with a library helper (before 4.36, a
+`self._prepare_decoder_attention_mask(...)` method in the file; with a sliding window, that method's band
+is the file's own and is left to a person):
+
+    attention_mask = _prepare_4d_causal_attention_mask(
+        attention_mask, (batch_size, seq_length), inputs_embeds, past_key_values_length, sliding_window=W)
+
+(since 4.38 the model's own `self._update_causal_mask(attention_mask, inputs_embeds, cache_position, ...)`).
+
+The three change together or not at all, since a static cache without a mask over the whole buffer would
+let attention read slots not written yet:
+
+- the write (object or tuple) becomes
+  `key_states, value_states = self.kv_cache.update(cache_position, key_states, value_states)`, at the slots
+  of the entries' call (`graphmode_slots(self)` where the model names only `position_ids`, which are each row's
+  own positions: left-padded rows share the slots and have positions of their own),
+  a `StaticKVCache` created in the attention class's `__init__` (or the same-file base class that has it). Its
+  buffers take the shapes of the tensors written, keys and values apart, along the dims the traced run saw them
+  grow (without a trace, the dims the write says: the `torch.cat` pair's, or the Cache API's -2): MLA's keys and
+  values differ in head size, and its latent and rope key in rank, which no head count in `__init__` describes.
+  Only where the trace did not see the write and `__init__` names the KV head count and head size do those size it;
+- the length read from the cache becomes `self.kv_cache.max_seq_len`: attention reads the whole buffer;
+- the helper call becomes the causal mask's rows of the slots, computed per call (a `GraphmodeCausalMask`,
+  same sliding window: no square mask is held), with the slots the entries' 2-D padding mask holds 0 hidden
+  too (`graphmode_padded_rows`; the entries hand that mask to graphmode's rows alone, never to the model's own
+  code).
+
+Neither is allocated with the model: the entry's `setup_caches(max_batch_size, max_seq_length)` sizes both (the
+config's own limit by default), so a model only used through `forward` carries no static memory.
+
+The caller's own cache keeps its length: the object is still updated beside the buffers, and a tuple handed back
+holds the written slots of the buffers. So a caller that leaves `position_ids` out keeps working: the model's
+forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and
+no cache, so the compiled Decode never touches it.
+
+FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
+cannot hide the unwritten slots of a static cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports, \
+    remove_imports_if_unused, self_attributes, transform_statements
+from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, \
+    none_test, only_raises, single_assignment, walk
+from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
+    KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS
+from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
+from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
+    size_in_init
+from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
+
+WRITTEN_SLOTS = "graphmode_written"
+SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
+_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
+# Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
+_SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
+# How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
+
+
+def _comment(text: str) -> cst.EmptyLine:
+    return cst.EmptyLine(indent=True, comment=cst.Comment(f"# graphmode: {text}"))
+
+
+def _calls_on(node: cst.CSTNode, receivers: set[str], methods: set[str]) -> list[cst.Call]:
+    """Calls `R.m(...)` under node, R a Name in receivers and m in methods."""
+    return [call for call in calls_in(node) if isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name) and call.func.value.value in receivers
+            and call.func.attr.value in methods]
+
+
+def _guarded_block(stmt: cst.BaseStatement, cache: str) -> list[cst.BaseStatement] | None:
+    """The body of `if <cache> is not None:` (without else), else None."""
+    if isinstance(stmt, cst.If) and stmt.orelse is None and none_test(stmt.test) == (cache, False) \
+            and isinstance(stmt.body, cst.IndentedBlock):
+        return list(stmt.body.body)
+    return None
+
+
+def _write(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
+    """`K, V = <cache>.update(K, V, ...)` -> ("K", "V")."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    target, call = assign.targets[0].target, assign.value
+    if len(assign.targets) != 1 or not isinstance(target, cst.Tuple) or len(target.elements) != 2 \
+            or not isinstance(call, cst.Call) or dotted_name(call.func) != f"{cache}.{CACHE_OBJECT_WRITE}":
+        return None
+    names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
+    args = [a.value.value for a in call.args[:2] if a.keyword is None and isinstance(a.value, cst.Name)]
+    return (names[0], names[1]) if len(names) == 2 and names == args else None
+
+
+def _tuple_write(block: list[cst.BaseStatement], cache: str) -> tuple[str, str] | None:
+    """`K = torch.cat([cache[0], K], dim=2)` and `V = torch.cat([cache[1], V], dim=2)` -> ("K", "V")."""
+    cats = [cat_of_past(s) for s in block]
+    if len(cats) != 2 or not all(cats) or any(c[1] != cache or c[3] not in (2, -2) for c in cats) \
+            or sorted(c[2] for c in cats) != [0, 1]:
+        return None
+    keys, values = sorted(cats, key=lambda c: c[2])
+    return keys[0], values[0]
+
+
+def _write_statement(stmt: cst.BaseStatement, cache: str) -> tuple[str, str] | None:
+    """The write alone, or `if cache is not None:` holding the write and assignments only it reads; or, for a
+    tuple cache, `if cache is not None:` holding the `torch.cat` pair."""
+    found = _write(stmt, cache)
+    if found:
+        return found
+    block = _guarded_block(stmt, cache)
+    if block is None:
+        return None
+    tuple_write = _tuple_write(block, cache)
+    if tuple_write:
+        return tuple_write
+    found_in = [(s, _write(s, cache)) for s in block]
+    writes = [(s, w) for s, w in found_in if w]
+    if len(writes) != 1:
+        return None
+    write_stmt, write = writes[0]
+    for helper, _ in found_in:  # e.g. `cache_kwargs = {...}`, read by the write and nothing else
+        if helper is write_stmt:
+            continue
+        assigned = single_assignment(helper)
+        if assigned is None or assigned[0] not in names_in(write_stmt):
+            return None
+    return write
+
+
+def _callers_copy(write: cst.BaseStatement, cache: str) -> cst.If:
+    """The object write kept for the caller, its result unused: `if cache is not None: cache.update(k, v, ...)`.
+
+    Eager callers that pass the cache and no positions count positions from its length."""
+    def bare(stmt: cst.BaseStatement) -> cst.BaseStatement:
+        if _write(stmt, cache) is None:
+            return stmt
+        call = stmt.body[0].value
+        return stmt.with_changes(body=[cst.Expr(call)])
+
+    comment = _comment("the caller's cache still grows (its length counts positions).")
+    if isinstance(write, cst.If):
+        return write.with_changes(body=write.body.with_changes(body=[bare(s) for s in write.body.body]),
+                                  leading_lines=[*write.leading_lines, comment])
+    return cst.If(test=cst.parse_expression(f"{cache} is not None"),
+                  body=cst.IndentedBlock(body=[bare(write).with_changes(leading_lines=[])]),
+                  leading_lines=[*write.leading_lines, comment])
+
+
+def _returned_tuple(after: list[cst.BaseStatement], cache: str, keys: str, values: str) -> cst.BaseStatement | None:
+    """`cache = (K, V) if use_cache else None` after a tuple write: the grown cache handed back to the caller."""
+    for stmt in after:
+        assigned = single_assignment(stmt)
+        if assigned and assigned[0] in (keys, values):
+            return None  # rebound first
+        if assigned and assigned[0] == cache:
+            return stmt if _key_value_tuples(assigned[1], keys, values) else None
+    return None
+
+
+def _key_value_tuples(node: cst.CSTNode, keys: str, values: str) -> list[cst.Tuple]:
+    return [t for t in nodes_of_type(node, cst.Tuple) if [code_of(e.value) for e in t.elements] == [keys, values]]
+
+
+class _WrittenSlots(Transformer):
+    """`(K, V)` -> `graphmode_written(K, V, slots)`: the caller's tuple holds the written slots only."""
+
+    def __init__(self, keys: str, values: str, slots: str) -> None:
+        self.pair, self.slots = [keys, values], slots
+
+    def leave_Tuple(self, original_node: cst.Tuple, updated_node: cst.Tuple) -> cst.BaseExpression:
+        if [code_of(e.value) for e in original_node.elements] != self.pair:
+            return updated_node
+        return cst.parse_expression(f"{WRITTEN_SLOTS}({self.pair[0]}, {self.pair[1]}, {self.slots})")
+
+
+def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
+    """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"."""
+    block = _guarded_block(stmt, cache)
+    if not block or not all(only_raises(s) for s in block[:-1]):
+        return None
+    last = block[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1
+            and isinstance(last.body[0], cst.AugAssign) and isinstance(last.body[0].operator, cst.AddAssign)
+            and isinstance(last.body[0].target, cst.Name)):
+        return None
+    value = last.body[0].value
+    if isinstance(value, cst.Call) and dotted_name(value.func) in {f"{cache}.{name}" for name in CACHE_OBJECT_LENGTHS}:
+        return last.body[0].target.value
+    if code_of(value).replace(" ", "") in {f"{cache}[0].shape[-2]", f"{cache}[0].shape[2]", f"{cache}[0].size(-2)"}:
+        return last.body[0].target.value  # a tuple cache: the keys' length
+    return None
+
+
+def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> int:
+    """Reads of the cache (`cache[i]`, `cache.m(...)`) outside the statements the rewrite replaces."""
+    skipped = set(recognised)
+    count = 0
+    for node in walk(method.body, lambda n: [] if n in skipped else None):
+        if node in skipped:
+            continue
+        read = node.value if isinstance(node, cst.Subscript) else \
+            node.func.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None
+        if isinstance(read, cst.Name) and read.value == cache:
+            count += 1
+    return count
+
+
+@dataclass
+class _Plan:
+    """Every rewrite of the file, by node identity in the tree analysed."""
+
+    replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    drop: set[cst.CSTNode] = field(default_factory=set)
+    init_lines: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # class -> lines for __init__
+    writes: list[cst.CSTNode] = field(default_factory=list)  # the cache writes replaced, in file order
+    masks: int = 0
+    windows: set[str] = field(default_factory=set)
+    incomplete: bool = False  # a cache or mask was recognised but could not be rewritten
+    written: bool = False  # a tuple handed back to the caller holds the written slots (WRITTEN_SLOTS)
+    helpers: set[str] = field(default_factory=set)  # the mask helpers whose calls were replaced
+    reads_slots: bool = False  # the slots come from the entries' call (SLOTS): the model names only position_ids
+
+
+class CacheObject(GraphCodemod):
+    NAME = "cache_object"
+    SIZES_BUFFERS = True
+    TITLE = "Replace the cache object by preallocated buffers and a mask built once"
+    DESCRIPTION = (
+        "Where attention writes a cache object (`past_key_value.update(k, v, layer_idx, ...)`, transformers' Cache "
+        "API) or grows a tuple cache with `torch.cat` while positions come as `position_ids`, it writes a "
+        f"`{CACHE_CLASS}` instead, whose buffers take the shapes of the keys and values written (each apart, along "
+        "the dims the traced run saw them grow; `(batch, kv heads, length, head_dim)` from the names in `__init__` "
+        "where the write was not traced), "
+        "with `index_copy_` at the positions; the length read from the cache (`get_usable_length`, "
+        "`past_key_value[0].shape[-2]`) becomes the static cache's length, since attention reads the whole buffer; "
+        "and the 4-D mask built per call by `_prepare_4d_causal_attention_mask[_for_sdpa]` (or the model's "
+        "`_prepare_decoder_attention_mask` or `_update_causal_mask`) becomes rows of one mask built once (same "
+        "sliding window), picked by `position_ids`. Both are sized by the entry's `setup_caches`, not with the model. "
+        "Every Decode step then has the same shapes and addresses. The "
+        "entries pass positions and no cache; a caller that passes `past_key_values` still gets back a cache of the "
+        "true length (its length gives the positions when `position_ids` is left out): a cache object is still "
+        "updated in such eager calls (a second copy of the keys and values), a tuple holds the written slots of the "
+        "buffers. On the static path the rows of a batch share the slots, each with positions of its own, and the "
+        "caller's 2-D padding mask hides its padded slots (left padding)."
+    )
+    SKILL = "static-kv-cache"
+    FIXES = frozenset({"GM201", "GM301", "GM303", "GM502"})
+
+    @classmethod
+    def idiom_in(cls, words, options) -> bool:
+        return not words.isdisjoint({CACHE_OBJECT_WRITE, *_SLOT_SOURCES, *_ALL_MASK_HELPERS})
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        plan = _Plan()
+        for cls in classes.values():
+            for method in cls.body.body:
+                if isinstance(method, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock):
+                    # A method whose words name no write (`.update`, `torch.cat`) or mask helper is not walked.
+                    words = self.source.function_words(f"{cls.name.value}.{method.name.value}")
+                    if not words.isdisjoint({CACHE_OBJECT_WRITE, "cat"}):
+                        self._plan_cache(classes, cls, method, plan)
+                    if not words.isdisjoint(_ALL_MASK_HELPERS):
+                        self._plan_model(cls, method, plan)
+        if not plan.writes:
+            self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
+            return tree
+        # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
+        problem = None
+        if plan.incomplete:
+            problem = "another part of it could not be rewritten (see the item for it)"
+        elif plan.masks == 0:
+            problem = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
+        elif len(plan.windows) > 1:
+            problem = "the masks use different sliding windows"
+        if problem:
+            self.edits.clear()
+            self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
+            return tree
+        # Only the statements holding a planned node are walked and rebuilt.
+        touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
+        module = transform_statements(tree, _Apply(plan), touched | {classes[name] for name in plan.init_lines})
+        module = remove_imports_if_unused(module, plan.helpers, self.source)
+        for helper in (MASK_BUILDER, MASK_CLASS, PADDED_ROWS, *([SLOTS] if plan.reads_slots else [])):
+            if not defined_at_top(module, helper):
+                module = insert_after_imports(module, helper_statements(helper))
+        if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
+            module = insert_after_imports(module, helper_statements(WRITTEN_SLOTS))
+        if not defined_at_top(module, CACHE_CLASS):
+            module = insert_after_imports(module, helper_statements(CACHE_CLASS))
+        return module
+
+    # -- the cache writes and lengths, in attention methods -----------------------------------------
+    def _plan_cache(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, method: cst.FunctionDef,
+                    plan: _Plan) -> None:
+        params = {p.name.value for p in method.params.params}
+        caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE})
+                  if len(c.args) >= 2}
+        if any(p in params for p in _SLOT_SOURCES):  # else a tuple cache is static_kv_cache's (int positions)
+            caches |= {p for p in params if p not in caches and any(
+                _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
+        if not caches or "self.kv_cache.update(" in code_of(method):  # nothing, or static already (a second run)
+            return
+        where = f"{cls.name.value}.{method.name.value}"
+        if len(caches) > 1:
+            self.record_manual(method, f"`{where}` writes more than one cache object")
+            plan.incomplete = True
+            return
+        cache = caches.pop()
+        if "flash" in cls.name.value.lower():
+            self.record_manual(method, f"`{where}` is a FlashAttention path: its kernels take a 2-D padding mask "
+                                       "and cannot hide unwritten slots of a static cache; it keeps the cache object "
+                                       "(use the eager or sdpa attention with the adapted model)")
+            return
+        slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
+        body = list(method.body.body)
+        writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
+        lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
+        recognised = [body[i] for i in [*writes, *lengths]]
+        problem = None
+        if slots is None:
+            problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
+        elif len(writes) != 1 or _stray_uses(method, cache, recognised):
+            problem = (f"`{cache}` is written or read in a form not recognised (expected one "
+                       f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
+                       f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
+        sizing = None if problem else self._sizing(classes, cls, body[next(iter(writes))], cache)
+        if not problem and sizing is None:
+            problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
+        if problem:
+            self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
+            plan.incomplete = True
+            return
+        write_index, (keys, values) = next(iter(writes.items()))
+        write = body[write_index]
+        static = cst.parse_statement(f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n")
+        guarded = _guarded_block(write, cache)
+        if guarded is not None and _tuple_write(guarded, cache):
+            plan.replace[write] = static.with_changes(leading_lines=[*write.leading_lines, _comment(
+                "written in place; attention reads all slots.")])
+            returned = _returned_tuple(body[write_index + 1:], cache, keys, values)
+            if returned is not None:  # eager callers read the past length off the tuple they get back
+                plan.replace[returned] = returned.visit(_WrittenSlots(keys, values, slots))
+                plan.written = True
+                self.record_edit(returned, f"`{cache}` hands the caller the written slots of the buffers")
+        else:
+            plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
+                leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
+        owner, cache_class, sized_by = sizing
+        self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
+                                f"`{cache}`")
+        plan.writes.append(write)
+        for index, name in lengths.items():
+            stmt = body[index]
+            leading = list(stmt.leading_lines)
+            previous = body[index - 1] if index else None
+            assigned = single_assignment(previous) if previous is not None else None
+            if assigned and assigned[0] == name and not names_in(assigned[1]) & {name}:
+                plan.drop.add(previous)  # `n = k.shape[-2]`, overwritten now
+                leading = list(previous.leading_lines)
+                self.record_edit(previous, f"`{name} = ...` dropped: the cache length is fixed now")
+            plan.replace[stmt] = cst.parse_statement(f"{name} = self.kv_cache.max_seq_len\n").with_changes(
+                leading_lines=[*leading, _comment("attention reads every slot of the static cache.")])
+            self.record_edit(stmt, f"`{name}` is the static cache's length instead of a length read from `{cache}`")
+        # One cache per attention module: a subclass's write (SDPA) uses its base's. Where one write of a class was
+        # seen by the trace and another was not, the buffers shaped by the writes serve both.
+        lines = plan.init_lines.setdefault(owner.name.value, [])
+        created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
+        line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
+        if created is None:
+            lines.append(line)
+        elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
+            lines[created] = line
+
+    def _sizing(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, write: cst.BaseStatement,
+                cache: str) -> tuple[cst.ClassDef, str, str] | None:
+        """(the class whose `__init__` creates the static cache, its constructor call, how it is sized), or None
+        where no class has an `__init__` to create it in.
+
+        The buffers take the shape, dtype and growing dim of the tensors written, keys and values apart, so no name
+        has to describe them (MLA's keys and values differ in head size, a latent and a rope key in rank). The
+        growing dims are the ones the trace saw, else the ones the write itself says. The head count and head size
+        `__init__` names size them where the trace did not see the write, or saw keys and values of one shape
+        (`_names_may_size`): buffers then exist from `setup_caches` on, and shapes the names say are checked by the
+        first `index_copy_`."""
+        seen = self._seen_dims(write)
+        named = self._cache_owner(classes, cls, named=True) if self._names_may_size(write, seen) else None
+        if named is not None:
+            init = find_method(named, "__init__")
+            heads, head_dim = size_in_init(init, KV_HEAD_ATTRIBUTES), size_in_init(init, HEAD_DIM_ATTRIBUTES)
+            return named, f"{CACHE_CLASS}({heads}, {head_dim}, seq_dim=2)", f"sized by `{heads}` and `{head_dim}`"
+        owner = self._cache_owner(classes, cls, named=False)
+        if owner is None:
+            return None
+        key_dim, value_dim = seen or self._written_dims(write, cache)
+        value = f", value_seq_dim={value_dim}" if value_dim != key_dim else ""
+        where = "the dims the trace saw them grow along" if seen else "the dims the write itself grows them along"
+        return (owner, f"{CACHE_CLASS}(seq_dim={key_dim}{value})",
+                f"shaped by the first keys and values written, each apart, with slots on {where}")
+
+    def _seen_dims(self, write: cst.BaseStatement) -> tuple[int, int] | None:
+        """The growing dims of the two tensors the trace saw the write statement grow: a cache object's `update`
+        (evidence_cache_writes), or the `torch.cat` pair (evidence_caches); None where it saw no such pair."""
+        if not self.options.traced:
+            return None
+        path, (first, last) = self.context.filename, self._lines(write)
+        for file, line, dims, _ in self.options.evidence_cache_writes:
+            if file == path and first <= line <= last and len(dims) == 2:
+                return dims[0], dims[1]
+        cats = sorted((line, dim) for file, line, dim in self.options.evidence_caches
+                      if file == path and first <= line <= last)
+        return (cats[0][1], cats[1][1]) if len(cats) == 2 else None
+
+    def _names_may_size(self, write: cst.BaseStatement, seen: tuple[int, int] | None) -> bool:
+        """Whether the head count and head size `__init__` names may size the buffers, so that `setup_caches`
+        allocates them (a person sees the memory at set-up, not at the first request): where the trace did not see
+        the write, or saw it write keys and values of one and the same 4-D shape, (batch, heads, length, head size),
+        at every layer. Keys and values of different shapes (MLA), or another layout, keep the shapes of the first
+        write."""
+        if seen is None:
+            return True
+        path, (first, last) = self.context.filename, self._lines(write)
+        shapes = [per_tensor for file, line, dims, per_tensor in self.options.evidence_cache_writes
+                  if file == path and first <= line <= last and tuple(dims) == (2, 2)]
+        return bool(shapes) and all(
+            len(per_tensor) == 2 and per_tensor[0] == per_tensor[1] and all(len(shape) == 4 for shape in per_tensor[0])
+            for per_tensor in shapes)
+
+    @staticmethod
+    def _written_dims(write: cst.BaseStatement, cache: str) -> tuple[int, int]:
+        """The dims a write grows keys and values along by its own words: the `torch.cat` pair's, or the Cache API's
+        -2 (every transformers cache object concatenates there)."""
+        guarded = _guarded_block(write, cache)
+        if guarded and _tuple_write(guarded, cache):  # the block is the two cats, keys (past[0]) and values
+            keys, values = sorted((cat_of_past(s) for s in guarded), key=lambda cat: cat[2])
+            return keys[3], values[3]
+        return -2, -2
+
+    @staticmethod
+    def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef, named: bool) -> cst.ClassDef | None:
+        """The class (this one or a same-file base) whose __init__ creates the static cache: the first that names
+        the KV head count and head size (`named`), else the first that has an `__init__`."""
+        seen: set[str] = set()
+        current: cst.ClassDef | None = cls
+        while current is not None and current.name.value not in seen:
+            seen.add(current.name.value)
+            init = find_method(current, "__init__")
+            if init is not None and (not named or (size_in_init(init, KV_HEAD_ATTRIBUTES)
+                                                   and size_in_init(init, HEAD_DIM_ATTRIBUTES))):
+                return current
+            bases = [b.value.value for b in current.bases if isinstance(b.value, cst.Name)]
+            current = next((classes[b] for b in bases if b in classes), None)
+        return None
+
+    # -- the mask, the past length and the positions, in the model's forward -----------------------
+    def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
+                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS))]
+        if not calls:
+            return
+        params = {p.name.value for p in method.params.params}
+        position = next((p for p in _SLOT_SOURCES if p in params), None)
+        init = find_method(cls, "__init__")
+        buffer = "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask"
+        windows: set[str] = set()
+        rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
+        for stmt, target, call in calls:
+            positional = [a.value for a in call.args if a.keyword is None]
+            keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+            shape = positional[1] if len(positional) > 1 else None
+            window = keywords.get("sliding_window")
+            helper = code_of(call.func).rsplit(".", 1)[-1]
+            problem = None
+            if position is None or init is None:
+                problem = "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
+            elif helper in CACHE_POSITION_MASK_HELPERS:
+                # (attention_mask, inputs_embeds, cache_position, ...): the shape is the embeddings'.
+                builder = find_method(cls, helper)
+                if position != "cache_position" or shape is None or keywords:
+                    problem = "the call does not pass `(attention_mask, inputs_embeds, cache_position, ...)`"
+                elif builder is None or "sliding_window" in code_of(builder):
+                    problem = f"`{helper}` is not defined in this class, or applies a sliding window of its own"
+                else:
+                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(shape)}.shape[{i}]"))
+                                       for i in (0, 1)])
+            elif helper in KEYWORD_MASK_HELPERS:
+                # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
+                embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
+                if position != "cache_position" or positional or embeds is None or slots is None \
+                        or code_of(slots) != "cache_position":
+                    problem = "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
+                else:
+                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(embeds)}.shape[{i}]"))
+                                       for i in (0, 1)])
+            elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
+                problem = "the call does not pass the input shape as `(batch, length)`"
+            elif window is not None and code_of(call.func).rsplit(".", 1)[-1] in SAME_FILE_MASK_HELPERS:
+                problem = "the helper is defined in this file with its own sliding-window band"
+            elif window is not None and names_in(window) - {"self"}:
+                problem = "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+            if problem:
+                self.record_manual(stmt, f"`{code_of(call.func)}` builds the mask, but {problem}; build a mask buffer "
+                                         "by hand")
+                plan.incomplete = True
+                return
+            batch, length = (code_of(e.value) for e in shape.elements)
+            windows.add(code_of(window) if window is not None else "")
+            plan.reads_slots |= position == "position_ids"
+            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}, {_SLOT_SOURCES[position]})"
+                    f".expand({batch}, 1, {length}, -1)\n")
+            rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
+                "the causal mask's rows for these positions, computed per call.")])
+        if len(windows) > 1:
+            self.record_manual(calls[0][0], "the mask helpers of this method use different sliding windows; build "
+                                            "the mask buffers by hand")
+            plan.incomplete = True
+            return
+        for stmt, _, call in calls:
+            plan.helpers.add(code_of(call.func))
+            self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
+        plan.masks += len(rewrites)
+        body = list(method.body.body)
+        for stmt in self._default_masks(method, {target for _, target, _ in calls}):
+            plan.drop.add(stmt)
+            following = next(iter(body[body.index(stmt) + 1:]), None)
+            if following in rewrites:  # its comments stay, above the statement that follows it
+                rewrites[following] = rewrites[following].with_changes(
+                    leading_lines=[*stmt.leading_lines, *rewrites[following].leading_lines])
+        plan.replace.update(rewrites)
+        window = windows.pop()
+        plan.windows.add(window)
+        argument = f"sliding_window={window}" if window else ""
+        plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
+            f"self.{buffer} = {MASK_CLASS}({argument})\n"))
+
+    def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
+        """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
+        that 2-D mask, and the rows that replace it take None for "no padding", so the ones would be a kernel that
+        hides nothing, in every step."""
+        found = []
+        for stmt in method.body.body:
+            if not (isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock)
+                    and len(stmt.body.body) == 1):
+                continue
+            tested = none_test(stmt.test)
+            assigned = single_assignment(stmt.body.body[0])
+            if tested and tested[1] and tested[0] in targets and assigned and assigned[0] == tested[0]:
+                found.append(stmt)
+                self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None "
+                                       "for it")
+        return found
+
+
+class _Apply(Transformer):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def on_leave(self, original_node, updated_node):
+        if original_node in self.plan.drop:
+            return cst.RemoveFromParent()
+        if original_node in self.plan.replace:
+            return self.plan.replace[original_node]
+        if isinstance(updated_node, cst.ClassDef) and updated_node.name.value in self.plan.init_lines:
+            return append_to_init(updated_node, self.plan.init_lines[updated_node.name.value],
+                                  "for the static path, allocated by setup_caches.")
+        return updated_node

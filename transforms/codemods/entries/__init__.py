@@ -1,0 +1,1 @@
+"""The codemod that gives a model its Prefill and Decode entry points."""

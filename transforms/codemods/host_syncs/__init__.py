@@ -1,0 +1,1 @@
+"""Codemods that keep host reads and Python branches on tensors out of the compiled step."""

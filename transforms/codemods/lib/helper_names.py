@@ -1,0 +1,14 @@
+"""The names of graphmode_static.py's helpers (helper-code/helpers.py) that more than one codemod writes, or that the
+entries and the output passes refer to: each name in one place."""
+from __future__ import annotations
+
+MASK_BUILDER = "graphmode_causal_rows"  # a mask's rows computed from the positions
+MASK_CLASS = "GraphmodeCausalMask"  # the additive rows of the causal mask, computed by MASK_BUILDER
+PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the entries' 2-D padding mask applied
+BUFFERS_CLASS = "StaticKVBuffers"  # keys and values carried in buffers (carried_cache, added_cache)
+CACHE_CLASS = "StaticKVCache"  # a module's own static key/value cache (static_kv_cache, cache_object, absorbed_mla)
+CACHE_BUFFERS = "graphmode_cache_buffers"  # caches the model's own __init__ built, made buffers (sliced_kv_cache)
+TABLE_BUFFERS = "graphmode_table_buffers"  # position tables the model's own __init__ built (sliced_tables)
+RESIZE = "graphmode_resize"  # the method GraphmodeStaticPath.setup calls on every module that has one
+SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
+GUARD = "not torch.compiler.is_compiling()"  # the test that keeps a statement eager only (hoist_item)

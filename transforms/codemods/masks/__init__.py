@@ -1,0 +1,1 @@
+"""Codemods that replace a mask built on every call by its rows at the positions."""

@@ -1,0 +1,1 @@
+"""Codemods that make positions a tensor and build position tables once."""
