@@ -60,7 +60,7 @@ def test_each_rule_module_holds_one_rule_named_by_its_file_and_listed_in_the_doc
     docs = (Path(__file__).parents[1] / "docs" / "rules.md").read_text()
     listed = {int(n) for n in re.findall(r"GM(\d{3})", docs)}
     listed |= {n for low, high in re.findall(r"GM(\d{3})–GM(\d{3})", docs) for n in range(int(low), int(high) + 1)}
-    modules = sorted(p.stem for p in (Path(__file__).parents[1] / "transforms" / "rules").glob("gm[0-9]*.py"))
+    modules = sorted(p.stem for p in (Path(__file__).parents[1] / "transforms" / "rules").rglob("gm[0-9]*.py"))
     assert [Path(inspect.getfile(rule)).stem for rule in RULES] == modules
     for rule in RULES:
         assert Path(inspect.getfile(rule)).stem.startswith(rule.CODE.lower() + "_"), rule.CODE

@@ -11,16 +11,17 @@ from graphmode.transforms.analysis.reach import reachable_functions
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.rules.base import Rule, SourceFile
 
-# Each rule is one module, gmNNN_short_name.py, holding one Rule subclass: importing the package imports them all, so
-# adding a rule is adding its file (and its fixture). The catalogue is in code order.
+# Each rule is one module, gmNNN_short_name.py in the sub-package of its kind (step/, compile_calls/), holding one
+# Rule subclass: importing the package imports them all, so adding a rule is adding its file (and its fixture). The
+# catalogue is in code order.
 _RULE_MODULE = re.compile(r"gm\d{3}_\w+\Z")
 
 
 def _rules_of_package() -> tuple[type[Rule], ...]:
     found = []
-    for module in pkgutil.iter_modules(__path__):
-        if _RULE_MODULE.match(module.name):
-            loaded = importlib.import_module(f"{__name__}.{module.name}")
+    for module in pkgutil.walk_packages(__path__, f"{__name__}."):
+        if _RULE_MODULE.match(module.name.rpartition(".")[2]):
+            loaded = importlib.import_module(module.name)
             found += [value for value in vars(loaded).values()
                       if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == loaded.__name__]
     return tuple(sorted(found, key=lambda rule: rule.CODE))

@@ -5,7 +5,7 @@ import ast
 
 from graphmode.transforms.analysis.idioms import is_true, keyword
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.compile_calls import NPUGRAPH_EX, BackendNames, compile_backend, is_torch_compile
+from graphmode.transforms.rules.compile_calls.calls import NPUGRAPH_EX, BackendNames, compile_backend, is_torch_compile
 
 
 class NpugraphExFullgraph(BackendNames, Rule):

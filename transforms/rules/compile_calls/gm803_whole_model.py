@@ -8,7 +8,7 @@ from graphmode.transforms.analysis.astutil import (FUNCTION_TYPES, arg_value, as
 from graphmode.transforms.analysis.astutil import name_of, statements
 from graphmode.transforms.analysis.idioms import has_positional, keyword
 from graphmode.transforms.rules.base import Rule
-from graphmode.transforms.rules.compile_calls import is_torch_compile
+from graphmode.transforms.rules.compile_calls.calls import is_torch_compile
 
 _ENTRY_HINTS = ("decode", "step")
 
