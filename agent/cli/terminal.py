@@ -43,16 +43,20 @@ def _stream(graph, payload, session: str, config: dict, interactive: bool) -> in
         started = time.perf_counter()
         now = {"step": "working", "since": started}  # the step running, for its progress lines
         with console.status("working…") as status, listening(_progress_listener(status, now)):
-            for update in graph.stream(payload, config, stream_mode="updates"):
-                for step, change in update.items():
+            # The graph says which step runs next (a task starts): the terminal only shows it, never routes.
+            for mode, event in graph.stream(payload, config, stream_mode=["tasks", "updates"]):
+                if mode == "tasks":
+                    if "result" not in event and "error" not in event:
+                        started = time.perf_counter()
+                        now.update(step=event["name"], since=started)
+                        status.update(f"{event['name']}…")
+                    continue
+                for step, change in event.items():
                     if step == "__interrupt__":
                         continue
                     elapsed = time.perf_counter() - started
                     console.print(f"[green]✓[/] {step} ({elapsed:.1f} s): {_describe(step, change or {})}",
                                   soft_wrap=True)
-                    started = time.perf_counter()
-                    now.update(step=_next_step(step, change or {}), since=started)
-                    status.update(f"{now['step']}…")
         snapshot = graph.get_state(config)
         state = saved_state(session, snapshot.values)
         if not snapshot.next:
@@ -104,18 +108,6 @@ def _example_choice(state: RunState) -> str:
 
     last = state.plan[-1].id
     return ",".join(unmet_needs(state.plan, [last]) + [last])
-
-
-def _next_step(step: str, change: dict) -> str:
-    """The step that follows `step`, as far as its update tells (for the spinner and the progress lines)."""
-    if step == "verify":
-        verification = change.get("verification")
-        return "report" if verification is not None and verification.passed else "repair"
-    if step == "repair":
-        return "design" if "round" in change else "report"  # a new round changes the round number
-    if step == "confirm":
-        return "design" if change.get("revising") else ("report" if change.get("stopped") else "implement")
-    return {"analyze": "design", "design": "confirm", "implement": "verify"}.get(step, "…")
 
 
 def _offered_choice(state: RunState) -> str:
@@ -176,11 +168,32 @@ def ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
     {"stop": why} when a later round could change nothing (agent.workflow.repair.nothing_new), or None to stop here."""
     from graphmode.agent.workflow.adaptation import parameter_values
-    from graphmode.agent.workflow.choices import proposed_choice, unmet_needs
-    from graphmode.agent.workflow.revisions import parse_revision, source_classes
 
-    values = parameter_values(state)
-    # The diffs before the question: in full when they fit a screen or two, else on request through a pager.
+    _show_plan(state)
+    default = "all"
+    if state.round > 1:
+        default = _later_round_proposal(state)
+        if not isinstance(default, str):
+            return default  # None (stop here) or {"stop": why}
+    fused_ops = parameter_values(state)["fused_ops"]
+    while True:
+        try:
+            reply = console.input(choice_prompt(default)).strip()
+        except EOFError:  # Ctrl-D: the same as "later"
+            console.print()
+            return None
+        answer = _answer(state, reply, default, fused_ops)
+        if answer is not _ASK_AGAIN:
+            return answer
+
+
+# What `_answer` returns for a reply that was shown something (a diff) or refused: the question is asked again.
+_ASK_AGAIN = object()
+
+
+def _show_plan(state: RunState) -> None:
+    """The diffs (in full when they fit a screen or two, else on request through a pager), the change table and
+    how to ask for more."""
     total = sum(change.diff().count("\n") for change in state.plan)
     if total <= _DIFFS_SHOWN_UP_TO:
         _show_diffs(state.plan)
@@ -188,69 +201,84 @@ def ask(state: RunState):
     console.print(f"Diffs: `d` pages through every change's ({total} lines), `d C3` one change's"
                   + (f"; all of them applied together: {state.planned_diff_path}" if state.planned_diff_path else ""))
     console.print("Revise a parameter: `e C3 max_seq_len=4096` (the design is made again with it)")
-    default = "all"
-    if state.round > 1:
-        from graphmode.agent.workflow.repair import nothing_new
 
-        added = _offer_declined(state)
-        if added is None:
-            return None
-        stop = nothing_new(state, added)
-        if stop:  # the same selection again would fail the same way: the report says why instead
-            console.print(f"[yellow]{stop[0].upper()}{stop[1:]}.[/] Writing the report.", soft_wrap=True)
-            return {"stop": stop}
-        proposed = proposed_choice(state.plan, [d for d in state.declined if d not in added])
-        default = ",".join(proposed)
-        console.print(f"Round {state.round}: {state.rounds[-1].outcome}. Proposed: {default or 'nothing'} "
-                      "(Enter takes it)", soft_wrap=True)
-    while True:
+
+def _later_round_proposal(state: RunState):
+    """A later round's proposed choice ("C1,C3"), after offering the declined changes behind the last failure; None
+    to stop here, or {"stop": why} when the same selection again would fail the same way."""
+    from graphmode.agent.workflow.choices import proposed_choice
+    from graphmode.agent.workflow.repair import nothing_new
+
+    added = _offer_declined(state)
+    if added is None:
+        return None
+    stop = nothing_new(state, added)
+    if stop:  # the report says why instead
+        console.print(f"[yellow]{stop[0].upper()}{stop[1:]}.[/] Writing the report.", soft_wrap=True)
+        return {"stop": stop}
+    proposed = ",".join(proposed_choice(state.plan, [d for d in state.declined if d not in added]))
+    console.print(f"Round {state.round}: {state.rounds[-1].outcome}. Proposed: {proposed or 'nothing'} "
+                  "(Enter takes it)", soft_wrap=True)
+    return proposed
+
+
+def _answer(state: RunState, reply: str, default: str, fused_ops: str):
+    """What one reply to the question asks for (as `ask` returns it), or _ASK_AGAIN."""
+    from graphmode.agent.workflow.revisions import parse_revision, source_classes
+
+    if reply.lower().startswith("e "):
         try:
-            reply = console.input(choice_prompt(default)).strip()
-        except EOFError:  # Ctrl-D: the same as "later"
-            console.print()
-            return None
-        if reply.lower().startswith("e "):
-            try:
-                name, value = parse_revision(state.plan, reply[2:], source_classes(state), values["fused_ops"])
-            except ValueError as error:
-                console.print(f"[yellow]{error}[/]", soft_wrap=True)
-                continue
-            return {"revise": {name: value}}
-        reply = reply.lower()
-        if reply in ("", "y", "yes", "proposed", "p") and default != "all":
-            return [part for part in default.split(",") if part]
-        if reply in ("all", "a", "y", "yes", ""):
-            return "all"
-        if reply in ("none", "n", "no"):
-            return []
-        if reply in ("later", "l", "q", "quit"):
-            return None
-        if reply == "d" or reply == "diff" or reply.startswith(("d ", "diff ")):
-            wanted = {part.strip().upper() for part in reply.split(None, 1)[1].split(",")} if " " in reply else None
-            shown = [c for c in state.plan if wanted is None or c.id in wanted]
-            if not shown:
-                console.print(f"[yellow]unknown id in {reply!r}[/]")
-                continue
-            with console.pager(styles=True):
-                _show_diffs(shown)
-            continue
-        chosen = [part.strip().upper() for part in reply.split(",") if part.strip()]
-        if not all(c in {change.id for change in state.plan} for c in chosen):
-            console.print(f"[yellow]unknown id in {reply!r}[/]")
-            continue
-        missing = unmet_needs(state.plan, chosen)
-        if not missing:
-            return chosen
-        # Never drop what the person chose, and never apply what they did not: ask.
-        try:
-            add = console.input(f"{', '.join(chosen)} need{'s' if len(chosen) == 1 else ''} "
-                                f"{', '.join(missing)} too. Add {'it' if len(missing) == 1 else 'them'}? "
-                                "[bold]yes[/]/no: ").strip().lower()
-        except EOFError:
-            console.print()
-            return None
-        if add in ("", "y", "yes"):
-            return [c.id for c in state.plan if c.id in set(chosen) | set(missing)]
+            name, value = parse_revision(state.plan, reply[2:], source_classes(state), fused_ops)
+        except ValueError as error:
+            console.print(f"[yellow]{error}[/]", soft_wrap=True)
+            return _ASK_AGAIN
+        return {"revise": {name: value}}
+    reply = reply.lower()
+    if reply in ("", "y", "yes", "proposed", "p") and default != "all":
+        return [part for part in default.split(",") if part]
+    words = {"all": "all", "a": "all", "y": "all", "yes": "all", "": "all", "none": [], "n": [], "no": [],
+             "later": None, "l": None, "q": None, "quit": None}
+    if reply in words:
+        return words[reply]
+    if reply == "d" or reply == "diff" or reply.startswith(("d ", "diff ")):
+        _page_diffs(state, reply)
+        return _ASK_AGAIN
+    chosen = [part.strip().upper() for part in reply.split(",") if part.strip()]
+    if not all(c in {change.id for change in state.plan} for c in chosen):
+        console.print(f"[yellow]unknown id in {reply!r}[/]")
+        return _ASK_AGAIN
+    return _with_what_it_needs(state, chosen)
+
+
+def _page_diffs(state: RunState, reply: str) -> None:
+    """`d` (every change's diff) or `d C1,C3`, through a pager."""
+    wanted = {part.strip().upper() for part in reply.split(None, 1)[1].split(",")} if " " in reply else None
+    shown = [c for c in state.plan if wanted is None or c.id in wanted]
+    if not shown:
+        console.print(f"[yellow]unknown id in {reply!r}[/]")
+        return
+    with console.pager(styles=True):
+        _show_diffs(shown)
+
+
+def _with_what_it_needs(state: RunState, chosen: list[str]):
+    """The chosen ids, with the changes they need when the person agrees to add them; _ASK_AGAIN when they do not.
+    Never drop what the person chose, and never apply what they did not: ask."""
+    from graphmode.agent.workflow.choices import unmet_needs
+
+    missing = unmet_needs(state.plan, chosen)
+    if not missing:
+        return chosen
+    try:
+        add = console.input(f"{', '.join(chosen)} need{'s' if len(chosen) == 1 else ''} "
+                            f"{', '.join(missing)} too. Add {'it' if len(missing) == 1 else 'them'}? "
+                            "[bold]yes[/]/no: ").strip().lower()
+    except EOFError:
+        console.print()
+        return None
+    if add in ("", "y", "yes"):
+        return [c.id for c in state.plan if c.id in set(chosen) | set(missing)]
+    return _ASK_AGAIN
 
 
 def _offer_declined(state: RunState) -> list[str] | None:

@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -398,6 +399,52 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     revised it; else the harness's MAX_SEQ_LEN.
     `progress` hears which run starts and how long each took, one line each."""
     say = progress or (lambda _: None)
+    _check_counts(steps, runs, similarity)
+    backend, reason = resolve(backend_name)  # fails fast, before any process starts
+    original_dir, adapted_dir = Path(original_dir).resolve(), Path(adapted_dir).resolve()
+    unfused_dir = Path(unfused_dir).resolve() if unfused_dir is not None else None
+    log_dir = Path(log_dir).resolve() if log_dir is not None else None
+    setting = _Setting(backend.name, steps, timeout_s, log_dir, compile_cache, static_length, say)
+    with tempfile.TemporaryDirectory(prefix="graphmode-verify-") as tmp:
+        work = log_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        done = _alternate_runs(setting, work, runs, original_dir, adapted_dir, unfused_dir)
+        say("the original harness against the adapted sources: running")
+        own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
+                                         done.sides["original"][0][0].tokens, static_length)
+        say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
+        original_run, eager_logits = done.sides["original"][0][0], done.sides["original"][0][1]
+        logits_atol = logits_tolerance(logits_atol, original_run.dtype, eager_logits)
+        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol,
+                               static_length)
+        # After the runs, so it disturbs neither their alternation nor their figures.
+        sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
+                             partial_graph=done.sides["adapted"][0][0].graph_breaks > 0,
+                             static_length=static_length) if batch_buckets else None
+    result = _compared(done, original_dir, adapted_dir, backend.name, reason, steps, logits_atol, similarity)
+    result.compile_logs = ([f"{run_name('adapted', run)}.compile.log" for run in range(runs)]
+                           + [f"{run_name(UNFUSED, run)}.compile.log" for run in range(len(done.unfused))]
+                           + ([f"{BUCKETS_RUN}.compile.log"] if sweep else [])) if log_dir else []
+    result.timed_beside_other_targets = done.timed_beside_others
+    result.unstable_figures = [
+        f"{side}.{name}" for side, figures in result.figures.items() for name in STEADY_FIGURES
+        if figures[name]["min"] and figures[name]["max"] > SPREAD * figures[name]["min"]]
+    result.compile_cache = _compile_cache_figures([r for r, _, _ in done.sides["adapted"]], compile_cache)
+    result.bucket_sweep = sweep.to_dict() if sweep else {}
+    result.own_harness = own_harness
+    result.battery = battery
+    result.capture = capture_figures([r for r, _, _ in done.sides["adapted"]], [r for r, _, _ in done.unfused], sweep)
+    result.problems = _problems(result)
+    if unfused_dir is not None:
+        result.fusion = fusion_figures(result, list(fusions or []), done.unfused, eager_logits,
+                                       done.sides["adapted"][0][1], done.unfused_error, done.timed_beside_others)
+        # The analytic estimate (runners/measure/traffic.py) at the sizes run and at the full config's.
+        result.fusion["estimate"] = estimates(done.sides["adapted"][0][0].decode_graph.get("config_traffic"),
+                                              full_config, list(fusions or []))
+    return result
+
+
+def _check_counts(steps: int, runs: int, similarity: float) -> None:
     if steps < MIN_STEPS:
         raise ValueError(f"verify needs at least {MIN_STEPS} Decode steps (got {steps}): "
                          "some hazards only fire past a length (lesson 4)")
@@ -405,73 +452,86 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         raise ValueError(f"verify needs at least 1 run per side (got {runs})")
     if not 0.0 <= similarity <= 1.0:
         raise ValueError(f"the similarity threshold is a ratio in [0, 1] (got {similarity:g})")
-    backend, reason = resolve(backend_name)  # fails fast, before any process starts
-    original_dir, adapted_dir = Path(original_dir).resolve(), Path(adapted_dir).resolve()
-    unfused_dir = Path(unfused_dir).resolve() if unfused_dir is not None else None
-    log_dir = Path(log_dir).resolve() if log_dir is not None else None
-    with tempfile.TemporaryDirectory(prefix="graphmode-verify-") as tmp:
-        work = log_dir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        sides: dict[str, list[tuple[WorkerResult, torch.Tensor, float]]] = {"adapted": [], "original": []}
-        unfused: list[tuple[WorkerResult, torch.Tensor, float]] = []
-        unfused_error = None
-        given_up = waits_given_up()
-        for run in range(runs):
-            # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
-            for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
-                label = f"{'graph (adapted)' if side == 'adapted' else 'eager (original)'} run {run + 1} of {runs}"
-                say(f"{label}: running")
-                # Ops are counted once per side, in run 1.
-                sides[side].append(_run_side(side, run, folder, backend.name, steps, work, timeout_s, log_dir,
-                                             compile_cache, count_ops=run == 0 and unfused_dir is not None,
-                                             static_length=static_length))
-                say(f"{label}: done in {sides[side][-1][2]:.1f} s")
-                if side == "adapted" and unfused_dir is not None and unfused_error is None:
-                    unfused_error = _run_unfused(unfused, run, runs, unfused_dir, backend.name, steps, work,
-                                                 timeout_s, log_dir, compile_cache, say, static_length)
-        timed_beside_others = waits_given_up() - given_up
-        say("the original harness against the adapted sources: running")
-        own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
-                                         sides["original"][0][0].tokens, static_length)
-        say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
-        original_run, eager_logits = sides["original"][0][0], sides["original"][0][1]
-        logits_atol = logits_tolerance(logits_atol, original_run.dtype, eager_logits)
-        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol,
-                               static_length)
-        # After the runs, so it disturbs neither their alternation nor their figures.
-        sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
-                             partial_graph=sides["adapted"][0][0].graph_breaks > 0,
-                             static_length=static_length) if batch_buckets else None
-    adapted_runs = [r for r, _, _ in sides["adapted"]]
-    original_runs = [r for r, _, _ in sides["original"]]
-    adapted, graph_logits = adapted_runs[0], sides["adapted"][0][1]
-    original, eager_logits = original_runs[0], sides["original"][0][1]
 
+
+@dataclass(frozen=True)
+class _Setting:
+    """What every run of one verification shares."""
+
+    backend: str
+    steps: int
+    timeout_s: float
+    log_dir: Path | None
+    compile_cache: Path | None
+    static_length: int | None
+    say: Callable[[str], None]
+
+
+# Each run of a side: its record, its logits and the seconds its process took.
+_Run = tuple[WorkerResult, torch.Tensor, float]
+
+
+@dataclass
+class _Runs:
+    """Every run of the sides, in the order they ran, and what happened beside them."""
+
+    sides: dict[str, list[_Run]]
+    unfused: list[_Run]
+    unfused_error: str | None
+    timed_beside_others: int
+
+
+def _alternate_runs(setting: _Setting, work: Path, runs: int, original_dir: Path, adapted_dir: Path,
+                    unfused_dir: Path | None) -> _Runs:
+    """`runs` rounds of the graph side then the eager side (and the side without the fusions, where there is one),
+    each in a fresh process."""
+    done = _Runs({"adapted": [], "original": []}, [], None, 0)
+    given_up = waits_given_up()
+    for run in range(runs):
+        # Adapted first: rewritten code is the likelier one to fail, so fail before the baseline.
+        for side, folder in (("adapted", adapted_dir), ("original", original_dir)):
+            label = f"{'graph (adapted)' if side == 'adapted' else 'eager (original)'} run {run + 1} of {runs}"
+            setting.say(f"{label}: running")
+            # Ops are counted once per side, in run 1.
+            done.sides[side].append(_run_side(side, run, folder, setting.backend, setting.steps, work,
+                                              setting.timeout_s, setting.log_dir, setting.compile_cache,
+                                              count_ops=run == 0 and unfused_dir is not None,
+                                              static_length=setting.static_length))
+            setting.say(f"{label}: done in {done.sides[side][-1][2]:.1f} s")
+            if side == "adapted" and unfused_dir is not None and done.unfused_error is None:
+                done.unfused_error = _run_unfused(done.unfused, run, runs, unfused_dir, setting.backend,
+                                                  setting.steps, work, setting.timeout_s, setting.log_dir,
+                                                  setting.compile_cache, setting.say, setting.static_length)
+    done.timed_beside_others = waits_given_up() - given_up
+    return done
+
+
+def _compared(done: _Runs, original_dir: Path, adapted_dir: Path, backend: str, reason: str, steps: int,
+              logits_atol: float, similarity: float) -> Verification:
+    """The record of the sides' runs compared: run 1 of each for the tokens and logits, every run for the figures."""
+    adapted_runs = [r for r, _, _ in done.sides["adapted"]]
+    original_runs = [r for r, _, _ in done.sides["original"]]
+    adapted, graph_logits = adapted_runs[0], done.sides["adapted"][0][1]
+    original, eager_logits = original_runs[0], done.sides["original"][0][1]
     if eager_logits.shape != graph_logits.shape:
         raise VerificationError(f"the sides' logits have different shapes: original "
                                 f"{tuple(eager_logits.shape)}, adapted {tuple(graph_logits.shape)}")
-    per_step = (eager_logits - graph_logits).abs().flatten(1).amax(dim=1)
-    finite = bool(torch.isfinite(eager_logits).all() and torch.isfinite(graph_logits).all())
+    # nan_to_num so a NaN shows up as a huge difference instead of vanishing from max().
+    per_step = (eager_logits - graph_logits).abs().flatten(1).amax(dim=1).nan_to_num(nan=float("inf"))
     first = _first_divergence(original.tokens, adapted.tokens)
     eager, graph = _timings(original_runs), _timings(adapted_runs)
     compared, differing, ratio = _similarity(original.tokens, adapted.tokens)
-    across = {}
-    for side, key in (("original", "eager"), ("adapted", "graph")):
-        first_logits = sides[side][0][1]
-        across[key] = max((float((step_logits - first_logits).abs().max().nan_to_num(nan=float("inf")))
-                           for _, step_logits, _ in sides[side][1:] if step_logits.shape == first_logits.shape),
-                          default=0.0)
     tpots = {key: [statistics.median(_steady(r)) for r in results]
              for key, results in (("eager", original_runs), ("graph", adapted_runs))}
     worst = max(adapted_runs, key=lambda r: (r.graph_breaks, r.recompiles))
-    result = Verification(
+    return Verification(
         original_dir=str(original_dir), adapted_dir=str(adapted_dir),
-        backend=backend.name, backend_reason=reason, steps=steps,
+        backend=backend, backend_reason=reason, steps=steps,
         tokens_equal=first is None, first_divergent_step=first,
-        # nan_to_num so a NaN shows up as a huge difference instead of vanishing from max().
-        logits_max_abs_diff=float(per_step.nan_to_num(nan=float("inf")).max()),
-        logits_max_abs_diff_per_step=[float(x) for x in per_step.nan_to_num(nan=float("inf"))],
-        logits_finite=finite, logits_atol=logits_atol,
+        logits_max_abs_diff=float(per_step.max()),
+        logits_max_abs_diff_per_step=[float(x) for x in per_step],
+        logits_finite=bool(torch.isfinite(eager_logits).all() and torch.isfinite(graph_logits).all()),
+        logits_atol=logits_atol,
         eager=eager, graph=graph,
         decode_speedup=eager.decode_ms_per_token / graph.decode_ms_per_token,
         # The worst run's: one run that recompiles is enough to fail.
@@ -479,9 +539,9 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         recompiles=worst.recompiles, recompile_reasons=worst.recompile_reasons,
         recompile_limit_hit=any(r.recompile_limit_hit for r in adapted_runs),
         original=original.to_dict(), adapted=adapted.to_dict(),
-        runs=runs,
-        figures={"eager": _figures(original_runs, [s for _, _, s in sides["original"]]),
-                 "graph": _figures(adapted_runs, [s for _, _, s in sides["adapted"]])},
+        runs=len(adapted_runs),
+        figures={"eager": _figures(original_runs, [s for _, _, s in done.sides["original"]]),
+                 "graph": _figures(adapted_runs, [s for _, _, s in done.sides["adapted"]])},
         decode_speedup_range={
             "median": eager.decode_ms_per_token / graph.decode_ms_per_token,
             # Bounds from the extreme runs: the slowest graph run against the fastest eager one, and back.
@@ -492,39 +552,32 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
                             "graph": [r.decode_ms for r in adapted_runs]},
         tokens_identical_across_runs={"eager": all(r.tokens == original.tokens for r in original_runs),
                                       "graph": all(r.tokens == adapted.tokens for r in adapted_runs)},
-        logits_max_abs_diff_across_runs=across,
+        logits_max_abs_diff_across_runs={key: _spread_across_runs(done.sides[side])
+                                         for side, key in (("original", "eager"), ("adapted", "graph"))},
         tokens_compared=compared, tokens_differing=differing,
         similarity=ratio, similarity_threshold=similarity,
         graphs_after_warmup=max(r.graphs_after_warmup for r in adapted_runs),
-        compile_logs=([f"{run_name('adapted', run)}.compile.log" for run in range(runs)]
-                      + [f"{run_name(UNFUSED, run)}.compile.log" for run in range(len(unfused))]
-                      + ([f"{BUCKETS_RUN}.compile.log"] if sweep else [])) if log_dir else [],
-        variables=_variables(original, adapted, backend.name, runs),
+        variables=_variables(original, adapted, backend, len(adapted_runs)),
     )
-    result.timed_beside_other_targets = timed_beside_others
-    result.unstable_figures = [
-        f"{side}.{name}" for side, figures in result.figures.items() for name in STEADY_FIGURES
-        if figures[name]["min"] and figures[name]["max"] > SPREAD * figures[name]["min"]]
+
+
+def _spread_across_runs(runs: list[_Run]) -> float:
+    """The largest logits difference of a later run against run 1 of the same side (0.0 with one run)."""
+    first_logits = runs[0][1]
+    return max((float((step_logits - first_logits).abs().max().nan_to_num(nan=float("inf")))
+                for _, step_logits, _ in runs[1:] if step_logits.shape == first_logits.shape), default=0.0)
+
+
+def _compile_cache_figures(adapted_runs: list[WorkerResult], compile_cache: Path | None) -> dict[str, Any]:
+    """The compile cache the graph runs shared, and the warm-up it saved: run 1 fills it, the later runs read it."""
     warmups = [r.warmup_s for r in adapted_runs]
-    result.compile_cache = {
+    later = statistics.median(warmups[1:]) if len(warmups) > 1 else None
+    return {
         "dir": str(compile_cache) if compile_cache is not None else None,
         "first_run_warmup_s": warmups[0],
-        "later_runs_warmup_s": statistics.median(warmups[1:]) if runs > 1 else None,
-        "saved_s": warmups[0] - statistics.median(warmups[1:]) if runs > 1 and compile_cache is not None else None,
+        "later_runs_warmup_s": later,
+        "saved_s": warmups[0] - later if later is not None and compile_cache is not None else None,
     }
-    result.bucket_sweep = sweep.to_dict() if sweep else {}
-    result.own_harness = own_harness
-    result.battery = battery
-    result.capture = capture_figures(adapted_runs, [r for r, _, _ in unfused], sweep)
-    result.problems = _problems(result)
-    if unfused_dir is not None:
-        result.fusion = fusion_figures(result, list(fusions or []), unfused, eager_logits, graph_logits,
-                                       unfused_error, timed_beside_others)
-        # The analytic estimate (runners/measure/traffic.py) at the sizes run and at the full config's.
-        result.fusion["estimate"] = estimates(adapted.decode_graph.get("config_traffic"), full_config,
-                                              list(fusions or []))
-    return result
-
 
 UNFUSED = "unfused"
 # The backends whose Decode Inductor compiles (the worker counts their kernels).

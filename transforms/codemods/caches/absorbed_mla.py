@@ -101,6 +101,133 @@ class _Method:
     cache: str = ""  # the StaticLatentCache construction for __init__
 
 
+@dataclass
+class _Recognised:
+    """The statements of one attention method the absorption rewrites (indexes into its body), and the names and
+    expressions it reads from them."""
+
+    write_at: int  # `K, V = self.kv_cache.update(slots, K, V)`, the static write cache_object made
+    slots: str
+    keys: str
+    values: str
+    expand_at: int  # the statement calling `self.kv_b_proj(<latent>)`
+    expanded: list[str]  # what it binds
+    latent_input: cst.BaseExpression  # `self.kv_a_layernorm(k_nope)`: the latent the cache takes
+    rope_key: str
+    latent_width: cst.BaseExpression
+    rope_width: cst.BaseExpression
+    call_at: int  # the attention call over the written keys and values
+    returned: list[str]
+    attention: str
+    query: str
+    mask: str
+    scaling: str
+    q_nope: str
+    q_pe: str
+
+
+def _recognised(body: list[cst.BaseStatement]) -> _Recognised | None:
+    """The write, the expansion, the latent's split, the attention call and its concatenated query, each found once
+    and in that order; None where any is missing or ambiguous."""
+    write = _static_write(body)
+    expansion = _expansion(body)
+    if write is None or expansion is None or expansion[0] > write[0]:
+        return None
+    (write_at, write_call), (expand_at, call) = write, expansion
+    keys, values = (code_of(a.value) for a in write_call.args[1:])
+    expanded = _assign(body[expand_at])
+    if expanded is None or len(expanded[0]) != 1:
+        return None
+    latent_input = call.args[0].value
+    split = _latent_split(body[:expand_at], latent_input)
+    attention = _attention_call(body, write_at, keys, values)
+    if split is None or attention is None:
+        return None
+    call_at, returned, attention_call, positional = attention
+    scaling = next((code_of(a.value) for a in attention_call.args if a.keyword and a.keyword.value == "scaling"),
+                   None)
+    pieces = _query_pieces(body[expand_at + 1:write_at], positional[1])
+    name = dotted_name(attention_call.func)
+    if scaling is None or name is None or pieces is None:
+        return None
+    return _Recognised(write_at, code_of(write_call.args[0].value), keys, values, expand_at, list(expanded[0]),
+                       latent_input, split[1], split[3], split[4], call_at, returned, name, positional[1],
+                       positional[4], scaling, *pieces)
+
+
+def _static_write(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
+    """The one `K, V = self.kv_cache.update(slots, K, V)`."""
+    writes = [(i, a[1]) for i, s in enumerate(body) if (a := _assign(s)) and isinstance(a[1], cst.Call)
+              and dotted_name(a[1].func) == _STATIC_WRITE and len(a[0]) == 2 and len(a[1].args) == 3]
+    return writes[0] if len(writes) == 1 else None
+
+
+def _expansion(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
+    """The one statement calling `self.kv_b_proj(<latent>)`."""
+    found = [(i, call) for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
+             for call in calls_in(s) if dotted_name(call.func) == f"self.{UP_PROJECTION}" and len(call.args) == 1]
+    return found[0] if len(found) == 1 else None
+
+
+def _latent_split(before: list[cst.BaseStatement], latent_input: cst.BaseExpression):
+    """The split of kv_a_proj's output into the latent and the rope key, read before the expansion; its widths size
+    the cache in `__init__`, so they may read nothing but `self`."""
+    splits = [found for s in before if (found := _split_of(s)) and found[0] in names_in(latent_input)]
+    if len(splits) != 1 or not names_in(splits[0][3]) | names_in(splits[0][4]) <= {"self"}:
+        return None
+    return splits[0]
+
+
+def _attention_call(body: list[cst.BaseStatement], write_at: int, keys: str, values: str):
+    """The one call after the write that takes the written keys and values third and fourth: (its index, the two
+    names it binds, the call, its positional arguments as code)."""
+    calls = [(i, a[0], a[1], positional) for i, s in enumerate(body[write_at + 1:], write_at + 1)
+             if (a := _assign(s)) and len(a[0]) == 2 and isinstance(a[1], cst.Call)
+             and len(positional := [code_of(x.value) for x in a[1].args if x.keyword is None]) >= 5
+             and positional[2:4] == [keys, values]]
+    return calls[0] if len(calls) == 1 else None
+
+
+def _query_pieces(between: list[cst.BaseStatement], query: str) -> tuple[str, str] | None:
+    """`query = torch.cat((q_nope, q_pe), ...)` between the expansion and the write -> (q_nope, q_pe)."""
+    concatenated = [a[1] for s in between if (a := _assign(s)) and a[0] == [query]]
+    if len(concatenated) != 1 or not isinstance(concatenated[0], cst.Call) \
+            or dotted_name(concatenated[0].func) != "torch.cat":
+        return None
+    pieces = concatenated[0].args[0].value
+    if not isinstance(pieces, (cst.Tuple, cst.List)) or len(pieces.elements) != 2:
+        return None
+    q_nope, q_pe = (code_of(e.value) for e in pieces.elements)
+    return q_nope, q_pe
+
+
+def _drop_expansion(plan: _Method, body: list[cst.BaseStatement], found: _Recognised) -> bool:
+    """Drops from the static path what only the expanded keys and values (or the concatenated query, or the
+    attention function's choice) fed, and the assignments only those read; False where something after attention
+    reads the expanded tensors. The rope key keeps its value from before any statement dropped here rebinds it
+    (`k_pe = k_pe.expand(...)`, to the expanded keys' head count)."""
+    expanded_names = set(found.expanded)
+    for stmt in body[found.expand_at + 1:found.call_at]:
+        if stmt is body[found.write_at]:
+            continue
+        bound = _bound_names(stmt)
+        if names_in(stmt) & expanded_names or (bound and bound <= {found.query, found.attention}):
+            plan.drop.add(stmt)
+            expanded_names |= bound - {found.rope_key}
+    if any(names_in(s) & (expanded_names - set(found.returned)) for s in body[found.call_at + 1:]):
+        return False
+    # Assignments the dropped statements alone read (`key_shape = (...)`), computing nothing: gone with them.
+    gone = {body[found.expand_at], *plan.drop}
+    kept = [s for s in body if s not in gone]
+    for stmt in body[:found.expand_at]:
+        assigned = _assign(stmt)
+        if assigned and len(assigned[0]) == 1 and not calls_in(assigned[1]) \
+                and assigned[0][0] in set().union(*map(names_in, gone)) \
+                and not any(assigned[0][0] in names_in(s) for s in kept if s is not stmt):
+            plan.drop.add(stmt)
+    return True
+
+
 class AbsorbedMLA(GraphCodemod):
     NAME = "absorbed_mla"
     SIZES_BUFFERS = True
@@ -172,88 +299,32 @@ class AbsorbedMLA(GraphCodemod):
 
     def _plan(self, cls: cst.ClassDef, method: cst.FunctionDef) -> _Method | None:
         body = list(method.body.body)
-        # The static write cache_object made: `K, V = self.kv_cache.update(slots, K, V)`.
-        writes = [(i, a) for i, s in enumerate(body) if (a := _assign(s)) and isinstance(a[1], cst.Call)
-                  and dotted_name(a[1].func) == _STATIC_WRITE and len(a[0]) == 2 and len(a[1].args) == 3]
-        # The expansion: a statement calling `self.kv_b_proj(<latent>)`.
-        expansions = [(i, call) for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
-                      for call in calls_in(s) if dotted_name(call.func) == f"self.{UP_PROJECTION}"
-                      and len(call.args) == 1]
-        if len(writes) != 1 or len(expansions) != 1 or expansions[0][0] > writes[0][0]:
+        found = _recognised(body)
+        if found is None:
             return None
-        (write_at, (_, write_call)), (expand_at, expansion) = writes[0], expansions[0]
-        keys, values = (code_of(a.value) for a in write_call.args[1:])
-        expanded = _assign(body[expand_at])
-        if expanded is None or len(expanded[0]) != 1:
-            return None
-        latent_input = expansion.args[0].value  # `self.kv_a_layernorm(k_nope)`: the latent the cache takes
-        # The split of kv_a_proj's output into the latent and the rope key, read before the expansion.
-        splits = [found for s in body[:expand_at] if (found := _split_of(s))
-                  and found[0] in names_in(latent_input)]
-        # Its widths size the cache in `__init__`, so they may read nothing but `self`.
-        if len(splits) != 1 or not names_in(splits[0][3]) | names_in(splits[0][4]) <= {"self"}:
-            return None
-        _, rope_key, _, latent_width, rope_width = splits[0]
-        # The attention call over the written keys and values, and the query it takes.
-        calls = [(i, a[0], a[1], positional) for i, s in enumerate(body[write_at + 1:], write_at + 1)
-                 if (a := _assign(s)) and len(a[0]) == 2 and isinstance(a[1], cst.Call)
-                 and len(positional := [code_of(x.value) for x in a[1].args if x.keyword is None]) >= 5
-                 and positional[2:4] == [keys, values]]
-        if len(calls) != 1:
-            return None
-        call_at, returned, call, positional = calls[0]
-        attention, query, mask = dotted_name(call.func), positional[1], positional[4]
-        scaling = next((code_of(a.value) for a in call.args if a.keyword and a.keyword.value == "scaling"), None)
-        concatenated = [a[1] for s in body[expand_at + 1:write_at] if (a := _assign(s)) and a[0] == [query]]
-        if scaling is None or attention is None or len(concatenated) != 1 \
-                or dotted_name(concatenated[0].func if isinstance(concatenated[0], cst.Call) else None) != "torch.cat":
-            return None
-        pieces = concatenated[0].args[0].value
-        if not isinstance(pieces, (cst.Tuple, cst.List)) or len(pieces.elements) != 2:
-            return None
-        q_nope, q_pe = (code_of(e.value) for e in pieces.elements)
-
         plan = _Method()
+        if not _drop_expansion(plan, body, found):
+            return None  # something after attention reads the expanded tensors
         taken = names_in(method)
         latent = next(n for n in ("latent", "kv_latent", "graphmode_latent") if n not in taken)
-        # What only the expanded keys and values (or the concatenated query, or the attention function's choice)
-        # fed: gone from the static path. The rope key keeps its value from before any statement dropped here
-        # rebinds it (`k_pe = k_pe.expand(...)`, to the expanded keys' head count).
-        expanded_names = set(expanded[0])
-        for stmt in body[expand_at + 1:call_at]:
-            if stmt is body[write_at]:
-                continue
-            bound = _bound_names(stmt)
-            if names_in(stmt) & expanded_names or (bound and bound <= {query, attention}):
-                plan.drop.add(stmt)
-                expanded_names |= bound - {rope_key}
-        if any(names_in(s) & (expanded_names - set(returned)) for s in body[call_at + 1:]):
-            return None  # something after attention reads the expanded tensors
-        # Assignments the dropped statements alone read (`key_shape = (...)`), computing nothing: gone with them.
-        gone = {body[expand_at], *plan.drop}
-        kept = [s for s in body if s not in gone]
-        for stmt in body[:expand_at]:
-            assigned = _assign(stmt)
-            if assigned and len(assigned[0]) == 1 and not calls_in(assigned[1]) \
-                    and assigned[0][0] in set().union(*map(names_in, gone)) \
-                    and not any(assigned[0][0] in names_in(s) for s in kept if s is not stmt):
-                plan.drop.add(stmt)
-        plan.replace[body[expand_at]] = cst.parse_statement(
-            f"{latent} = {code_of(latent_input)}.unsqueeze(1)\n").with_changes(
-            leading_lines=[*body[expand_at].leading_lines, _comment(
+        plan.replace[body[found.expand_at]] = cst.parse_statement(
+            f"{latent} = {code_of(found.latent_input)}.unsqueeze(1)\n").with_changes(
+            leading_lines=[*body[found.expand_at].leading_lines, _comment(
                 f"the latent is cached, not the keys and values {UP_PROJECTION} expands it to (absorbed below).")])
-        plan.replace[body[write_at]] = cst.parse_statement(
-            f"{latent}, {rope_key} = self.kv_cache.update({code_of(write_call.args[0].value)}, {latent}, {rope_key})\n"
-        ).with_changes(leading_lines=[*_not_graphmodes(body[write_at].leading_lines), _comment(
+        plan.replace[body[found.write_at]] = cst.parse_statement(
+            f"{latent}, {found.rope_key} = self.kv_cache.update({found.slots}, {latent}, {found.rope_key})\n"
+        ).with_changes(leading_lines=[*_not_graphmodes(body[found.write_at].leading_lines), _comment(
             "latent and rope key written in place, one row per token shared by every head.")])
-        plan.replace[body[call_at]] = cst.parse_statement(
-            f"{returned[0]}, {returned[1]} = {ABSORBED_ATTENTION}(self.{UP_PROJECTION}, {q_nope}, {q_pe}, {latent}, "
-            f"{rope_key}, {mask}, {scaling})\n").with_changes(leading_lines=[*body[call_at].leading_lines, _comment(
-                f"attention over the latent, {UP_PROJECTION} taken into the query and the output.")])
-        plan.cache = f"{LATENT_CACHE}({code_of(latent_width)}, {code_of(rope_width)})"
-        self.record_edit(body[expand_at], f"the latent is cached, not the keys and values `{UP_PROJECTION}` expands "
-                                          "it to")
-        self.record_edit(body[call_at], f"attention over the latent with `{UP_PROJECTION}` absorbed")
+        returned = found.returned
+        plan.replace[body[found.call_at]] = cst.parse_statement(
+            f"{returned[0]}, {returned[1]} = {ABSORBED_ATTENTION}(self.{UP_PROJECTION}, {found.q_nope}, "
+            f"{found.q_pe}, {latent}, {found.rope_key}, {found.mask}, {found.scaling})\n").with_changes(
+                leading_lines=[*body[found.call_at].leading_lines, _comment(
+                    f"attention over the latent, {UP_PROJECTION} taken into the query and the output.")])
+        plan.cache = f"{LATENT_CACHE}({code_of(found.latent_width)}, {code_of(found.rope_width)})"
+        self.record_edit(body[found.expand_at], f"the latent is cached, not the keys and values `{UP_PROJECTION}` "
+                                                "expands it to")
+        self.record_edit(body[found.call_at], f"attention over the latent with `{UP_PROJECTION}` absorbed")
         for stmt in sorted(plan.drop, key=body.index):
             self.record_edit(stmt, "dropped from the static path: it built the expanded keys, values or query")
         return plan

@@ -246,6 +246,69 @@ class _Plan:
     reads_slots: bool = False  # the slots come from the entries' call (SLOTS): the model names only position_ids
 
 
+def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
+                      has_init: bool) -> tuple[cst.Tuple | None, str | None]:
+    """The `(batch, length)` a mask helper's call builds its mask for, as the call gives it; or why the call cannot
+    become rows of a mask buffer (the words of the item left for a person)."""
+    positional = [a.value for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    shape = positional[1] if len(positional) > 1 else None
+    window = keywords.get("sliding_window")
+    helper = code_of(call.func).rsplit(".", 1)[-1]
+    if position is None or not has_init:
+        return None, "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
+    if helper in CACHE_POSITION_MASK_HELPERS:
+        # (attention_mask, inputs_embeds, cache_position, ...): the shape is the embeddings'.
+        builder = find_method(cls, helper)
+        if position != "cache_position" or shape is None or keywords:
+            return None, "the call does not pass `(attention_mask, inputs_embeds, cache_position, ...)`"
+        if builder is None or "sliding_window" in code_of(builder):
+            return None, f"`{helper}` is not defined in this class, or applies a sliding window of its own"
+        return _shape_of(shape), None
+    if helper in KEYWORD_MASK_HELPERS:
+        # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
+        embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
+        if position != "cache_position" or positional or embeds is None or slots is None \
+                or code_of(slots) != "cache_position":
+            return None, "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
+        return _shape_of(embeds), None
+    if not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
+        return None, "the call does not pass the input shape as `(batch, length)`"
+    if window is not None and helper in SAME_FILE_MASK_HELPERS:
+        return None, "the helper is defined in this file with its own sliding-window band"
+    if window is not None and names_in(window) - {"self"}:
+        return None, "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+    return shape, None
+
+
+def _shape_of(embeddings: cst.BaseExpression) -> cst.Tuple:
+    """`(x.shape[0], x.shape[1])` of the embeddings a helper is given."""
+    return cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(embeddings)}.shape[{i}]")) for i in (0, 1)])
+
+
+def _caches_written(method: cst.FunctionDef, params: set[str]) -> set[str]:
+    """The parameters the method writes as cache objects (`past.update(k, v, ...)`), or, where it takes the slots
+    (`cache_position`, `position_ids`), as tuples guarded by their own test (an int position's tuple cache is
+    static_kv_cache's)."""
+    caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE}) if len(c.args) >= 2}
+    if any(p in params for p in _SLOT_SOURCES):
+        caches |= {p for p in params if p not in caches and any(
+            _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
+    return caches
+
+
+def _unrecognised(method: cst.FunctionDef, cache: str, slots: str | None, writes: dict,
+                  recognised: list[cst.BaseStatement]) -> str | None:
+    """Why the method's cache cannot be made static, in the words of the item left for a person; None when it can."""
+    if slots is None:
+        return "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
+    if len(writes) != 1 or _stray_uses(method, cache, recognised):
+        return (f"`{cache}` is written or read in a form not recognised (expected one "
+                f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
+                f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
+    return None
+
+
 class CacheObject(GraphCodemod):
     NAME = "cache_object"
     SIZES_BUFFERS = True
@@ -319,11 +382,7 @@ class CacheObject(GraphCodemod):
     def _plan_cache(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, method: cst.FunctionDef,
                     plan: _Plan) -> None:
         params = {p.name.value for p in method.params.params}
-        caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE})
-                  if len(c.args) >= 2}
-        if any(p in params for p in _SLOT_SOURCES):  # else a tuple cache is static_kv_cache's (int positions)
-            caches |= {p for p in params if p not in caches and any(
-                _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
+        caches = _caches_written(method, params)
         if not caches or "self.kv_cache.update(" in code_of(method):  # nothing, or static already (a second run)
             return
         where = f"{cls.name.value}.{method.name.value}"
@@ -342,14 +401,7 @@ class CacheObject(GraphCodemod):
         body = list(method.body.body)
         writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
         lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
-        recognised = [body[i] for i in [*writes, *lengths]]
-        problem = None
-        if slots is None:
-            problem = "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
-        elif len(writes) != 1 or _stray_uses(method, cache, recognised):
-            problem = (f"`{cache}` is written or read in a form not recognised (expected one "
-                       f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
-                       f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
+        problem = _unrecognised(method, cache, slots, writes, [body[i] for i in [*writes, *lengths]])
         sizing = None if problem else self._sizing(classes, cls, body[next(iter(writes))], cache)
         if not problem and sizing is None:
             problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
@@ -357,7 +409,27 @@ class CacheObject(GraphCodemod):
             self.record_manual(method, f"`{where}` {problem}; change its cache by hand")
             plan.incomplete = True
             return
-        write_index, (keys, values) = next(iter(writes.items()))
+        owner, cache_class, sized_by = sizing
+        write = self._static_write(plan, body, *next(iter(writes.items())), cache, slots)
+        self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
+                                f"`{cache}`")
+        plan.writes.append(write)
+        self._fixed_lengths(plan, body, lengths, cache)
+        # One cache per attention module: a subclass's write (SDPA) uses its base's. Where one write of a class was
+        # seen by the trace and another was not, the buffers shaped by the writes serve both.
+        lines = plan.init_lines.setdefault(owner.name.value, [])
+        created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
+        line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
+        if created is None:
+            lines.append(line)
+        elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
+            lines[created] = line
+
+    def _static_write(self, plan: _Plan, body: list[cst.BaseStatement], write_index: int,
+                      keys_values: tuple[str, str], cache: str, slots: str) -> cst.BaseStatement:
+        """The cache object's write replaced by the static cache's (the caller's own object still gets its copy
+        where the write is not guarded by it); the write statement."""
+        keys, values = keys_values
         write = body[write_index]
         static = cst.parse_statement(f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n")
         guarded = _guarded_block(write, cache)
@@ -372,10 +444,10 @@ class CacheObject(GraphCodemod):
         else:
             plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
                 leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
-        owner, cache_class, sized_by = sizing
-        self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
-                                f"`{cache}`")
-        plan.writes.append(write)
+        return write
+
+    def _fixed_lengths(self, plan: _Plan, body: list[cst.BaseStatement], lengths: dict[int, str], cache: str) -> None:
+        """Each length read off the cache object becomes the static cache's length (every slot is read)."""
         for index, name in lengths.items():
             stmt = body[index]
             leading = list(stmt.leading_lines)
@@ -388,15 +460,6 @@ class CacheObject(GraphCodemod):
             plan.replace[stmt] = cst.parse_statement(f"{name} = self.kv_cache.max_seq_len\n").with_changes(
                 leading_lines=[*leading, _comment("attention reads every slot of the static cache.")])
             self.record_edit(stmt, f"`{name}` is the static cache's length instead of a length read from `{cache}`")
-        # One cache per attention module: a subclass's write (SDPA) uses its base's. Where one write of a class was
-        # seen by the trace and another was not, the buffers shaped by the writes serve both.
-        lines = plan.init_lines.setdefault(owner.name.value, [])
-        created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
-        line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
-        if created is None:
-            lines.append(line)
-        elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
-            lines[created] = line
 
     def _sizing(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, write: cst.BaseStatement,
                 cache: str) -> tuple[cst.ClassDef, str, str] | None:
@@ -491,39 +554,9 @@ class CacheObject(GraphCodemod):
         windows: set[str] = set()
         rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
         for stmt, target, call in calls:
-            positional = [a.value for a in call.args if a.keyword is None]
-            keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-            shape = positional[1] if len(positional) > 1 else None
-            window = keywords.get("sliding_window")
-            helper = code_of(call.func).rsplit(".", 1)[-1]
-            problem = None
-            if position is None or init is None:
-                problem = "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
-            elif helper in CACHE_POSITION_MASK_HELPERS:
-                # (attention_mask, inputs_embeds, cache_position, ...): the shape is the embeddings'.
-                builder = find_method(cls, helper)
-                if position != "cache_position" or shape is None or keywords:
-                    problem = "the call does not pass `(attention_mask, inputs_embeds, cache_position, ...)`"
-                elif builder is None or "sliding_window" in code_of(builder):
-                    problem = f"`{helper}` is not defined in this class, or applies a sliding window of its own"
-                else:
-                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(shape)}.shape[{i}]"))
-                                       for i in (0, 1)])
-            elif helper in KEYWORD_MASK_HELPERS:
-                # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
-                embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
-                if position != "cache_position" or positional or embeds is None or slots is None \
-                        or code_of(slots) != "cache_position":
-                    problem = "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
-                else:
-                    shape = cst.Tuple([cst.Element(cst.parse_expression(f"{code_of(embeds)}.shape[{i}]"))
-                                       for i in (0, 1)])
-            elif not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
-                problem = "the call does not pass the input shape as `(batch, length)`"
-            elif window is not None and code_of(call.func).rsplit(".", 1)[-1] in SAME_FILE_MASK_HELPERS:
-                problem = "the helper is defined in this file with its own sliding-window band"
-            elif window is not None and names_in(window) - {"self"}:
-                problem = "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+            window = next((a.value for a in call.args if a.keyword is not None
+                           and a.keyword.value == "sliding_window"), None)
+            shape, problem = _mask_input_shape(cls, call, position, init is not None)
             if problem:
                 self.record_manual(stmt, f"`{code_of(call.func)}` builds the mask, but {problem}; build a mask buffer "
                                          "by hand")

@@ -190,26 +190,9 @@ class SplitDecode(GraphCodemod):
             return updated_node  # nothing to split, or already split (a second run changes nothing)
         # Keyword-only parameters (after a bare `*`) are passed by keyword like any parameter with a default.
         params = [*forward.params.params, *forward.params.kwonly_params]
-        # `**kwargs` (`**loss_kwargs`, ...) stays empty: the entries pass named parameters only. It is refused only
-        # where the harness was seen passing something through it that `forward` reads (generate() passes
-        # `return_dict=True` into the `**kwargs` of a forward that never looks at them: dropping it changes nothing).
-        swallowed = [name for name, _ in self.options.entry_roles if name not in {p.name.value for p in params}]
-        star = forward.params.star_kwarg
-        read_kwargs = isinstance(star, cst.Param) and star.name.value in names_in(forward.body)
-        if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
-                or (read_kwargs and swallowed) \
-                or not isinstance(forward.body, cst.IndentedBlock) \
-                or any(p.default is None for p in forward.params.kwonly_params):
-            self.record_manual(forward, "`forward` takes *args, required keyword-only arguments or no inputs, or the "
-                                        "harness passes it arguments through **kwargs that it reads; write the entry "
-                                        "points by hand")
-            return updated_node
-        if self.options.recomputes_sequence and not self._cache_in_buffers:  # added_cache gave it none
-            self.record_manual(forward, _NO_CACHE_REASON)
-            return updated_node
-        unfit = self._unfit_inputs(params) or self._dropped_cache(params)
-        if unfit:
-            self.record_manual(forward, unfit)
+        refusal = self._refusal(forward, params)
+        if refusal:
+            self.record_manual(forward, refusal)
             return updated_node
         # A parameter with a default that the harness passes as the positions every step is an input of both
         # entries, never bound to its default; it is passed by keyword (earlier defaults stay defaults).
@@ -225,20 +208,13 @@ class SplitDecode(GraphCodemod):
                                             f"`{original_node.name.value}` has no `__init__` to build them in; write "
                                             "the entry points by hand")
                 return updated_node
-            size = int(next(iter(rows.values())).rsplit(":", 1)[1])
-            updated_node = append_to_init(updated_node, [cst.parse_statement(
-                f'self.register_buffer("{_ROWS_BUFFER}", torch.ones({size}, {size}, dtype=torch.bool).tril(), '
-                f'persistent=False)\n')], "the causal mask whose rows the harness passes, built once.")
-            tokens = params[1].name.value  # params[0] is self
-            positions.update({name: _rows_argument(role, tokens) for name, role in rows.items()})
+            updated_node = _with_rows_buffer(updated_node, rows, params[1].name.value, positions)
         if self._cache_in_buffers and not positions and not any(self._position_layout(p) for p in params[1:]):
             self.record_manual(forward, "the KV cache is written in place at the positions, and `forward` takes no "
                                         "positions (the model counts them from the cache it is handed); entries "
                                         "without them would write every Decode step into slot 0, so none are added")
             return refused
         required = [p.name.value for p in params[1:] if p.default is None and p.name.value not in positions]
-        omitted = {p.name.value: p.default for p in params[1:]
-                   if p.default is not None and p.name.value not in positions}
         if not required:
             entries = self._keyword_entries(forward, params)
             if entries is None:
@@ -249,6 +225,32 @@ class SplitDecode(GraphCodemod):
             self.record_insertion_after(forward, "`prefill` and `decode` entry points added; they call `forward` "
                                                  "with Decode's keywords")
             return _add_after_forward(updated_node, entries)
+        omitted = {p.name.value: p.default for p in params[1:]
+                   if p.default is not None and p.name.value not in positions}
+        return _add_after_forward(updated_node, self._positional_entries(forward, required, omitted, positions))
+
+    def _refusal(self, forward: cst.FunctionDef, params: list[cst.Param]) -> str | None:
+        """Why `forward` gets no entries, in the words of the item left for a person; None when it can have them."""
+        # `**kwargs` (`**loss_kwargs`, ...) stays empty: the entries pass named parameters only. It is refused only
+        # where the harness was seen passing something through it that `forward` reads (generate() passes
+        # `return_dict=True` into the `**kwargs` of a forward that never looks at them: dropping it changes nothing).
+        swallowed = [name for name, _ in self.options.entry_roles if name not in {p.name.value for p in params}]
+        star = forward.params.star_kwarg
+        read_kwargs = isinstance(star, cst.Param) and star.name.value in names_in(forward.body)
+        if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
+                or (read_kwargs and swallowed) \
+                or not isinstance(forward.body, cst.IndentedBlock) \
+                or any(p.default is None for p in forward.params.kwonly_params):
+            return ("`forward` takes *args, required keyword-only arguments or no inputs, or the harness passes it "
+                    "arguments through **kwargs that it reads; write the entry points by hand")
+        if self.options.recomputes_sequence and not self._cache_in_buffers:  # added_cache gave it none
+            return _NO_CACHE_REASON
+        return self._unfit_inputs(params) or self._dropped_cache(params) or None
+
+    def _positional_entries(self, forward: cst.FunctionDef, required: list[str], omitted: dict,
+                            positions: dict[str, str]) -> list[cst.FunctionDef]:
+        """`prefill` and `decode` that take the required inputs (and the positions), calling `forward` (or, for a
+        decorated `forward`, a copy of its body); the branches Decode settles are named in the edits."""
         body = list(forward.body.body)
         if body and is_docstring(body[0]):
             body = body[1:]  # forward's docstring describes forward
@@ -266,15 +268,13 @@ class SplitDecode(GraphCodemod):
         slots = POSITION_TENSOR if positions else None
         call = f"self.forward({', '.join([*required, *(f'{name}={value}' for name, value in positions.items())])})"
         if forward.decorators:
-            return _add_after_forward(updated_node, _copied_entries(forward, decode_body, omitted, positions, signature,
-                                                                    call, self._cache_in_buffers,
-                                                                    self.options.prefill_resets, slots))
+            return _copied_entries(forward, decode_body, omitted, positions, signature, call, self._cache_in_buffers,
+                                   self.options.prefill_resets, slots)
         # The branches tracing settles are in the edits (`graphmode fix` lists them), not in Decode's docstring: it
         # says what a user of the entry needs.
         logits_only = self._cache_in_buffers and _returns_logits_and_cache(decode_body)
-        return _add_after_forward(updated_node, _entry_methods(
-            signature, call, "", f"return {call}" + ("[0]" if logits_only else ""), self.options.prefill_resets,
-            slots))
+        return _entry_methods(signature, call, "", f"return {call}" + ("[0]" if logits_only else ""),
+                              self.options.prefill_resets, slots)
 
     def _starts_at(self, node: cst.CSTNode) -> tuple[int, int]:
         start = self.get_metadata(PositionProvider, node).start
@@ -453,6 +453,16 @@ def _switch(slots: str | None = None, padding: str | None = None) -> str:
     """`GraphmodeStaticPath(self, ...)`, the `with` item the entries enter the static path with: the slots they write
     and the padding mask they take, where they do."""
     return f"{STATIC_PATH}(self{''.join(f', {a}' for a in (slots, padding) if a)})"
+
+
+def _with_rows_buffer(cls: cst.ClassDef, rows: dict[str, str], tokens: str, positions: dict[str, str]) -> cst.ClassDef:
+    """The class with the causal mask whose rows the harness passes built once in `__init__`; `positions` gains the
+    argument each entry passes for those rows."""
+    size = int(next(iter(rows.values())).rsplit(":", 1)[1])
+    positions.update({name: _rows_argument(role, tokens) for name, role in rows.items()})
+    return append_to_init(cls, [cst.parse_statement(
+        f'self.register_buffer("{_ROWS_BUFFER}", torch.ones({size}, {size}, dtype=torch.bool).tril(), '
+        f'persistent=False)\n')], "the causal mask whose rows the harness passes, built once.")
 
 
 def _add_after_forward(cls: cst.ClassDef, entries: list[cst.BaseStatement]) -> cst.ClassDef:

@@ -269,38 +269,55 @@ def _read_helper(helper: cst.FunctionDef, call: cst.Call, skip_self: bool, posit
                 f"{', '.join(f'`{u}`' for u in unknown)})")
     params = [p.name.value for p in helper.params.params][1 if skip_self else 0:]
     past = {p for p in params if is_position_name(p, "int") or p.startswith("past")}
-    full = [c for c in calls if torch_call_name(c) == "full"]
-    triu = [c for c in calls if _call_name(c) == "triu"]
-    if len(full) == 1 and len(triu) == 1 and not any(_call_name(c) in ("ones", "tril") for c in calls):
-        if len(full[0].args) < 2 or not names_in(full[0].args[1].value) <= _FILL_NAMES:
-            return f"`{helper_name}`'s fill value depends on its arguments; it cannot be built in `__init__`"
-        diagonal = _relative_diagonal(_diagonal_arg(triu[0]), past)
-        dtype = next((a for a in full[0].args if a.keyword is not None and a.keyword.value == "dtype"), None)
-        if diagonal is None or (dtype is not None and not names_in(dtype.value) <= {"torch"}):
-            return f"`{helper_name}`'s diagonal or dtype depends on its arguments"
-        build = MaskBuild(name, 0, 0, full[0].args[1].value, diagonal, dtype, checked_uses=True)
-    else:
-        read = _read_ones_tril(calls, past)
-        if read is None:
-            return f"`{helper_name}` does not build one causal mask from full + triu or tril of ones"
-        if isinstance(read, str):
-            return f"`{helper_name}`: {read}"
-        build = MaskBuild(name, 0, 0, None, read[0], read[1], kind="ones", checked_uses=True)
+    build = _helper_build(calls, past, name)
+    if isinstance(build, str):
+        return f"`{helper_name}`{build}"
     bound = _bind(helper, call, skip_self)
     if bound is None:
         return f"the call's arguments cannot be matched to `{helper_name}`'s parameters"
     for p in past if position is not None else ():
         if not (isinstance(bound.get(p), cst.Name) and bound[p].value == position):
             return f"`{helper_name}` is not given this method's position as `{p}`"
+    cast = _helper_cast(calls, bound)
+    if cast.startswith(" "):
+        return f"`{helper_name}`{cast}"
+    build.cast = cast
+    return build
+
+
+def _helper_build(calls: list[cst.Call], past: set[str], name: str) -> MaskBuild | str:
+    """The mask a helper's calls build (full + triu, or tril of ones), as a buffer of `name`; else the end of a
+    sentence that starts with the helper's name, saying why not."""
+    full = [c for c in calls if torch_call_name(c) == "full"]
+    triu = [c for c in calls if _call_name(c) == "triu"]
+    if len(full) == 1 and len(triu) == 1 and not any(_call_name(c) in ("ones", "tril") for c in calls):
+        if len(full[0].args) < 2 or not names_in(full[0].args[1].value) <= _FILL_NAMES:
+            return "'s fill value depends on its arguments; it cannot be built in `__init__`"
+        diagonal = _relative_diagonal(_diagonal_arg(triu[0]), past)
+        dtype = next((a for a in full[0].args if a.keyword is not None and a.keyword.value == "dtype"), None)
+        if diagonal is None or (dtype is not None and not names_in(dtype.value) <= {"torch"}):
+            return "'s diagonal or dtype depends on its arguments"
+        return MaskBuild(name, 0, 0, full[0].args[1].value, diagonal, dtype, checked_uses=True)
+    read = _read_ones_tril(calls, past)
+    if read is None:
+        return " does not build one causal mask from full + triu or tril of ones"
+    if isinstance(read, str):
+        return f": {read}"
+    return MaskBuild(name, 0, 0, None, read[0], read[1], kind="ones", checked_uses=True)
+
+
+def _helper_cast(calls: list[cst.Call], bound: dict[str, cst.BaseExpression]) -> str:
+    """The one cast a helper applies to its mask, in the caller's names (`.to(dtype)`); "" without one; or, starting
+    with a space, the end of a sentence that starts with the helper's name, saying why it cannot be kept."""
     casts = [c for c in calls if _call_name(c) in _CASTS and isinstance(c.func, cst.Attribute)]
     if len(casts) > 1:
-        return f"`{helper_name}` casts its mask more than once"
-    if casts:
-        cast = casts[0].with_changes(func=casts[0].func.with_changes(value=cst.Name("_")))
-        if not names_in(cast) - {"_"} <= set(bound) | {"torch"}:
-            return f"`{helper_name}` casts its mask to a value computed inside it"
-        build.cast = code_of(cast.visit(_Substitute(bound)))[1:]
-    return build
+        return " casts its mask more than once"
+    if not casts:
+        return ""
+    cast = casts[0].with_changes(func=casts[0].func.with_changes(value=cst.Name("_")))
+    if not names_in(cast) - {"_"} <= set(bound) | {"torch"}:
+        return " casts its mask to a value computed inside it"
+    return code_of(cast.visit(_Substitute(bound)))[1:]
 
 
 def mask_reader(cls: cst.ClassDef, method: cst.FunctionDef, functions: dict[str, cst.FunctionDef]) -> MaskReader:
