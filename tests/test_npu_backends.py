@@ -26,7 +26,7 @@ import torch
 
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, CompileCacheUnused, resolve
-from graphmode.runners.backends.npu_config import (
+from graphmode.runners.backends._npu_config import (
     GE_FIELDS,
     NPUGRAPH_EX_OPTIONS,
     NpuConfigError,
@@ -368,7 +368,7 @@ _REAL_API_CHECK = textwrap.dedent('''
     sys.path.insert(0, dynamo)  # the extracted sources only: torch_npu itself is not importable
     import torch
     from graphmode.runners import backends
-    from graphmode.runners.backends import npu_config as cfg
+    from graphmode.runners.backends import _npu_config as cfg
 
     # npugraph_ex imports standalone with torch CPU (torch_npu registers it as top-level "npugraph_ex").
     import npugraph_ex

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.runners.backends.npu_config import TORCH_NPU_VERSION
+from graphmode.runners.backends._npu_config import TORCH_NPU_VERSION
 
 NEEDED = (
     # npu/npugraph_ex/: torch.npu.npugraph_ex, whose inference.cache_compile is the public npugraph_ex cache.

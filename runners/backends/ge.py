@@ -1,7 +1,7 @@
 """ge: TorchAir's GE graph engine (`torchair.get_npu_backend(compiler_config=CompilerConfig())`), static graphs only.
 
 GE compiles static graphs only: dynamic=False always (a graph with a -1 dim is dynamic GE). Its CompilerConfig
-fields are built and checked by runners/backends/npu_config.py without torch_npu.
+fields are built and checked by runners/backends/_npu_config.py without torch_npu.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from graphmode.runners.backends._npu import (NPU_INSTALL_HINT, cache_dir_for, cache_report, first_line,
                                              npu_synchronize, torch_npu_problem)
 from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
-from graphmode.runners.backends.npu_config import (GE_CACHE_COMPILE, apply_config_fields, ge_cache_compile_kwargs,
+from graphmode.runners.backends._npu_config import (GE_CACHE_COMPILE, apply_config_fields, ge_cache_compile_kwargs,
                                           ge_compiler_config_fields)
 
 

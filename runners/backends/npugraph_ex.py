@@ -3,7 +3,7 @@ Ascend host.
 
 It compiles with dynamic=False like the others, except with `seq_lengths_as_list=True`: fused-attention sequence
 lengths passed as list[int] must become SymInts that npugraph_ex patches at replay, so then it compiles with
-dynamic=True. Its options are built and checked by runners/backends/npu_config.py without torch_npu.
+dynamic=True. Its options are built and checked by runners/backends/_npu_config.py without torch_npu.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from graphmode.runners.backends._npu import (NPU_INSTALL_HINT, cache_dir_for, cache_report, no_npu_reason,
                                              npu_synchronize, torch_npu_problem)
 from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
-from graphmode.runners.backends.npu_config import (NPUGRAPH_EX_CACHE_COMPILE, TORCH_NPU_VERSION,
+from graphmode.runners.backends._npu_config import (NPUGRAPH_EX_CACHE_COMPILE, TORCH_NPU_VERSION,
                                           npugraph_ex_cache_compile_kwargs, npugraph_ex_dynamic, npugraph_ex_options,
                                           task_queue_advice)
 
@@ -24,7 +24,7 @@ def npugraph_ex_compile_kwargs(*, frozen_parameter: bool | None = None, capture_
                                options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The torch.compile keyword arguments (besides fn and fullgraph) for npugraph_ex, checked:
     raises NpuConfigError naming a bad option before anything is compiled. None: not given (see
-    npu_config.npugraph_ex_options); seq_lengths_as_list=True compiles with dynamic=True."""
+    _npu_config.npugraph_ex_options); seq_lengths_as_list=True compiles with dynamic=True."""
     return {
         "backend": "npugraph_ex",
         "dynamic": npugraph_ex_dynamic(seq_lengths_as_list),
