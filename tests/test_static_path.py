@@ -259,7 +259,8 @@ def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
     assert ("    def forward(self, x, start_pos: int):\n"
             "        h = self.norm(x)\n"
             "        return h + self.table[start_pos]\n") in split
-    # Two runs changed: each forks, the original's statements in `else` as written; the rest is shared.
+    # Two runs changed: each forks, the original's statements in `else` as written (one assignment without a note
+    # as a conditional expression); the rest is shared.
     assert ("    def forward(self, x, start_pos: int):\n"
             "        if graphmode_static_path(self):  # graphmode: a changed first run.\n"
             "            a = x + 2\n"
@@ -268,10 +269,7 @@ def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
             "        b = a * 2\n"
             "\n"
             "        c = self.layer(b, start_pos)\n"
-            "        if graphmode_static_path(self):\n"
-            "            d = c - 5\n"
-            "        else:\n"
-            "            d = c - 1\n"
+            "        d = c - 5 if graphmode_static_path(self) else c - 1\n"
             "        e = d * 3\n") in split
     # Four runs: a twin, which reads as one piece; it takes no parameter it never reads (`past`, the model's own).
     assert "    def forward_static(self, x):\n" in split and "return self.forward_static(x)" in split
@@ -332,7 +330,8 @@ def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
 
     model = "class Model(torch.nn.Module):"
     assert where("a = x + 1", model) == "a = x + 2", "a replaced statement maps to the static one in its place"
-    assert where("d = c - 1", model) == "d = c - 5"
+    assert where("d = c - 1", model) == "d = c - 5 if graphmode_static_path(self) else c - 1", \
+        "a statement that became a conditional expression maps to it"
     assert where("b = a * 2", model) == "b = a * 2" and where("return e", model) == "return e"
     layer = "class Layer(torch.nn.Module):"
     assert where("return h + self.table[start_pos]", layer) == "return h + self.table[start_pos]"

@@ -95,7 +95,10 @@ def leaves_static_path(stmt: ast.stmt) -> bool:
 def model_code_field(node: ast.AST) -> str | None:
     """The field of `node` (a statement of a forked method) that only the model's own callers run: a fork's
     `orelse` (an `else:` or the original `if` as `elif`), the `body` of `if not graphmode_static_path(self):` and of
-    `if not graphmode_static_path(self) and <the original test>:`; None for any other node."""
+    `if not graphmode_static_path(self) and <the original test>:`, and the `orelse` of `<static value> if
+    graphmode_static_path(self) else <the original value>`; None for any other node."""
+    if node.__class__ is ast.IfExp:
+        return "orelse" if asks_switch(node.test) else None
     if node.__class__ is not ast.If:
         return None
     test = node.test

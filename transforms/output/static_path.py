@@ -193,7 +193,8 @@ def fork_lines(original: str, adapted: str) -> dict[int, int]:
     original_lines, adapted_lines = original.splitlines(), adapted.splitlines()
     found: dict[int, int] = {}
     for qualname, function in _ast_functions(ast.parse(adapted)):
-        if qualname not in originals or not any(_fork_parts(stmt) for stmt in function.body):
+        if qualname not in originals or not (any(_fork_parts(stmt) for stmt in function.body)
+                                             or _chosen_values(function)):
             continue
         first, last = originals[qualname]
         view: list[tuple[int, str]] = []  # the model's own lines of the method, as (adapted line, unindented text)
@@ -218,6 +219,13 @@ def fork_lines(original: str, adapted: str) -> dict[int, int]:
         own = {line: view[index][0] for index, line in enumerate(mapped) if line is not None}
         found.update(own)
         back = {adapted_line: line for line, adapted_line in own.items()}
+        for chosen in _chosen_values(function):
+            # `x = <static> if graphmode_static_path(self) else <original>`: the original's lines between the mapped
+            # ones around it are the statement it chose from.
+            before = [line for line, at in own.items() if at < chosen.lineno]
+            after = [line for line, at in own.items() if at > chosen.end_lineno]
+            for line in range(max(before, default=first - 1) + 1, min(after, default=last + 1)):
+                found.setdefault(line, chosen.lineno)
         for static_lines, own_lines in static:
             replaced = [back[line] for line in own_lines if line in back]
             if not replaced or not static_lines:
@@ -231,6 +239,12 @@ def fork_lines(original: str, adapted: str) -> dict[int, int]:
             if code and found[replaced[0]] not in static_lines:
                 found[replaced[0]] = code[0]
     return found
+
+
+def _chosen_values(function: ast.AST) -> list[ast.stmt]:
+    """The assignments under function whose value is `<static> if graphmode_static_path(...) else <original>`."""
+    return [node for node in ast.walk(function) if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and isinstance(node.value, ast.IfExp) and asks_switch(node.value.test)]
 
 
 def _fork_parts(stmt: ast.stmt) -> tuple[list[int], list[int], int] | None:
@@ -611,6 +625,8 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
             return [_unless_static(receiver, last_if)]
     if len(own) > 1 and last_if is not None and static and _overwritten_defaults(own[:-1], static[0]):
         return [*own[:-1], _elif_fork(receiver, static, last_if)]
+    if (chosen := _chosen_value(receiver, static, own, width)) is not None:
+        return [chosen]
     if _fits(own, width):
         return [_fork(receiver, static, own, own)]
     if len(own) > 1 and last_if is not None and last_if.orelse is None and _fits(own[:-1], width) \
@@ -728,6 +744,31 @@ def _lines(stmt: cst.BaseStatement) -> int:
 
 def _ends_the_call(stmt: cst.BaseStatement) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[-1], (cst.Return, cst.Raise))
+
+
+def _chosen_value(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement],
+                  width: int) -> cst.SimpleStatementLine | None:
+    """`x = A` on the static path and `x = B` in the original, neither with a note of its own: one statement,
+    `x = A if graphmode_static_path(receiver) else B` (a fork of four lines says no more; transforms.line_wrap
+    wraps it where it is long)."""
+    if len(static) != 1 or len(own) != 1:
+        return None
+    ours, theirs = single_assignment(static[0]), single_assignment(own[0])
+    if ours is None or theirs is None or ours[0] != theirs[0] \
+            or any(line.comment is not None for s in (static[0], own[0]) for line in s.leading_lines) \
+            or "#" in code_of(static[0]) + code_of(own[0]) \
+            or any(isinstance(v, (cst.IfExp, cst.Lambda, cst.NamedExpr, cst.Tuple)) and not v.lpar
+                   for v in (ours[1], theirs[1])):
+        return None
+    choice = cst.IfExp(test=cst.parse_expression(f"{SWITCH_TEST}({receiver})"), body=ours[1], orelse=theirs[1])
+    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=choice)])
+    if _fits([line], width):
+        return line
+    # Past the line limit: in parentheses, `else` under the value it follows.
+    below = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (len(ours[0]) + 4)))
+    wrapped = choice.with_changes(whitespace_before_else=below, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=wrapped)])
+    return line if _fits([line], width) else None
 
 
 def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],

@@ -199,7 +199,7 @@ class SourceFile:
         step_functions = self.step_functions
         scopes, functions, guards = self.scopes, self.functions, self._guards
         table = anywhere
-        class_def, if_stmt = ast.ClassDef, ast.If
+        class_def, if_stmt, if_exp = ast.ClassDef, ast.If, ast.IfExp
         # Nodes with nothing under them that no rule visits (names, constants, `pass`) are not entered.
         leaves = frozenset(cls for cls, fields in fields_of.items() if not fields and cls not in everywhere)
 
@@ -230,7 +230,8 @@ class SourceFile:
                 self.in_step = False
                 table = anywhere
             # A forked method's own code (transforms/output/static_path.py) is eager: the static path never runs it.
-            model_field = model_code_field(node) if cls is if_stmt and self._reached and guards else None
+            model_field = model_code_field(node) if (cls is if_stmt or cls is if_exp) and self._reached and guards \
+                else None
             for field in fields_of[cls]:
                 value = getattr(node, field)
                 if value.__class__ is list:
@@ -243,6 +244,8 @@ class SourceFile:
                             if item.__class__ is if_stmt and self._reached and guards and leaves_static_path(item):
                                 walk_eager(value[index + 1:])
                                 break
+                elif field == model_field:
+                    walk_eager([value])
                 elif value is not None and value.__class__ not in leaves:
                     walk(value)
             if entered is not None:
