@@ -54,8 +54,8 @@ def _stubbed_batch(manifest: Path, out: Path, jobs: int) -> tuple[float, float, 
     from rich.console import Console
 
     from graphmode.agent.batch import run as batch_run
-    from graphmode.agent.batch.manifest import load_manifest
     from graphmode.agent.batch import job as batch_job
+    from graphmode.agent.batch.manifest import load_manifest
 
     real_job, real_run = batch_run._job, batch_job.run_job
     stub_seconds: list[float] = []

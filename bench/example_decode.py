@@ -13,8 +13,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from graphmode.agent.workflow.adaptation import fused_ops_for
 from graphmode.agent.output import write_adapted_tree
+from graphmode.agent.workflow.adaptation import fused_ops_for
 from graphmode.runners.verify.verify import verify
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.pipeline import adapt_source

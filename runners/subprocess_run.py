@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from graphmode.runners.child_process import die_with_parent as _die_with_parent
-from graphmode.runners.workers.common import ERROR_PREFIX
 from graphmode.runners.interpreter import worker_environment, worker_python
 from graphmode.runners.measure.shared_cores import claim, without_claim
+from graphmode.runners.workers.common import ERROR_PREFIX
 
 
 class WorkerError(RuntimeError):

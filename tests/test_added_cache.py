@@ -117,8 +117,8 @@ def test_an_added_cache_gives_the_original_tokens_and_logits_with_one_graph(case
 def test_the_position_rows_hide_later_and_unwritten_slots():
     """What stands for `is_causal=True` over the cache: a token at position p reads slots 0..p, whatever the
     slots after p hold (later tokens' keys in Prefill, zeros not written yet in Decode)."""
-    from graphmode.transforms.codemods.lib.helper_code import helper_source
     from graphmode.transforms.codemods.caches.added_cache import POSITION_ROWS
+    from graphmode.transforms.codemods.lib.helper_code import helper_source
 
     namespace = {"torch": torch}
     exec(helper_source(POSITION_ROWS), namespace)

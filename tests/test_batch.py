@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from graphmode.agent.batch.job import JobOutcome
 from graphmode.agent.batch.manifest import load_manifest
 from graphmode.agent.batch.summary import breaches, make_row, parse_fail_on, write_summary
 from graphmode.agent.errors import UserError
-from graphmode.agent.batch.job import JobOutcome
 from graphmode.runners.measure.shared_cores import WAIT_ENV
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -247,8 +247,8 @@ def test_sigterm_stops_the_running_targets_and_leaves_them_pending(tmp_path):
 def test_a_targets_steps_reach_the_batch_while_it_runs(tmp_path):
     """A job's lines come to the batch as the run prints them, not when it ends: here the run prints a step line as
     adapt does and then waits, and the batch stops it once the line came."""
-    from graphmode.agent.batch.run import step_line
     from graphmode.agent.batch.job import BatchJob, run_job
+    from graphmode.agent.batch.run import step_line
 
     script = ("import time\nprint('graphmode: adapting x (session 0123abcd)', flush=True)\n"
               "print('\u2713 analyze (1.0 s): 3 findings in 1 file(s)', flush=True)\n"
@@ -405,8 +405,8 @@ def test_every_printed_speed_figure_carries_the_qualifier_its_report_gives(tmp_p
     gives): one verdict and one wording for all of them."""
     from graphmode.agent.batch.run import _line
     from graphmode.agent.batch.summary import cells
-    from graphmode.agent.workflow.reporting import write_report
     from graphmode.agent.cli.terminal import verify_line
+    from graphmode.agent.workflow.reporting import write_report
     from test_fusion_report import _state
 
     state = _state(tmp_path, {})

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 from graphmode.agent import cli
-from graphmode.agent.workflow import nodes
 from graphmode.agent.errors import UserError
+from graphmode.agent.workflow import nodes
 from graphmode.agent.workflow.state import Baseline
-from graphmode.runners.verify.batch_buckets import pad_batch, run_sweep
-from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.backends import resolve
-from graphmode.runners.workers.common import WorkerFailure
 from graphmode.runners.harness import load_harness, next_token_logits
+from graphmode.runners.run_settings import parse_buckets
 from graphmode.runners.subprocess_run import run_worker
+from graphmode.runners.verify.batch_buckets import pad_batch, run_sweep
 from graphmode.runners.verify.verify import DEFAULT_LOGITS_ATOL, _bucket_problems
+from graphmode.runners.workers.common import WorkerFailure
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

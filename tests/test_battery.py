@@ -18,8 +18,8 @@ import torch
 from adapted_files import write_adapted
 
 from graphmode.runners.backends import resolve
-from graphmode.runners.workers.battery_worker import FAILED, HELD, NOT_APPLICABLE, Battery
 from graphmode.runners.harness import load_harness
+from graphmode.runners.workers.battery_worker import FAILED, HELD, NOT_APPLICABLE, Battery
 from graphmode.transforms.codemods import Options
 from graphmode.transforms.codemods.lib.helper_code import helper_module_text
 from graphmode.transforms.output.helper_module import MODULE_NAME

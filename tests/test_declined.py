@@ -9,10 +9,10 @@ from pathlib import Path
 
 from test_fusion_report import _designed, _state
 
+from graphmode.agent.targets.sources import read_source
 from graphmode.agent.workflow import nodes
 from graphmode.agent.workflow.failures import declined_causes
 from graphmode.agent.workflow.reporting import write_report
-from graphmode.agent.targets.sources import read_source
 
 ASSERT = "assert tokens.max().item() < self.args.vocab_size"
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from graphmode.agent.cli.consoles import EXIT_STOPPED
-from graphmode.runners.probe.crash import exception_chain
 from graphmode.runners.interpreter import release
+from graphmode.runners.probe.crash import exception_chain
 from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
 
 ROOT = Path(__file__).parents[1]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from graphmode.runners.evidence.collect import EvidenceError, collect_evidence
-from graphmode.runners.evidence.model import DECODE, PREFILL, Evidence, SourceLine
 from graphmode.runners.evidence.findings import (NOT_RUN, PREFILL_ONLY, SEEN, evidence_findings, reconcile,
                                                  reconcile_details)
+from graphmode.runners.evidence.model import DECODE, PREFILL, Evidence, SourceLine
 from graphmode.runners.harness import load_harness
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.rules import scan_source

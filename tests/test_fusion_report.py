@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graphmode.agent.workflow import nodes
+from graphmode.agent.batch.job import JobOutcome
 from graphmode.agent.batch.manifest import load_manifest
 from graphmode.agent.batch.summary import make_row, write_summary
+from graphmode.agent.workflow import nodes
 from graphmode.agent.workflow.reporting import write_report
 from graphmode.agent.workflow.state import Baseline, RunOptions, RunState, Verification
-from graphmode.agent.batch.job import JobOutcome
 from graphmode.runners.measure.traffic import estimates
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source

@@ -14,15 +14,15 @@ import torch
 import torch.nn.functional as F
 
 import graphmode.transforms
-from graphmode.transforms.codemods.lib.helper_code import HELPER_CODE, helper_names, helper_source
 from graphmode.transforms.codemods.caches.absorbed_mla import ABSORBED_ATTENTION, LATENT_CACHE
-from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS
-from graphmode.transforms.codemods.lib.slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 from graphmode.transforms.codemods.caches.cache_object import WRITTEN_SLOTS
 from graphmode.transforms.codemods.caches.carried_cache import MASK_ROWS
-from graphmode.transforms.codemods.fusions.merged_projections import HELPER as MERGED_LINEAR, STACKER
 from graphmode.transforms.codemods.entries.split_decode import FITS, STATIC_PATH
+from graphmode.transforms.codemods.fusions.merged_projections import HELPER as MERGED_LINEAR, STACKER
+from graphmode.transforms.codemods.lib.helper_code import HELPER_CODE, helper_names, helper_source
 from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, CACHE_CLASS, MASK_BUILDER, MASK_CLASS
+from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS
+from graphmode.transforms.codemods.lib.slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 
 INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
             STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK, MERGED_LINEAR, STACKER, LATENT_CACHE,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.transforms.codemods.lib.helper_code import helper_names
 from graphmode.transforms.codemods import Options
+from graphmode.transforms.codemods.lib.helper_code import helper_names
 from graphmode.transforms.pipeline import adapt_source, fixed_by
 from graphmode.transforms.rules import scan_source
 

@@ -23,13 +23,13 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
-from graphmode.transforms.codemods.lib.imports import with_plain_imports
 from graphmode.transforms.codemods import base as codemod_base
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.lib.imports import with_plain_imports
 from graphmode.transforms.cstutil import UNWALKED, class_level, types_under, walk
 from graphmode.transforms.dispatch import Transformer, handled_types
-from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms.output import static_path
+from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms.pipeline import adapt_source
 from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
 from test_codemods import CASES, options_for

@@ -18,8 +18,8 @@ import pytest
 
 from graphmode.runners import backends
 from graphmode.runners.backends import BackendUnavailable
-from graphmode.runners.probe.crash import describe_crash, exception_chain
 from graphmode.runners.harness import load_harness
+from graphmode.runners.probe.crash import describe_crash, exception_chain
 from graphmode.runners.probe.probe import probe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

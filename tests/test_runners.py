@@ -22,12 +22,12 @@ from graphmode.agent.workflow.reporting import write_report
 from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve
-from graphmode.runners.workers.common import ERROR_PREFIX
-from graphmode.runners.measure.dynamo_watch import parse_recompile_message
 from graphmode.runners.harness import HarnessError, load_harness, next_token_logits
+from graphmode.runners.measure.dynamo_watch import parse_recompile_message
 from graphmode.runners.probe.probe import probe
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.verify.verify import VerificationError, verify
+from graphmode.runners.workers.common import ERROR_PREFIX
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.runners.verify.results import WorkerResult
 from graphmode.runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.verify.results import WorkerResult
 from graphmode.runners.verify.verify import _capture_problems, capture_figures
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -18,8 +18,8 @@ from torch._dynamo.utils import counters
 
 from adapted_files import import_adapted
 
-from graphmode.transforms.codemods.lib.helper_code import HELPER_CODE, helper_source
 from graphmode.transforms.codemods.experts.static_moe import HELPER
+from graphmode.transforms.codemods.lib.helper_code import HELPER_CODE, helper_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codemods" / "static_moe"
 PREFILL, DECODE = 7, 1  # tokens per sequence in each phase

@@ -11,8 +11,8 @@ from types import ModuleType
 import libcst as cst
 import torch
 
-from graphmode.transforms.codemods.lib.helper_code import helper_source
 from graphmode.transforms.codemods.entries.split_decode import STATIC_PATH
+from graphmode.transforms.codemods.lib.helper_code import helper_source
 from graphmode.transforms.output.static_path import already_adapted, keep_original_path
 
 # The entries' switch, as split_decode inserts it beside the test the pass puts in the originals.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from graphmode.agent.targets import target_file
 from graphmode.agent.errors import UserError
+from graphmode.agent.targets import target_file
 from graphmode.agent.targets.resolve import CONVENTION, HARNESS, HF, TargetSpec, resolve
 from graphmode.runners.interpreter import own_interpreter
 

@@ -200,10 +200,10 @@ def _round_two(home: Path, run_dir: Path, session: str) -> str:
     """A session stopped at round 2's confirmation, saved through the workflow's own graph without running a model:
     round 1 declined the host-check hoist and failed on the line it rewrites, and its repair found nothing else, so
     round 2 offers that change alone. Returns the change's id."""
-    from graphmode.agent.workflow import nodes
-    from graphmode.agent.workflow.state import Baseline, Round, RunOptions, RunState
     from graphmode.agent.cli.terminal import session_config
+    from graphmode.agent.workflow import nodes
     from graphmode.agent.workflow.graph import build_graph, open_checkpointer
+    from graphmode.agent.workflow.state import Baseline, Round, RunOptions, RunState
 
     first = RunState(session_id=session, options=RunOptions(target=str(EXAMPLE), run_dir=str(run_dir),
                                                             backend="aot_eager", rounds=2),
@@ -260,9 +260,9 @@ def test_the_change_table_fits_the_terminal_and_cuts_nothing(tmp_path, width):
     from rich.console import Console
     from rich.markup import render
 
+    from graphmode.agent.cli.terminal import change_table, choice_prompt
     from graphmode.agent.workflow import nodes
     from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
-    from graphmode.agent.cli.terminal import change_table, choice_prompt
 
     state = RunState(session_id="table001", options=RunOptions(target=str(EXAMPLE), run_dir=str(tmp_path / "run")),
                      sources=["model.py"],

@@ -291,9 +291,9 @@ def test_non_utf8_source_and_unknown_backend_and_session(tmp_path, home):
 def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path, home, monkeypatch, passed, status):
     """The exit-status contract (README) holds for a session resumed after it finished. The session is saved as the
     report step leaves it, through the workflow's own graph and checkpointer, so no model runs."""
-    from graphmode.agent.workflow.state import RunOptions, RunState, Verification
     from graphmode.agent.cli.terminal import session_config
     from graphmode.agent.workflow.graph import build_graph, open_checkpointer
+    from graphmode.agent.workflow.state import RunOptions, RunState, Verification
 
     monkeypatch.setenv("GRAPHMODE_HOME", str(home))
     run_dir = tmp_path / "out" / "legacy_llm"
@@ -312,8 +312,8 @@ def test_resume_of_a_finished_session_exits_with_that_sessions_verdict(tmp_path,
 def test_a_session_saved_in_an_earlier_layout_is_refused_with_what_to_do():
     """Sessions saved before the options were nested (layout 1: every field top-level) are not misread."""
     from graphmode.agent.errors import UserError
-    from graphmode.agent.workflow.state import SCHEMA_VERSION, RunOptions, RunState
     from graphmode.agent.workflow.graph import saved_state, saved_target
+    from graphmode.agent.workflow.state import SCHEMA_VERSION, RunOptions, RunState
 
     earlier = {"session_id": "old1", "target": "/models/llama", "run_dir": "/out/llama", "backend": "inductor"}
     with pytest.raises(UserError, match=r"session old1 was saved by an earlier graphmode \(state layout 1, this one "

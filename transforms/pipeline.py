@@ -13,12 +13,12 @@ from libcst.codemod import CodemodContext, SkipFile
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, PartialMatch, Options
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.output.helper_module import move_helpers_out
-from graphmode.transforms.parsed import ParsedSource
-from graphmode.transforms.output.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
-                                              twin_spans)
 from graphmode.transforms.output.line_wrap import wrapped_with_code
 from graphmode.transforms.output.no_entry import without_entry_promises
+from graphmode.transforms.output.static_path import (already_adapted, fork_lines, function_spans, keep_original_path,
+                                              twin_spans)
 from graphmode.transforms.output.tidy import tidy
+from graphmode.transforms.parsed import ParsedSource
 
 
 @dataclass

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphmode.agent.targets import target_file
 from graphmode.agent.errors import UserError
+from graphmode.agent.targets import target_file
 from graphmode.runners.run_settings import SETTINGS
 
 # Batch-only [run] keys. target_timeout bounds a whole target (adapt's own `timeout` bounds each of its worker

@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from graphmode.agent.batch import store as batch_store
+from graphmode.agent.batch.device_slots import job_slots
+from graphmode.agent.batch.job import LOG_NAME, BatchJob, JobOutcome, run_job
 from graphmode.agent.batch.manifest import BatchTarget, Manifest
 from graphmode.agent.batch.summary import (FailOn, failed, make_row, pending_row, speedup_text, status_of,
                                            write_summary)
 from graphmode.agent.errors import UserError
 from graphmode.agent.output import run_folder_lock
-from graphmode.agent.batch.job import LOG_NAME, BatchJob, JobOutcome, run_job
-from graphmode.agent.batch.device_slots import job_slots
 from graphmode.runners.measure.shared_cores import LOCK_ENV
 
 TARGET_FILE = "graphmode.toml"

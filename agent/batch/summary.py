@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphmode.agent.batch.job import LOG_NAME, JobOutcome
 from graphmode.agent.batch.manifest import BatchTarget, Manifest
 from graphmode.agent.batch.store import VERIFIED
 from graphmode.agent.errors import UserError
 from graphmode.agent.output import write_atomic
-from graphmode.agent.batch.job import LOG_NAME, JobOutcome
 from graphmode.runners.measure.timing import UNSTABLE_QUALIFIER, qualified
 
 SUMMARY_JSON = "summary.json"

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphmode.agent.cli.consoles import console
-from graphmode.agent.errors import UserError
 from graphmode.agent.cli.terminal import drive
+from graphmode.agent.errors import UserError
 from graphmode.runners.backends import BACKEND_NAMES
 from graphmode.runners.run_settings import SETTINGS
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.table import Table
 
 from graphmode.agent.cli.consoles import EXIT_STOPPED, console
-from graphmode.agent.errors import UserError
 from graphmode.agent.cli.terminal import ask, drive, finished_status, session_config
+from graphmode.agent.errors import UserError
 
 
 def run_resume(args: argparse.Namespace) -> int:

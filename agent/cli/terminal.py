@@ -35,9 +35,9 @@ def drive(graph, payload, session: str, interactive: bool) -> int:
 def _stream(graph, payload, session: str, config: dict, interactive: bool) -> int:
     from langgraph.types import Command
 
+    from graphmode.agent.workflow.graph import saved_state
     from graphmode.agent.workflow.progress import listening
     from graphmode.agent.workflow.revisions import parameters_of
-    from graphmode.agent.workflow.graph import saved_state
 
     while True:
         started = time.perf_counter()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphmode.agent.errors import UserError
-from graphmode.agent.targets.hf_prompt import PromptTokens, prompt_tokens, tiny_special_ids
 from graphmode.agent.output import render, swapped_in, write_atomic
+from graphmode.agent.targets.hf_prompt import PromptTokens, prompt_tokens, tiny_special_ids
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")

@@ -18,9 +18,9 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from graphmode.agent.workflow import nodes
 from graphmode.agent.errors import UserError
 from graphmode.agent.home import sessions_db  # here too: the commands that run sessions import it from here
+from graphmode.agent.workflow import nodes
 from graphmode.agent.workflow.state import SCHEMA_VERSION, RunState
 
 # The classes checkpoints hold, by module: they load without an "unregistered type" warning.

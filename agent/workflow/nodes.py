@@ -7,19 +7,19 @@ from pathlib import Path
 
 from langgraph.types import interrupt
 
+from graphmode.agent.errors import UserError
+from graphmode.agent.output import remove_tree, render, write_adapted_tree, write_atomic
+from graphmode.agent.targets.sources import declared_sources, read_source
 from graphmode.agent.workflow import progress
 from graphmode.agent.workflow.adaptation import adapt_sources, evidence_caches, evidence_cache_writes, fusion_numbers, \
     parameter_values, plan_changes, static_length
 from graphmode.agent.workflow.choices import choice_problem, needs_of, proposed_choice
 from graphmode.agent.workflow.diffs import change_diffs
-from graphmode.agent.errors import UserError
 from graphmode.agent.workflow.knowledge import skill
 from graphmode.agent.workflow.leftovers import merge_by_line
-from graphmode.agent.output import remove_tree, render, write_adapted_tree, write_atomic
 from graphmode.agent.workflow.reporting import write_report
 from graphmode.agent.workflow.revisions import PARAMETERS, parameters_of, traced_dims
 from graphmode.agent.workflow.runtime_findings import with_runtime_findings
-from graphmode.agent.targets.sources import declared_sources, read_source
 from graphmode.agent.workflow.state import Baseline, RunState, Verification
 from graphmode.transforms.codemods import CODEMODS
 from graphmode.transforms.output.helper_module import helper_module_diffs
@@ -51,16 +51,6 @@ def analyze(state: RunState) -> dict:
         "baseline": baseline,
         "evidence": evidence.to_dict(),  # as checkpoints keep it; RunState builds the record from it
     }
-
-
-def _write_change_diff(run_dir: Path, change: str, diff: str) -> str:
-    """The change's diff in changes/<id>.diff of the run folder (each design writes them anew); "" for none."""
-    path = run_dir / "changes" / f"{change}.diff"
-    if not diff:
-        path.unlink(missing_ok=True)
-        return ""
-    write_atomic(path, diff)
-    return str(path)
 
 
 def check_batch_fits(buckets: list[int], baseline: Baseline) -> None:
@@ -132,6 +122,16 @@ def design(state: RunState) -> dict:
     write_atomic(kept, text)
     return {"plan": plan, "manual": manual, "design_path": str(path), "planned_diff_path": str(planned),
             "designs": [*state.designs, str(kept)], "revising": False}
+
+
+def _write_change_diff(run_dir: Path, change: str, diff: str) -> str:
+    """The change's diff in changes/<id>.diff of the run folder (each design writes them anew); "" for none."""
+    path = run_dir / "changes" / f"{change}.diff"
+    if not diff:
+        path.unlink(missing_ok=True)
+        return ""
+    write_atomic(path, diff)
+    return str(path)
 
 
 def confirm(state: RunState) -> dict:

@@ -18,11 +18,11 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphmode.agent.output import remove_tree, write_adapted_tree
 from graphmode.agent.workflow import progress
 from graphmode.agent.workflow.adaptation import adapt_sources, host_sync_lines, static_length
 from graphmode.agent.workflow.bisection import Bisection, bisect_changes
 from graphmode.agent.workflow.failures import causes_among, mapped_failures
-from graphmode.agent.output import remove_tree, write_adapted_tree
 from graphmode.agent.workflow.state import Round, RunState, Verification
 from graphmode.transforms.findings import Finding
 

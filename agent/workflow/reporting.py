@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from graphmode.agent.output import render, write_atomic
 from graphmode.agent.workflow.chart import decode_chart
 from graphmode.agent.workflow.failures import declined_causes
 from graphmode.agent.workflow.knowledge import skill
 from graphmode.agent.workflow.leftovers import mark_decode_runs
-from graphmode.agent.output import render, write_atomic
 from graphmode.agent.workflow.state import RunState
 from graphmode.runners.backends import get as get_backend
 from graphmode.transforms.codemods import CODEMODS

@@ -16,8 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from graphmode.runners.backends.base import CompilePath
 from graphmode.runners.backends._npu_config import CACHE_COMPILE_SUBDIR, compile_cache_setting
+from graphmode.runners.backends.base import CompilePath
 
 NPU_INSTALL_HINT = "install graphmode[npu] there (pip install -e \".[npu]\")"
 

@@ -10,9 +10,9 @@ from typing import Any, Callable, Mapping
 
 from graphmode.runners.backends._npu import (NPU_INSTALL_HINT, cache_dir_for, cache_report, first_line,
                                              npu_synchronize, torch_npu_problem)
-from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
 from graphmode.runners.backends._npu_config import (GE_CACHE_COMPILE, apply_config_fields, ge_cache_compile_kwargs,
                                           ge_compiler_config_fields)
+from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
 
 
 @register

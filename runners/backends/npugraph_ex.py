@@ -12,10 +12,10 @@ from typing import Any, Callable, Mapping
 
 from graphmode.runners.backends._npu import (NPU_INSTALL_HINT, cache_dir_for, cache_report, no_npu_reason,
                                              npu_synchronize, torch_npu_problem)
-from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
 from graphmode.runners.backends._npu_config import (NPUGRAPH_EX_CACHE_COMPILE, TORCH_NPU_VERSION,
                                           npugraph_ex_cache_compile_kwargs, npugraph_ex_dynamic, npugraph_ex_options,
                                           task_queue_advice)
+from graphmode.runners.backends.base import Backend, Compiled, CompilePath, ForceEager, register
 
 
 def npugraph_ex_compile_kwargs(*, frozen_parameter: bool | None = None, capture_limit: int | None = None,

@@ -25,11 +25,11 @@ from typing import Any, Callable
 import torch
 
 from graphmode.runners.backends import Backend
-from graphmode.runners.workers.common import WorkerFailure, call_user
-from graphmode.runners.measure.dynamo_watch import CompileWatch
 from graphmode.runners.harness import next_token_logits, require_entry_points
+from graphmode.runners.measure.dynamo_watch import CompileWatch
 from graphmode.runners.measure.memory import peak_device_mb, peak_rss_mb, reset_device_peak
 from graphmode.runners.measure.timing import timed
+from graphmode.runners.workers.common import WorkerFailure, call_user
 
 PADDING_SEED = 1234  # padding rows are the same in every process, so runs can be compared
 

@@ -31,15 +31,15 @@ from typing import Any, Callable
 import torch
 
 from graphmode.runners.backends import resolve
-from graphmode.runners.verify.batch_buckets import BucketSweep
-from graphmode.runners.verify.results import WorkerResult
-from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.measure.shared_cores import waits_given_up
-from graphmode.runners.verify.static_addresses import moved_problem
-from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.measure.timing import SPREAD, STEADY_FIGURES, speedup_unstable
 from graphmode.runners.measure.traffic import estimates
+from graphmode.runners.run_settings import MIN_STEPS, default
+from graphmode.runners.subprocess_run import WorkerError, run_worker
+from graphmode.runners.verify.batch_buckets import BucketSweep
 from graphmode.runners.verify.record import SideFigures, Verification
+from graphmode.runners.verify.results import WorkerResult
+from graphmode.runners.verify.static_addresses import moved_problem
 
 # Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
 # behaviour such as a dropped mask (0.76 in lesson 5).

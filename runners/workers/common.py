@@ -59,8 +59,8 @@ def run_main(main: Callable[[], None]) -> int:
 def _release_diagnosis(exc: BaseException) -> str | None:
     """When the model's code failed for something this interpreter's transformers lacks: what, and which releases
     have it (runners.releases). Every worker's failure passes here, so no call site has to ask."""
-    from graphmode.runners.probe.crash import exception_chain
     from graphmode.runners.measure.env_info import package_version
+    from graphmode.runners.probe.crash import exception_chain
     from graphmode.runners.releases import diagnose
 
     try:

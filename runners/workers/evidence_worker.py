@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
-from graphmode.runners.evidence.entry_calls import record_entry_calls
 from graphmode.runners.evidence.analysis import analyse
+from graphmode.runners.evidence.entry_calls import record_entry_calls
 from graphmode.runners.evidence.model import DECODE, PREFILL
 from graphmode.runners.evidence.tracer import EvidenceTracer
 from graphmode.runners.harness import load_harness, sources
+from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
 
 
 def _logits(result: Any, what: str) -> tuple[torch.Tensor, Any]:

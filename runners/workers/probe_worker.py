@@ -39,11 +39,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from graphmode.runners.backends import BACKEND_NAMES, get
-from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
-from graphmode.runners.probe.crash import Crash, describe_crash
+from graphmode.runners.harness import load_harness, max_seq_len, sources
 from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.measure.env_info import environment
-from graphmode.runners.harness import load_harness, max_seq_len, sources
+from graphmode.runners.probe.crash import Crash, describe_crash
+from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
 
 PROBE_BACKEND = "aot_eager"
 LOGITS_ATOL = 1e-3

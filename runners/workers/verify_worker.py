@@ -42,21 +42,21 @@ from typing import Any, Callable
 import torch
 
 from graphmode.runners.backends import Backend, resolve
-from graphmode.runners.verify.batch_buckets import run_sweep
-from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
+from graphmode.runners.evidence.line_trace import lines_run
+from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
+    require_entry_points, size_static_path, static_length
 from graphmode.runners.measure.cuda_graphs import CudaGraphWatch
 from graphmode.runners.measure.decode_graph import capture_decode, inductor_kernels_after, inductor_kernels_before
 from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks
 from graphmode.runners.measure.env_info import environment
-from graphmode.runners.harness import describe_exception, load_harness, max_seq_len, next_token_logits, \
-    require_entry_points, size_static_path, static_length
-from graphmode.runners.evidence.line_trace import lines_run
 from graphmode.runners.measure.memory import peak_memory
-from graphmode.runners.verify.results import WorkerResult
-from graphmode.runners.run_settings import parse_buckets
-from graphmode.runners.verify.static_addresses import AddressWatch
 from graphmode.runners.measure.timing import timed
 from graphmode.runners.measure.traffic import config_traffic, read_config
+from graphmode.runners.run_settings import parse_buckets
+from graphmode.runners.verify.batch_buckets import run_sweep
+from graphmode.runners.verify.results import WorkerResult
+from graphmode.runners.verify.static_addresses import AddressWatch
+from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
 
 SIDES = ("original", "adapted")
 

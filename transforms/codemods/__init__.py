@@ -1,28 +1,28 @@
 """The codemods, in the order they run. Each one is a module; register it in CHAIN."""
 from __future__ import annotations
 
+from graphmode.transforms.codemods.base import Edit, GraphCodemod, PartialMatch, Options
 from graphmode.transforms.codemods.caches.absorbed_mla import AbsorbedMLA
 from graphmode.transforms.codemods.caches.added_cache import AddedCache
-from graphmode.transforms.codemods.base import Edit, GraphCodemod, PartialMatch, Options
 from graphmode.transforms.codemods.caches.cache_object import CacheObject
+from graphmode.transforms.codemods.caches.carried_cache import CarriedCache
+from graphmode.transforms.codemods.caches.sliced_kv_cache import SlicedKVCache
+from graphmode.transforms.codemods.caches.static_kv_cache import StaticKVCacheCodemod
+from graphmode.transforms.codemods.entries.split_decode import SplitDecode
+from graphmode.transforms.codemods.experts.static_moe import StaticMoE
 from graphmode.transforms.codemods.fusions.fused_add_rms_norm import FusedAddRMSNorm
 from graphmode.transforms.codemods.fusions.fused_attention import FusedAttention
 from graphmode.transforms.codemods.fusions.fused_rms_norm import FusedRMSNorm
 from graphmode.transforms.codemods.fusions.fused_rotary import FusedRotary
-from graphmode.transforms.codemods.caches.carried_cache import CarriedCache
+from graphmode.transforms.codemods.fusions.merged_projections import MergedProjections
 from graphmode.transforms.codemods.host_syncs.hoist_item import HoistItem
 from graphmode.transforms.codemods.host_syncs.host_scalars import HostScalars
-from graphmode.transforms.codemods.fusions.merged_projections import MergedProjections
 from graphmode.transforms.codemods.host_syncs.scalar_arguments import ScalarArguments
-from graphmode.transforms.codemods.caches.sliced_kv_cache import SlicedKVCache
-from graphmode.transforms.codemods.positions.sliced_tables import SlicedTables
-from graphmode.transforms.codemods.entries.split_decode import SplitDecode
-from graphmode.transforms.codemods.caches.static_kv_cache import StaticKVCacheCodemod
+from graphmode.transforms.codemods.host_syncs.tensor_branches import TensorBranches
 from graphmode.transforms.codemods.masks.static_mask import StaticMask
-from graphmode.transforms.codemods.experts.static_moe import StaticMoE
+from graphmode.transforms.codemods.positions.sliced_tables import SlicedTables
 from graphmode.transforms.codemods.positions.static_positions import StaticPositions
 from graphmode.transforms.codemods.positions.static_rotary import StaticRotary
-from graphmode.transforms.codemods.host_syncs.tensor_branches import TensorBranches
 
 # Order matters: the table, mask and cache rewrites read the position parameter (and remove the slices
 # by it) before it is renamed, and the Decode entry is copied from `forward` once everything else has

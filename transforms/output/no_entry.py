@@ -12,10 +12,10 @@ import re
 
 import libcst as cst
 
+from graphmode.transforms.codemods.lib.helper_names import SETUP
 from graphmode.transforms.cstutil import is_docstring
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.output.tidy import MARKER
-from graphmode.transforms.codemods.lib.helper_names import SETUP
 
 RESIZE = "graphmode_resize"
 _NONE = "this file has none"

@@ -54,17 +54,17 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
-from graphmode.transforms.codemods.lib.helper_code import helper_statements
-from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.fusions.merged_projections import shared_merges
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import GUARD as EAGER_ONLY
+from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
     single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.output.helper_module import imports_helper_module
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
-from graphmode.transforms.positions import module_code
 from graphmode.transforms.output.tidy import without_identical_branches
-from graphmode.transforms.codemods.lib.helper_names import GUARD as EAGER_ONLY
+from graphmode.transforms.positions import module_code
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 NOTE = "# graphmode:"  # how the codemods' comments on what they wrote begin

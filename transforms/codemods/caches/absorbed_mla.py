@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS
 from graphmode.transforms.codemods.lib.module import ReplaceNodes, defined_at_top, insert_after_imports, \
     transform_statements
-from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, walk
-from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS
 
 UP_PROJECTION = "kv_b_proj"  # DeepSeek's name for the latent's up-projection, in every release and remote file
 LATENT_CACHE = "StaticLatentCache"

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports, \
     self_attributes
-from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, calls_in, code_of, dotted_name, find_method, integer_value, \
     is_full_slice, nodes_of_type, torch_call_name, walk
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS
 
 SLOTS = "graphmode_slots"  # the positions the entries carry (helper-code/helpers.py), read by any module
 POSITION_ROWS = "graphmode_position_rows"

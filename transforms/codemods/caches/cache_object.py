@@ -61,20 +61,21 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
+from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
+    size_in_init
+from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports, \
     remove_imports_if_unused, self_attributes, transform_statements
-from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, \
     none_test, only_raises, single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS
-from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
-from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
-    size_in_init
-from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
 
+# The helpers inserted by name; their code is in helper-code/helpers.py.
 WRITTEN_SLOTS = "graphmode_written"
 SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS

@@ -47,22 +47,23 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.call_graph import THREADED, CallGraph, Threading, class_tables
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS
+from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
+from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports, \
+    remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS, Derivation, derivation, \
     dead_lengths, derived_positions, key_length_sizes, take_positions
 from graphmode.transforms.codemods.lib.offset_windows import rows_at_slots
 from graphmode.transforms.codemods.lib.slot_masks import plan_slot_masks
 from graphmode.transforms.codemods.lib.write_paths import place_write
-from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports, \
-    remove_imports_if_unused, self_attributes, transform_statements
-from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import AppendingCat, appending_cat, calls_in, code_of, find_method, names_in, \
     nodes_of_type, none_test, self_attribute_name, single_assignment, torch_call_name
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS
-from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
 
+# The helpers inserted by name; their code is in helper-code/helpers.py.
 MASK_ROWS = "graphmode_mask_rows"
 # Where a method finds the slots of the tokens it computes, by the position parameter it has.
 _SLOTS = {"cache_position": "cache_position", "position_ids": "position_ids[0]"}

@@ -21,6 +21,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import CACHE_BUFFERS
 from graphmode.transforms.codemods.lib.module import (
     BufferCodemod,
     ReplaceNodes,
@@ -42,7 +43,6 @@ from graphmode.transforms.cstutil import (
     string_tuple,
     torch_call_name,
 )
-from graphmode.transforms.codemods.lib.helper_names import CACHE_BUFFERS
 
 
 def _leading(elements: list[cst.SubscriptElement], dim: int, name: str) -> list[cst.SubscriptElement] | None:

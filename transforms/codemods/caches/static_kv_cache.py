@@ -15,6 +15,9 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS
+from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
+    size_in_init
 from graphmode.transforms.codemods.lib.module import (
     BufferCodemod,
     append_to_init,
@@ -24,9 +27,6 @@ from graphmode.transforms.codemods.lib.module import (
 )
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, position_param
 from graphmode.transforms.vocabulary import TENSOR_POSITION_PARAMS
-from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS
-from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
-    size_in_init
 
 
 def _find_cat_pair(body: list[cst.BaseStatement]) -> tuple[int, list[tuple[str, str, int, int]]] | None:

@@ -23,15 +23,15 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.call_graph import THREADED
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, CACHE_BUFFERS, CACHE_CLASS, MASK_CLASS, \
+    PADDED_ROWS, RESIZE, SETUP, TABLE_BUFFERS
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports
-from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import TOKEN_PARAM_NAMES
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, CACHE_BUFFERS, CACHE_CLASS, MASK_CLASS, \
-    PADDED_ROWS, RESIZE, SETUP, TABLE_BUFFERS
 
 _ENTRY_NAMES = ("prefill", "decode")
 FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, or refuses requests they cannot hold

@@ -50,12 +50,12 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from graphmode.transforms.codemods.lib.helper_code import helper_statements
-from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.codemods.base import Edit, StepCodemod
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import GUARD
+from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, is_docstring, names_in, nodes_of_type, \
     single_assignment, walk
-from graphmode.transforms.codemods.lib.helper_names import GUARD
 
 HELPER = "graphmode_moe"  # the static dispatch: routed experts only, or every expert (the two below)
 STACKER = "graphmode_stack_experts"  # the experts' weights stacked, in eager calls, for the routed form

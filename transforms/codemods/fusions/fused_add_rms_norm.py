@@ -25,8 +25,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods.lib.fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.codemods.lib.fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods.lib.rms_norm import norm_parts
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, self_attribute_name, \
     single_assignment

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods.lib.fusion import CPU, NPU, bare, functional_prefix, replaced, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.codemods.lib.fusion import CPU, NPU, bare, functional_prefix, replaced, wants_torch_npu
 from graphmode.transforms.cstutil import code_of, dotted_name, integer_value, names_in, none_test, nodes_of_type, \
     only_raises, single_assignment
 

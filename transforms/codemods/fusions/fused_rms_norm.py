@@ -23,8 +23,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods.lib.fusion import NPU, bare, functional_prefix, replaced, same_code, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.codemods.lib.fusion import NPU, bare, functional_prefix, replaced, same_code, wants_torch_npu
 from graphmode.transforms.codemods.lib.rms_norm import CASTS, norm_in, weight_times
 from graphmode.transforms.cstutil import code_of, names_in, single_assignment
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods.lib.fusion import NPU, bare, same_code, wants_torch_npu
 from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.codemods.lib.fusion import NPU, bare, same_code, wants_torch_npu
 from graphmode.transforms.cstutil import code_of, nodes_of_type
 
 

@@ -25,10 +25,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from graphmode.transforms.analysis.reach import SWITCH_TEST
+from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.fusion import NPU, assigned_names, replaced, wants_torch_npu
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
-from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, \
     qualified_functions, self_attribute_name, string_tuple
 

@@ -11,8 +11,8 @@ import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, contains_call, dotted_name
 from graphmode.transforms.codemods.lib.helper_names import GUARD
+from graphmode.transforms.cstutil import code_of, contains_call, dotted_name
 
 _COMMENT = "# graphmode: eager only (a host read or print)."
 _SYNCS = ("item", "tolist")

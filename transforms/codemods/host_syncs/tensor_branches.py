@@ -37,9 +37,9 @@ import ast
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
-from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, only_raises, single_assignment
 
 # Calls whose result a test can only use after reading tensor data on the host.

@@ -44,9 +44,9 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods.lib.additive_masks import ApplyPlan, BooleanPlan, boolean_diagonal, plan_boolean
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.mask_recognition import HELPER_NAME, MASK_WORDS, find_mask, mask_reader, \
     mentions_helper, shape_dependent_use
-from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.module import BufferCodemod, defined_at_top, insert_after_imports, replace_method
 from graphmode.transforms.cstutil import POSITION_TENSOR, position_param
 from graphmode.transforms.vocabulary import SAME_FILE_MASK_HELPERS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import TABLE_BUFFERS
 from graphmode.transforms.codemods.lib.module import (
     BufferCodemod,
     ReplaceNodes,
@@ -32,7 +33,6 @@ from graphmode.transforms.cstutil import (
     self_attribute_name,
     string_tuple,
 )
-from graphmode.transforms.codemods.lib.helper_names import TABLE_BUFFERS
 
 def _windows(method: cst.FunctionDef, name: str) -> list[cst.Subscript]:
     """Every `self.A[P : P + n]` in the method."""

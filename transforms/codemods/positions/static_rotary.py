@@ -30,6 +30,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from graphmode.transforms.codemods.lib.helper_names import RESIZE
 from graphmode.transforms.codemods.lib.module import BufferCodemod, replace_method, self_attributes
 from graphmode.transforms.cstutil import (
     code_of,
@@ -41,7 +42,6 @@ from graphmode.transforms.cstutil import (
     torch_call_name,
 )
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.codemods.lib.helper_names import RESIZE
 
 _ALWAYS_VISIBLE = frozenset({"self", "torch", "math", "float", "int", "None", "True", "False"})
 
