@@ -12,6 +12,8 @@ Environment:
                            `transformers==VERSION:MODEL` as in GRAPHMODE_CORPUS
   GRAPHMODE_UPSTREAM_GIT   a git directory of transformers with its release tags (required: the PyPI
                            sdist has no tests/models/)
+  GRAPHMODE_UPSTREAM_REFS  where that git has main's history but not the tags: `VERSION=COMMIT ...`, the
+                           commit on main each release was branched from (tests/corpus/upstream.py)
   GRAPHMODE_CORPUS_CACHE   keeps wheels, sites, venvs (one per release), the tags' tests and each run's
                            tree, junit.xml and pytest.log (under upstream/); one JSON line per case is
                            appended to upstream/results.jsonl there
@@ -74,6 +76,8 @@ def test_upstream_suite_passes_on_adapted_file(case: core.Case, cache: Path, tmp
     regressions = result.comparison.regressions
     if regressions:
         pytest.fail(f"{case.id}: {len(regressions)} of the {result.original.counts()['passed']} tests that pass on "
-                    f"the original fail on the adapted file ({result.test_file}; original {result.original.counts()}, "
+                    f"the original fail on the adapted file ({result.test_file} at "
+                    f"{'tag' if result.tagged else 'branch point'} {result.commit[:10]}; "
+                    f"original {result.original.counts()}, "
                     f"adapted {result.adapted.counts()}; logs {result.adapted.log}):\n"
                     + result.comparison.summary(), pytrace=False)

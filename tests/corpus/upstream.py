@@ -18,7 +18,11 @@ What it needs, all kept under one cache folder (GRAPHMODE_CORPUS_CACHE), never i
                          package, for the adapted side with the modeling file swapped), junit.xml, log
 
 The tests come from a git directory holding transformers' release tags (GRAPHMODE_UPSTREAM_GIT; the
-PyPI sdist carries only the top-level tests/*.py, not tests/models/).
+PyPI sdist carries only the top-level tests/*.py, not tests/models/). Where only a history of `main` is at
+hand (a fork that kept main but not the tags), GRAPHMODE_UPSTREAM_REFS names, per release, the commit on main
+the release was branched from (`4.36.2=815ea8e8a2`: the parent of the commit that moved main to the next
+dev version). That commit must be the release's own dev line (its __version__ is X.Y.0.dev0); its tests are
+the release's minus the patch releases' fixes, and every record and failure says which commit it was.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GIT_ENV_VAR = "GRAPHMODE_UPSTREAM_GIT"
+REFS_ENV_VAR = "GRAPHMODE_UPSTREAM_REFS"
 TORCH = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-GB CUDA build
 SUITE_TIMEOUT_S = 3600
 
@@ -132,28 +137,57 @@ def git_dir() -> Path:
     return path
 
 
-def tag_commit(git: Path, version: str) -> str:
-    """The commit of tag vVERSION, checked to be that release (its src/transformers/__init__.py says so)."""
-    done = _run(["git", f"--git-dir={git}", "rev-parse", "--verify", "-q", f"v{version}^{{commit}}"])
-    if done.returncode != 0:
-        raise UpstreamError(f"{git} has no tag v{version}")
-    commit = done.stdout.strip()
+def branch_points() -> dict[str, str]:
+    """GRAPHMODE_UPSTREAM_REFS as {version: commit on main the release was branched from}."""
+    refs = {}
+    for item in os.environ.get(REFS_ENV_VAR, "").split():
+        version, sep, commit = item.partition("=")
+        if not sep or not commit:
+            raise UpstreamError(f"{REFS_ENV_VAR}: {item!r} is not VERSION=COMMIT")
+        refs[version] = commit
+    return refs
+
+
+def _version_at(git: Path, commit: str) -> str:
     init = _run(["git", f"--git-dir={git}", "show", f"{commit}:src/transformers/__init__.py"]).stdout
-    if f'__version__ = "{version}"' not in init:
-        raise UpstreamError(f"tag v{version} of {git} is not release {version} (its __version__ differs)")
-    return commit
+    found = re.search(r'^__version__ = "([^"]+)"', init, re.MULTILINE)
+    return found.group(1) if found else ""
+
+
+def tag_commit(git: Path, version: str) -> tuple[str, bool]:
+    """The commit whose tests are run, and whether it is the release's tag. The tag vVERSION is checked to be
+    that release (its __version__ says so); a branch point from GRAPHMODE_UPSTREAM_REFS, to be on the release's
+    dev line (X.Y.0.dev0)."""
+    done = _run(["git", f"--git-dir={git}", "rev-parse", "--verify", "-q", f"v{version}^{{commit}}"])
+    if done.returncode == 0:
+        commit = done.stdout.strip()
+        if _version_at(git, commit) != version:
+            raise UpstreamError(f"tag v{version} of {git} is not release {version} (its __version__ differs)")
+        return commit, True
+    ref = branch_points().get(version)
+    if ref is None:
+        raise UpstreamError(f"{git} has no tag v{version}, and {REFS_ENV_VAR} names no branch point for it")
+    done = _run(["git", f"--git-dir={git}", "rev-parse", "--verify", "-q", f"{ref}^{{commit}}"])
+    if done.returncode != 0:
+        raise UpstreamError(f"{REFS_ENV_VAR}: {git} has no commit {ref}")
+    commit = done.stdout.strip()
+    dev = ".".join(version.split(".")[:2]) + ".0.dev0"
+    if _version_at(git, commit) != dev:
+        raise UpstreamError(f"{REFS_ENV_VAR}: {ref} is not on release {version}'s dev line (its __version__ is "
+                            f"{_version_at(git, commit) or 'unknown'}, not {dev})")
+    return commit, False
 
 
 def extract_tests(version: str, root: Path, git: Path) -> Path:
-    """root/tests-VERSION: the tag's tests/ and root files, extracted once (pristine; runs copy it)."""
+    """root/tests-VERSION: the tag's tests/ and root files, extracted once per commit (pristine; runs copy it)."""
     dest = root / f"tests-{version}"
     manifest = dest / "upstream-tests.json"
-    if manifest.is_file():
+    commit, tagged = tag_commit(git, version)
+    if manifest.is_file() and json.loads(manifest.read_text()).get("commit") == commit:
         return dest
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    commit = tag_commit(git, version)
     listed = _run(["git", f"--git-dir={git}", "ls-tree", "--name-only", commit]).stdout.split()
     paths = [p for p in ROOT_FILES if p in listed]
     archive = subprocess.run(["git", f"--git-dir={git}", "archive", commit, *paths], capture_output=True,
@@ -163,12 +197,13 @@ def extract_tests(version: str, root: Path, git: Path) -> Path:
     untar = subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, capture_output=True)
     if untar.returncode != 0:
         raise UpstreamError(f"tar -x of v{version}'s tests failed: {untar.stderr.decode(errors='replace')[-500:]}")
-    manifest.write_text(json.dumps({"version": version, "commit": commit, "git": str(git), "paths": paths}))
+    manifest.write_text(json.dumps({"version": version, "commit": commit, "tagged": tagged, "git": str(git),
+                                    "paths": paths}))
     return dest
 
 
-def tag_file(git: Path, version: str, path: str) -> str:
-    return _run(["git", f"--git-dir={git}", "show", f"v{version}:{path}"]).stdout
+def tag_file(git: Path, commit: str, path: str) -> str:
+    return _run(["git", f"--git-dir={git}", "show", f"{commit}:{path}"]).stdout
 
 
 # -- the package under test ------------------------------------------------------------------------
@@ -348,6 +383,7 @@ class CaseResult:
     case: str
     test_file: str
     commit: str
+    tagged: bool  # False: the tests are main's at the release's branch point (GRAPHMODE_UPSTREAM_REFS)
     original: SuiteRun
     adapted: SuiteRun
     comparison: Comparison
@@ -356,7 +392,8 @@ class CaseResult:
     def record(self) -> dict:
         """One JSON-able line for the findings table."""
         return {
-            "case": self.case, "test_file": self.test_file, "tag_commit": self.commit,
+            "case": self.case, "test_file": self.test_file, "tests_commit": self.commit,
+            "tests_at": "tag" if self.tagged else "branch point on main",
             "original": {**self.original.counts(), "seconds": self.original.seconds, "exit": self.original.returncode},
             "adapted": {**self.adapted.counts(), "seconds": self.adapted.seconds, "exit": self.adapted.returncode},
             "regressions": {k: {"adapted": a.status, "error": a.message}
@@ -374,11 +411,14 @@ def run_case(version: str, model: str, adapted_modeling: Path, root: Path, case_
     git = git_dir()
     venv = prepare_venv(version, root)
     tests = extract_tests(version, root, git)
-    commit = json.loads((tests / "upstream-tests.json").read_text())["commit"]
+    extracted = json.loads((tests / "upstream-tests.json").read_text())
+    commit, tagged = extracted["commit"], extracted.get("tagged", True)
     package = venv_package(venv)
-    # The wheel is the tag: its modeling file is the tag's src/ file, byte for byte.
+    # The wheel is the tag: its modeling file is the tag's src/ file, byte for byte. A branch point's may
+    # differ by the patch releases' fixes; the wheel's file is the one both sides run.
     relative = f"models/{model}/modeling_{model}.py"
-    if (package / relative).read_text(encoding="utf-8") != tag_file(git, version, f"src/transformers/{relative}"):
+    tagged_text = tag_file(git, commit, f"src/transformers/{relative}") if tagged else None
+    if tagged and (package / relative).read_text(encoding="utf-8") != tagged_text:
         raise UpstreamError(f"transformers=={version}'s {relative} differs from tag v{version}'s")
     runs = root / "runs" / case_slug
     original = run_suite(venv, prepare_run(tests, package, runs / "original", model, None), model, root)
@@ -388,7 +428,7 @@ def run_case(version: str, model: str, adapted_modeling: Path, root: Path, case_
                             + "\n".join(o.message for o in original.outcomes.values() if o.message)[:1500])
     adapted = run_suite(venv, prepare_run(tests, package, runs / "adapted", model, adapted_modeling), model, root)
     return CaseResult(f"transformers=={version}:{model}", f"tests/models/{model}/test_modeling_{model}.py", commit,
-                      original, adapted, compare(original, adapted), venv_freeze(venv))
+                      tagged, original, adapted, compare(original, adapted), venv_freeze(venv))
 
 
 def cache_root(default: Path) -> Path:
