@@ -26,7 +26,8 @@ from graphmode.runners.harness import HarnessError, load_harness, next_token_log
 from graphmode.runners.measure.dynamo_watch import parse_recompile_message
 from graphmode.runners.probe.probe import probe
 from graphmode.runners.subprocess_run import WorkerError, run_worker
-from graphmode.runners.verify.verify import VerificationError, verify
+from graphmode.runners.verify.verify import (VerificationError, _check_own_harness, _own_harness_problems, _run_side,
+                                            verify)
 from graphmode.runners.workers.common import ERROR_PREFIX
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.pipeline import adapt_source
@@ -371,6 +372,34 @@ def test_verify_refuses_short_runs_and_unavailable_backends_before_running(adapt
 
 
 @pytest.mark.slow
+def test_the_models_own_harness_on_the_adapted_sources_is_part_of_the_verdict(tmp_path):
+    # The adapted sources' own eager code chooses other tokens (its logits reversed): the entries never run that code
+    # as the original does, but the model's own harness does, and the verdict says so. A model whose forward raises
+    # fails the verdict with the error.
+    steps = 6
+    reference = _run_side("original", 0, EXAMPLE, "aot_eager", steps, tmp_path, 120, None, None)[0].tokens
+    source = (EXAMPLE / "model.py").read_text()
+    last = "logits = self.output(h).float()"
+    assert source.count(last) == 1
+    for name, edit in (("reversed", last + ".flip(-1)"), ("raises", "raise RuntimeError('edited by hand')")):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(EXAMPLE / "harness.py", folder / "harness.py")
+        (folder / "model.py").write_text(source.replace(last, edit))
+        own = _check_own_harness(folder, "aot_eager", steps, tmp_path, 120, None, reference)
+        problems = _own_harness_problems(own)
+        assert len(problems) == 1
+        if name == "reversed":
+            assert own["ran"] and not own["tokens_equal"]
+            assert f"chose other tokens than on the original from Decode step {own['first_divergent_step']}" \
+                in problems[0]
+        else:
+            assert not own["ran"] and "edited by hand" in own["error"]
+            assert problems[0].startswith("the model's own harness fails on the adapted sources: ")
+    same = _check_own_harness(EXAMPLE, "aot_eager", steps, tmp_path, 120, None, reference)
+    assert same["tokens_equal"] and _own_harness_problems(same) == []
+
+
 def test_verify_reports_a_failed_worker(tmp_path):
     with pytest.raises(VerificationError, match="adapted worker failed: .*no harness.py"):
         verify(EXAMPLE, tmp_path, "aot_eager", timeout_s=120)

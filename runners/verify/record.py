@@ -82,9 +82,9 @@ class Verification(Record):
     # The batch-bucket sweep (runners.verify.batch_buckets.BucketSweep as a dict); empty without buckets.
     bucket_sweep: dict[str, Any] = Field(default_factory=dict)
     # The original harness run eagerly against the adapted sources (its own calling convention kept?):
-    # {"ran", "tokens_equal", "first_divergent_step", "error"}; empty when not checked. Reported beside the
-    # verdict, not part of it: graph mode is verified through the entry points; this says whether the model's
-    # other callers (its own generate loop) still work unchanged.
+    # {"ran", "tokens_equal", "first_divergent_step", "error"}; empty when not checked. Part of the verdict: graph
+    # mode is verified through the entry points, and this says whether the model's other callers (its own generate
+    # loop) still work unchanged, which a person deploying the file relies on as much.
     own_harness: dict[str, Any] = Field(default_factory=dict)
     # The equivalence battery (runners/workers/battery_worker.py): rows {"name", "path", "status", "detail"}, status
     # "held", "failed" or "n/a" (the original itself cannot run it). Part of the verdict: every row must hold or be n/a.

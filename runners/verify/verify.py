@@ -203,10 +203,24 @@ def _problems(result: Verification) -> list[str]:
     if result.similarity < result.similarity_threshold:
         problems.append(f"token sequences only {result.similarity:.3f} similar to eager "
                         f"(threshold {result.similarity_threshold:g})")
+    problems += _own_harness_problems(result.own_harness)
     problems += [f"equivalence battery: {row['name']}: {row['detail']}" for row in result.battery
                  if row["status"] == "failed"]
     problems += _capture_problems(result.capture)
     return problems + _bucket_problems(result.bucket_sweep.get("buckets", []), result.logits_atol)
+
+
+def _own_harness_problems(own: dict[str, Any]) -> list[str]:
+    """The model's own harness (its prefill/decode loop, eager) on the adapted sources is part of the verdict: a
+    caller of the model that the entries leave alone must keep working and choose the same tokens."""
+    if not own:
+        return []
+    if not own["ran"]:
+        return [f"the model's own harness fails on the adapted sources: {own['error']}"]
+    if not own["tokens_equal"]:
+        return [f"the model's own harness, run eagerly on the adapted sources, chose other tokens than on the "
+                f"original from Decode step {own['first_divergent_step']}"]
+    return []
 
 
 def capture_figures(adapted_runs: list[WorkerResult], unfused_runs: list[WorkerResult],
