@@ -136,6 +136,9 @@ def test_the_written_harness_is_python_that_builds_the_tiny_model(tmp_path, mode
     model = harness.build_model()
     assert isinstance(model, StaticCacheDecoder) and model.config.tie_word_embeddings is False
     assert model.config.num_hidden_layers == 2 and harness.SOURCES == []
+    # Every build is the same model, bit for bit (what __init__ leaves unwritten is filled from the seed).
+    again = harness.build_model().state_dict()
+    assert all(torch.equal(tensor, again[name]) for name, tensor in model.state_dict().items())
 
 
 # -- transformers' own static-cache path -----------------------------------------------------------------------
