@@ -150,9 +150,15 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
             overrides[aliases.get(name, name)] = value
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     for name in ("head_dim", "attention_head_dim"):
-        # Falcon derives head_dim in a read-only property: it follows by itself.
-        if getattr(default, name, None) and not isinstance(getattr(config_class, name, None), property):
+        # Falcon derives head_dim in a read-only property: it follows by itself. A head_dim left None is set too:
+        # some models read it as it is (HunYuan's `self.head_dim**-0.5`).
+        value = getattr(default, name, 0)
+        if (value is None or (isinstance(value, int) and value > 0)) \
+                and not isinstance(getattr(config_class, name, None), property):
             overrides[name] = hidden // heads
+    # A rotary part of the head (GPT-J, CodeGen) no larger than the tiny head.
+    if isinstance(getattr(default, "rotary_dim", None), int):
+        overrides["rotary_dim"] = min(default.rotary_dim, hidden // heads)
     # The feed-forward width goes by other names, and some configs default it to None (4 * hidden).
     for name in ("ffn_dim", "n_inner", "intermediate_size", "ffn_hidden_size"):
         if has(name) and aliases.get(name, name) not in overrides and getattr(default, name, None) is not None:
@@ -168,6 +174,9 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
         if isinstance(value, int) and value >= sizes["vocab_size"]:  # an embedding's padding_idx must exist
             overrides[name] = sizes["vocab_size"] - 1
     overrides.update(tiny_moe_mla_overrides({**default.to_dict(), **(values or {})}, sizes["num_hidden_layers"]))
+    if "kv_lora_rank" in overrides and has("num_key_value_heads"):
+        # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
+        overrides[aliases.get("num_key_value_heads", "num_key_value_heads")] = heads
     return overrides
 
 
