@@ -3,7 +3,8 @@
 Hub repositories import packages at the top of their modeling files that a CPU run never calls. Importing such a
 file must not fail the whole run; calling into the missing package must still fail, with a message that names the
 package and where the file imported it. `install(missing)` puts a meta-path finder in front of the real ones that
-answers only for the named top-level packages and their submodules.
+answers only for the named top-level packages and their submodules. For torch_npu, `torch.npu` gets a CPU
+stand-in too (runners/npu_standin.py).
 """
 from __future__ import annotations
 
@@ -76,3 +77,8 @@ def install(missing: dict[str, str]) -> None:
     absent = {name: where for name, where in missing.items() if importlib.util.find_spec(name) is None}
     if absent:
         sys.meta_path.insert(0, _Finder(absent))
+    if "torch_npu" in absent:
+        # Importing torch_npu registers `torch.npu`, which code written for Ascend asks about the device.
+        from graphmode.runners import npu_standin
+
+        npu_standin.install()

@@ -143,6 +143,9 @@ class Evidence:
     # How the harness called the model's forward (runners.evidence.entry_calls.EntryCalls as a dict); {} when the
     # harness's model is not an nn.Module.
     entry_calls: dict[str, Any] = field(default_factory=dict)
+    # Calls the model's code made to `torch.npu` that graphmode's CPU stand-in answered (runners/npu_standin.py):
+    # [call, "file:line"] each, the file relative to the folder (calls from library code are left out).
+    npu_stand_ins: list[list[str]] = field(default_factory=list)
 
     # -- JSON ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

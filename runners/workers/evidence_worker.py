@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from graphmode.runners import npu_standin
 from graphmode.runners.evidence.analysis import analyse
 from graphmode.runners.evidence.entry_calls import record_entry_calls
 from graphmode.runners.evidence.model import DECODE, PREFILL
@@ -92,10 +93,21 @@ def collect(folder: Path, steps: int, only: list[str] | None = None) -> dict[str
         # input holds the tokens. One new token beside a mask that grows (generate()'s 2-D attention mask) is a
         # model with a cache, fed a growing mask: that mask is its own finding, not "no KV cache".
         evidence.recomputes_sequence = None
+    # The model's own calls: a library's check for a device (transformers' is_torch_npu_available) is not the model's.
+    evidence.npu_stand_ins = [[call, where] for call, where in
+                              ((call, _relative(where, folder)) for call, where in npu_standin.calls())
+                              if not Path(where.rpartition(":")[0]).is_absolute()]
     evidence.logits_equal = all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(reference, traced))
     evidence.max_abs_diff = max(float((a.float() - b.float()).abs().max()) if a.shape == b.shape else float("inf")
                                 for a, b in zip(reference, traced))
     return evidence.to_dict()
+
+
+def _relative(where: str, folder: Path) -> str:
+    """"file:line" with the file relative to `folder` when it lies there."""
+    file, _, line = where.rpartition(":")
+    path = Path(file)
+    return f"{path.relative_to(folder)}:{line}" if path.is_relative_to(folder) else where
 
 
 def main(argv: list[str] | None = None) -> None:
