@@ -156,7 +156,8 @@ def test_tiny_configs_take_the_sizes_under_each_familys_own_names(model_type):
 @pytest.mark.parametrize("model_type", ["gptj", "hunyuan_v1_dense", "deepseek_v3"])
 def test_tiny_configs_keep_the_configs_own_constraints(model_type):
     # GPT-J's rotary part fits the tiny head, HunYuan's head_dim (None by default) is set, DeepSeek's MLA has a
-    # key/value head per head; each tiny model then runs transformers' static-cache Decode to the dynamic cache's tokens.
+    # key/value head per head; each tiny model then runs transformers' static-cache Decode to the dynamic cache's
+    # tokens.
     from transformers import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[model_type](**tiny_config_overrides(CONFIG_MAPPING[model_type]))

@@ -71,7 +71,8 @@ def test_remote_code_that_asks_torch_npu_at_import_is_traced_and_the_evidence_na
     first = modeling.read_text().splitlines().index("import torch_npu") + 2  # the get_device_name line
     folder = write_target(resolve(str(hub), True, 64), hub, tmp_path / "target", 64)
     out = tmp_path / "evidence.json"
-    run_worker("graphmode.runners.workers.evidence_worker", ["--folder", str(folder), "--steps", "2", "--out", str(out)],
+    run_worker("graphmode.runners.workers.evidence_worker",
+               ["--folder", str(folder), "--steps", "2", "--out", str(out)],
                name="evidence", timeout_s=300, log_dir=tmp_path / "logs")
     stand_ins = json.loads(out.read_text())["npu_stand_ins"]
     source = next(s for s in json.loads(out.read_text())["sources"] if s.endswith("modeling_tinylm.py"))
