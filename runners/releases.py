@@ -18,6 +18,7 @@ Standard library only: the agent reads it without torch, and the workers of any 
 """
 from __future__ import annotations
 
+import ast
 import linecache
 import re
 import traceback
@@ -73,10 +74,103 @@ RELEASE_FACTS: tuple[ReleaseFact, ...] = (
     ReleaseFact("DynamicCache.to_legacy_cache", "4.36", "4.57", "to_legacy_cache", _ATTRIBUTE),
     ReleaseFact("transformers.models.llama.modeling_llama.LlamaFlashAttention2", "4.36", "4.47",
                 "LlamaFlashAttention2", _IMPORTED + _ATTRIBUTE),
+    # In transformers.utils.generic, exported by transformers.utils: 4.47.0 and 4.53.3 have it, 4.46.0 and 4.54.0 not.
+    ReleaseFact("transformers.utils.LossKwargs", "4.47", "4.53", "LossKwargs", _IMPORTED + _ATTRIBUTE),
+    # ModuleUtilsMixin.get_head_mask: 4.57.6 has it, 5.0.0 not.
+    ReleaseFact("PreTrainedModel.get_head_mask", "4.36", "4.57", "get_head_mask", _ATTRIBUTE),
 )
 # 5.0 turned a config's `rope_scaling: null` into a dict ({"rope_type": "default", ...}): code written for 4.x reads
 # `rope_scaling["type"]` once it is not None, and gets a KeyError (or the dict where it tested for None).
 ROPE_SCALING_DICT_FROM = "5.0"
+
+
+@dataclass(frozen=True)
+class NameUse:
+    """A name of RELEASE_FACTS that a model's code uses, where it first does."""
+    fact: ReleaseFact
+    where: str  # "file:line"
+
+
+def names_used(texts: dict[str, str]) -> list[NameUse]:
+    """The names of RELEASE_FACTS that these files ({path: text}) use, read from their code without running it: a
+    module imported, a name imported from a transformers module, a method called by its name (`.get_usable_length(`).
+    A file that does not parse is skipped (its import fails with its own message)."""
+    found: dict[ReleaseFact, str] = {}
+    defined: set[str] = set()  # a method the code defines itself (its own cache's get_usable_length) is its own
+    for path, text in texts.items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.add(node.name)
+            for fact in _facts_at(node):
+                found.setdefault(fact, f"{path}:{node.lineno}")
+    return [NameUse(fact, where) for fact, where in found.items()
+            if not (fact.shows_as == _ATTRIBUTE and fact.name in defined)]
+
+
+def _facts_at(node: ast.AST) -> list[ReleaseFact]:
+    if isinstance(node, ast.Import):
+        modules = [alias.name for alias in node.names]
+        return [f for f in RELEASE_FACTS if _MODULE == f.shows_as and any(m.startswith(f.name) for m in modules)]
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers"):
+        names = {alias.name for alias in node.names}
+        return [f for f in RELEASE_FACTS if (_MODULE == f.shows_as and node.module.startswith(f.name))
+                or (_IMPORTED[0] in f.shows_as and f.name in names)]
+    if isinstance(node, ast.Attribute):
+        return [f for f in RELEASE_FACTS if f.shows_as == _ATTRIBUTE and node.attr == f.name]
+    return []
+
+
+def _spans(fact: ReleaseFact) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """The releases that have the name, as (first, last) minor releases, last None for "onward". A name graphmode's
+    oldest release has may be older still: no release bounds it from below (the wheels before it were not read)."""
+    first = () if fact.first == SUPPORTED_FROM else release(fact.first)
+    spans = [(first, release(fact.last) if fact.last else None)]
+    return spans + [(release(fact.back_from), None)] if fact.back_from else spans
+
+
+def common_releases(uses: list[NameUse]) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """The minor releases that have every name used, as spans (first, last or None; first () when no release bounds
+    it from below); [] when none has them all."""
+    spans: list[tuple[tuple[int, ...], tuple[int, ...] | None]] = [((), None)]
+    for use in uses:
+        spans = [(max(a[0], b[0]), _earlier(a[1], b[1])) for a in spans for b in _spans(use.fact)]
+        spans = [(first, last) for first, last in spans if last is None or first <= last]
+    return spans
+
+
+def _earlier(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _said(spans: list[tuple[tuple[int, ...], tuple[int, ...] | None]]) -> str:
+    def one(first, last):
+        low, high = ".".join(map(str, first)), ".".join(map(str, last or ()))
+        low = low or SUPPORTED_FROM  # graphmode's range starts there
+        return f"{low} onward" if last is None else low if low == high else f"{low} to {high}"
+    return " or ".join(one(first, last) for first, last in spans)
+
+
+def release_need(uses: list[NameUse], version: str | None) -> str | None:
+    """What the code needs of transformers, when `version` (None: not installed) cannot run it; None when it can
+    or the code uses none of RELEASE_FACTS' names. Every name is said, with its line and its releases."""
+    if not uses:
+        return None
+    spans = common_releases(uses)
+    found = release(version)[:2]
+    if found and any(first <= found and (last is None or found <= last) for first, last in spans):
+        return None
+    each = "; ".join(f"`{u.fact.symbol}` at {u.where}: {u.fact.releases.removeprefix('transformers ')}" for u in uses)
+    here = f"this interpreter has transformers {version}" if version else "this interpreter has no transformers"
+    if not spans:
+        return (f"the model's code uses names that no one transformers release has together ({each}); {here}: "
+                "the code itself must change")
+    return (f"the model's code needs transformers {_said(spans)} ({each}); {here}: run the target under an "
+            "interpreter with such a release (`python = ...` in graphmode.toml's [target] or a batch manifest's "
+            "target, or `graphmode adapt --python PATH`)")
 
 
 def _matching_fact(exc: BaseException) -> ReleaseFact | None:

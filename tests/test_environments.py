@@ -23,7 +23,8 @@ import pytest
 from graphmode.agent.cli.consoles import EXIT_STOPPED
 from graphmode.runners.interpreter import release
 from graphmode.runners.probe.crash import exception_chain
-from graphmode.runners.releases import RELEASE_FACTS, ROPE_SCALING_DICT_FROM, diagnose, hf_release_problem
+from graphmode.runners.releases import (RELEASE_FACTS, ROPE_SCALING_DICT_FROM, common_releases, diagnose,
+                                       hf_release_problem, names_used, release_need)
 
 ROOT = Path(__file__).parents[1]
 LEGACY = ROOT / "examples" / "legacy_llm"
@@ -172,9 +173,76 @@ def test_remote_code_importing_what_the_release_lacks_stops_with_the_diagnosis(t
                      "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
     said = " ".join(done.stderr.split())
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "No module named 'transformers.modeling_attn_mask_utils'" in said, said
-    assert (f"needs `transformers.modeling_attn_mask_utils` ({fact.releases}); this interpreter has transformers "
-            f"{INSTALLED}: run the target under an interpreter with such a release") in said, said
+    # Read from the code before anything runs (no worker started, no run folder written).
+    assert "(`transformers.modeling_attn_mask_utils` at modeling_tinylm.py:" in said, said
+    assert (f": {fact.releases.removeprefix('transformers ')}); this interpreter has transformers {INSTALLED}: run the "
+            "target under an interpreter with such a release") in said, said
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_transformers_name_the_code_uses_is_read_and_the_releases_having_them_all_are_said():
+    code = ("from transformers.utils import is_torch_fx_available, LossKwargs\n"
+            "import transformers.modeling_attn_mask_utils\n"
+            "class Model:\n"
+            "    def forward(self, cache, head_mask):\n"
+            "        head_mask = self.get_head_mask(head_mask, 2)\n"
+            "        return cache.get_usable_length(1, 0)\n")
+    uses = names_used({"modeling_x.py": code})
+    assert {(u.fact.symbol, u.where) for u in uses} == {
+        ("transformers.utils.is_torch_fx_available", "modeling_x.py:1"), ("transformers.utils.LossKwargs",
+                                                                         "modeling_x.py:1"),
+        ("transformers.modeling_attn_mask_utils", "modeling_x.py:2"), ("PreTrainedModel.get_head_mask",
+                                                                       "modeling_x.py:5"),
+        ("Cache.get_usable_length", "modeling_x.py:6")}
+    # Each name's releases intersected: LossKwargs from 4.47, get_usable_length until 4.53.
+    lossy = next(u.fact for u in uses if u.fact.name == "LossKwargs")
+    usable = next(u.fact for u in uses if u.fact.name == "get_usable_length")
+    assert common_releases(uses) == [(release(lossy.first), release(usable.last))]
+    inside = f"{lossy.first}.1"
+    assert release_need(uses, inside) is None
+    said = release_need(uses, "5.25.0")
+    assert said.startswith(f"the model's code needs transformers {lossy.first} to {usable.last} (`"), said
+    assert all(f"`{u.fact.symbol}` at {u.where}: {u.fact.releases.removeprefix('transformers ')}" in said for u in uses)
+    assert "this interpreter has transformers 5.25.0: run the target under an interpreter with such a release" in said
+    # A method the code defines itself is its own, whatever the release.
+    own = "class C:\n    def get_usable_length(self):\n        return self.get_usable_length()\n"
+    assert names_used({"m.py": own}) == []
+    # Names whose releases meet in one minor release: that release is said alone.
+    flash = next(f for f in RELEASE_FACTS if f.name == "LlamaFlashAttention2")
+    both = names_used({"m.py": "from transformers.utils import LossKwargs\n"
+                               f"from transformers.models.llama.modeling_llama import {flash.name}\n"})
+    assert common_releases(both) == [(release(lossy.first), release(flash.last))]
+    if lossy.first == flash.last:
+        assert f"needs transformers {lossy.first} (`" in release_need(both, "5.25.0")
+    assert release_need([], "5.25.0") is None
+
+
+def test_code_using_names_the_installed_release_lacks_is_refused_before_anything_runs(tmp_path):
+    folder = tmp_path / "hub"
+    shutil.copytree(HUB, folder)
+    modeling = folder / "modeling_tinylm.py"
+    modeling.write_text(modeling.read_text().replace(
+        "from .configuration_tinylm import TinyLMConfig",
+        "from transformers.utils import LossKwargs\nfrom .configuration_tinylm import TinyLMConfig"))
+    uses = names_used({"modeling_tinylm.py": modeling.read_text()})
+    if release_need(uses, INSTALLED) is None:
+        pytest.skip(f"transformers {INSTALLED} has every name the code uses")
+    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--yes", "--backend", "eager", "--runs", "1",
+                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the model's code needs transformers " in said and "`transformers.utils.LossKwargs` at modeling_tinylm.py:" \
+        in said, said
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_packages_the_code_imports_are_looked_up_in_the_targets_interpreter(tmp_path):
+    from graphmode.agent.targets.hf import _absent_packages
+
+    bare = make_venv(tmp_path / "bare", share_packages=False)
+    names = {"torch", "no_such_package_here"}
+    assert _absent_packages(names, None) == {"no_such_package_here"}
+    assert _absent_packages(names, str(bare)) == names  # the bare venv has no torch
 
 
 # -- the model runs under the target's interpreter ------------------------------------------------------------------

@@ -18,8 +18,10 @@ import ast
 import difflib
 import importlib.util
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +114,10 @@ def read_config(config_file: Path) -> dict:
     return config
 
 
-def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
+def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) -> HFTarget:
     """Reads SPEC (a model type, a config.json or a folder) and checks everything that can be checked without
-    running the model."""
+    running the model. `python`: the interpreter the model runs on (None: this one), which is asked which of the
+    packages the code imports it lacks."""
     transformers = _transformers()
     from transformers import CONFIG_MAPPING
 
@@ -144,7 +147,7 @@ def resolve(spec: str, tiny: bool, max_seq_len: int) -> HFTarget:
     target = HFTarget(name=name, spec=spec, model_type=str(model_type), tiny=tiny,
                       transformers_version=transformers.__version__, config_folder="model")
     if auto_map:
-        _remote_code(target, folder, config_file, auto_map)
+        _remote_code(target, folder, config_file, auto_map, python)
     elif not model_type:
         raise UserError(f"{config_file}: no model_type and no auto_map: transformers cannot tell which model this is")
     elif model_type not in CONFIG_MAPPING:
@@ -243,7 +246,7 @@ def _check_static_path(spec: str, config_class) -> None:
                         f"copy its modeling file beside a harness (`graphmode init`) to have it rewritten")
 
 
-def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: dict) -> None:
+def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: dict, python: str | None) -> None:
     """A folder whose config.json names its own classes: their files, copied as a package, are the sources."""
     if not isinstance(auto_map, dict):
         raise UserError(f"{config_file}: auto_map must be an object of class references")
@@ -273,11 +276,16 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
         model_module = ref.rpartition(".")[0]
         if f"{target.package}/{model_module}.py" not in target.sources:
             target.sources.append(f"{target.package}/{model_module}.py")
+    imports: dict[str, str] = {}
     for source in sorted(folder.glob("*.py")):
-        target.missing_imports.update(_missing_imports(source))
+        imports.update({k: v for k, v in _unguarded_imports(source).items() if k not in imports})
+    absent = _absent_packages(set(imports), python)
+    target.missing_imports.update({package: where for package, where in imports.items() if package in absent})
     for package, where in target.missing_imports.items():
         target.notes.append(f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
-                            f"place, so the run fails (naming {package}) only if the code calls into it")
+                            f"place, so the run fails (naming {package}) only if the code calls into it"
+                            + ("; `torch.npu` is a CPU stand-in that answers questions about the device as a machine "
+                               "without an NPU would (design.md lists the calls)" if package == "torch_npu" else ""))
 
 
 # The auto_map entries that may name a language model, in the order tried: a causal LM first, then the classes
@@ -290,9 +298,35 @@ def _model_entries(auto_map: dict) -> list[str]:
     return sorted(keys, key=lambda k: _MODEL_ENTRY_ORDER.index(k) if k in _MODEL_ENTRY_ORDER else len(keys))
 
 
-def _missing_imports(source: Path) -> dict[str, str]:
-    """{top-level package: "file:line"} for imports not guarded by try or an `if is_..._available()` that cannot
-    be imported here; relative imports are the folder's own."""
+def _missing_imports(source: Path, python: str | None = None) -> dict[str, str]:
+    """{top-level package: "file:line"} for imports not guarded by try or an `if is_..._available()` that the
+    interpreter the model runs on (`python`; None: this one) cannot import; relative imports are the folder's own."""
+    imports = _unguarded_imports(source)
+    absent = _absent_packages(set(imports), python)
+    return {package: where for package, where in imports.items() if package in absent}
+
+
+def _absent_packages(names: set[str], python: str | None) -> set[str]:
+    """Those of `names` that the interpreter (`python`; None: this one) cannot import: the target's own is asked, in
+    one process, since it may have a package this one lacks, or lack one it has."""
+    if not names:
+        return set()
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return {name for name in names if importlib.util.find_spec(name) is None}
+    code = ("import importlib.util, json, sys; "
+            "print(json.dumps([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]))")
+    try:
+        done = subprocess.run([python, "-c", code, *sorted(names)], capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+        return set(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        # The interpreter was checked when the run began; should it not answer now, this one's view stands in.
+        return {name for name in names if importlib.util.find_spec(name) is None}
+
+
+def _unguarded_imports(source: Path) -> dict[str, str]:
+    """{top-level package: "file:line"} for every import not guarded by try or an `if is_..._available()`, of a
+    package that is not the standard library's."""
     try:
         tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
     except SyntaxError as error:
@@ -319,7 +353,7 @@ def _missing_imports(source: Path) -> dict[str, str]:
             names = [node.module]
         for name in names:
             top = name.partition(".")[0]
-            if top not in found and top not in sys.stdlib_module_names and importlib.util.find_spec(top) is None:
+            if top not in found and top not in sys.stdlib_module_names:
                 found[top] = f"{source.name}:{node.lineno}"
         for child in ast.iter_child_nodes(node):
             visit(child)

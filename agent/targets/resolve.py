@@ -81,6 +81,7 @@ def resolve(spec: TargetSpec, interpreter: Interpreter, say: Callable[[str], Non
         if declared is not None and spec.steps >= declared:
             raise UserError(f"--steps {spec.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the "
                             "prompt and every Decode step")
+        _check_release(folder, sources or declared_sources(folder / "harness.py"), interpreter)
         return Target(HARNESS, folder, run_dir, sources)
     if convention is None:
         raise UserError(f"{spec.path}: no harness.py there (a target is a folder with the model sources and a "
@@ -103,7 +104,10 @@ def _hf(spec: TargetSpec, interpreter: Interpreter) -> Target:
     if problem:
         raise UserError(f"--hf {spec.hf}: {problem}")
     max_seq_len = hf_max_seq_len(spec.steps)
-    found = resolve_hf(spec.hf, spec.tiny, max_seq_len)
+    found = resolve_hf(spec.hf, spec.tiny, max_seq_len, interpreter.path)
+    if found.package:  # the folder's own code runs on the interpreter's transformers
+        remote = Path(spec.hf).expanduser().resolve()
+        _check_release(remote, [p.name for p in sorted(remote.glob("*.py"))], interpreter)
     found.transformers_version = interpreter.transformers or found.transformers_version
     return Target(HF, (spec.out / found.name / "target").resolve(), (spec.out / found.name).resolve(), hf=found,
                   hf_spec=spec.hf, max_seq_len=max_seq_len)
@@ -122,6 +126,40 @@ def target_folder(path: Path) -> Path:
 def hf_max_seq_len(steps: int) -> int:
     """The static cache of an --hf run: the 8-token prompt and every Decode step, at least 64."""
     return max(64, 8 + steps + 8)
+
+
+def _check_release(folder: Path, files: list[str] | None, interpreter: Interpreter) -> None:
+    """Refuses, before anything runs, code that uses a transformers name (runners.releases.RELEASE_FACTS) the
+    interpreter's release lacks, with the releases that have every name the code uses. `files`: relative to
+    `folder`; None reads the folder's own .py files."""
+    from graphmode.runners.releases import names_used, release_need
+
+    paths = [folder / f for f in files] if files is not None else sorted(folder.glob("*.py"))
+    texts = {}
+    for path in paths:
+        try:
+            texts[str(path.relative_to(folder))] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # analysis reports an unreadable source with its own message
+    problem = release_need(names_used(texts), interpreter.transformers)
+    if problem:
+        raise UserError(f"{folder}: {problem}")
+
+
+def declared_sources(harness: Path) -> list[str] | None:
+    """`SOURCES = [...]` at the top of the harness when it is a list of strings, read without running it; else None."""
+    try:
+        tree = ast.parse(harness.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SOURCES" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return list(value) if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) else None
+    return None
 
 
 def declared_max_seq_len(harness: Path) -> int | None:
