@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from graphmode.transforms.output.helper_module import MODULE_NAME as HELPER_MODULE
+from graphmode.transforms.output.helper_module_name import MODULE_NAME as HELPER_MODULE
 
 HARNESS_FILE = "harness.py"
 REQUIRED_FUNCTIONS = ("build_model", "make_prompt", "prefill", "decode")

@@ -236,13 +236,112 @@ def test_code_using_names_the_installed_release_lacks_is_refused_before_anything
     assert not (tmp_path / "out").exists()
 
 
+def _needing_loss_kwargs(tmp_path: Path) -> Path:
+    """The remote-code fixture, importing a name transformers had from 4.47 to 4.53 only."""
+    folder = tmp_path / "hub"
+    shutil.copytree(HUB, folder)
+    modeling = folder / "modeling_tinylm.py"
+    modeling.write_text(modeling.read_text().replace(
+        "from .configuration_tinylm import TinyLMConfig",
+        "from transformers.utils import LossKwargs\nfrom .configuration_tinylm import TinyLMConfig"))
+    return folder
+
+
+def test_python_auto_asks_for_the_newest_releases_that_have_every_name_the_code_uses():
+    from graphmode.runners.environments import transformers_requirement
+
+    needs = names_used({"m.py": "from transformers.utils import LossKwargs\n"
+                                "def f(cache):\n    return cache.get_usable_length(1)\n"})
+    lossy = next(u.fact for u in needs if u.fact.name == "LossKwargs")
+    usable = next(u.fact for u in needs if u.fact.name == "get_usable_length")
+    if release_need(needs, INSTALLED) is None:
+        assert transformers_requirement(needs) is None  # this interpreter serves the code
+    else:
+        high = release(usable.last)
+        assert transformers_requirement(needs) == f"transformers>={lossy.first},<{high[0]}.{high[1] + 1}"
+    assert transformers_requirement(names_used({"m.py": "import torch\n"})) is None
+
+
+def test_python_auto_reuses_a_made_environment_and_runs_the_target_there(tmp_path, monkeypatch):
+    # The environment the code needs, already made (its manifest written): the run takes it without installing
+    # anything. It is a venv sharing this interpreter's packages, so its transformers is this one's, which lacks
+    # LossKwargs: the target is then refused under it, naming that interpreter; nothing ran.
+    from graphmode.agent.targets.auto_python import environment_needs
+    from graphmode.runners.environments import MANIFEST, environment_folder
+
+    folder = _needing_loss_kwargs(tmp_path)
+    home = tmp_path / "home"
+    needs = environment_needs(None, str(folder))
+    if needs is None:
+        pytest.skip(f"transformers {INSTALLED} serves the code")
+    requirement, packages = needs
+    assert "flash_attn" in packages  # imported by the fixture, installed nowhere here
+    monkeypatch.setenv("GRAPHMODE_HOME", str(home))  # where environment_folder looks, as the run's process will
+    made = environment_folder(requirement, packages)
+    python = make_venv(made, share_packages=True)
+    (made / MANIFEST).write_text(json.dumps({"requirement": requirement}))
+    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--python", "auto", "--yes", "--backend", "eager",
+                     "--out", str(tmp_path / "out"), home=home, cwd=tmp_path)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said
+    assert f"python auto: reusing {made} ({requirement})" in said
+    assert f"this interpreter has transformers {INSTALLED}" in said and not (tmp_path / "out").exists()
+    assert python.exists() and (made / MANIFEST).is_file()
+
+
+def test_python_auto_says_which_command_failed_and_leaves_no_half_made_environment(tmp_path, monkeypatch):
+    from graphmode.runners.environments import EnvironmentMakeError, environment_folder, environment_for
+
+    monkeypatch.setenv("GRAPHMODE_HOME", str(tmp_path / "home"))
+    heard: list[str] = []
+    with pytest.raises(EnvironmentMakeError, match=r"`.* install .*transformers>=99` failed \(exit \d+\)"):
+        environment_for("transformers>=99", [], heard.append)
+    assert heard and heard[0].startswith("python auto: making an environment with transformers>=99")
+    assert not environment_folder("transformers>=99", []).exists()
+
+
+@pytest.mark.extended
+def test_python_auto_makes_the_environment_the_code_needs_and_the_next_run_reuses_it(tmp_path):
+    """Opt-in (`-m extended`): installs transformers from the package index (about a minute)."""
+    folder = _needing_loss_kwargs(tmp_path)
+    if release_need(names_used({"m.py": (folder / "modeling_tinylm.py").read_text()}), INSTALLED) is None:
+        pytest.skip(f"transformers {INSTALLED} serves the code")
+    runs = []
+    for run in ("first", "second"):
+        done = graphmode("adapt", "--hf", str(folder), "--tiny", "--python", "auto", "--yes", "--backend", "eager",
+                         "--runs", "1", "--out", str(tmp_path / run), home=tmp_path / "home", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        runs.append(done.stdout)
+    assert "python auto: making an environment with transformers>=" in runs[0]
+    assert "python auto: reusing " in runs[1] and "making" not in runs[1]
+    report = json.loads((tmp_path / "second" / "hf-hub-tiny" / "report.json").read_text())
+    assert report["passed"] and report["hf"]["transformers"] != INSTALLED
+
+
+def test_the_workers_import_with_only_what_a_targets_interpreter_has():
+    # A target's venv has torch, transformers and the model's own packages, not graphmode's (libcst, jinja2, rich,
+    # langgraph, pydantic, ray): every module a worker or a written harness imports must do without them.
+    from graphmode.runners.interpreter import WORKER_MODULES
+
+    modules = (*WORKER_MODULES, "graphmode.runners.hf_driver", "graphmode.runners.seeded_build",
+               "graphmode.runners.verify.generate_steps", "graphmode.runners.optional_imports",
+               "graphmode.runners.npu_standin")
+    done = subprocess.run([sys.executable, "-c", (
+        "import importlib, sys\n"
+        "for name in ('libcst', 'jinja2', 'rich', 'langgraph', 'pydantic', 'ray'):\n"
+        "    sys.modules[name] = None  # an import of it fails\n"
+        f"for module in {modules!r}:\n"
+        "    importlib.import_module(module)\n")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_packages_the_code_imports_are_looked_up_in_the_targets_interpreter(tmp_path):
-    from graphmode.agent.targets.hf import _absent_packages
+    from graphmode.agent.targets.hf import absent_packages
 
     bare = make_venv(tmp_path / "bare", share_packages=False)
     names = {"torch", "no_such_package_here"}
-    assert _absent_packages(names, None) == {"no_such_package_here"}
-    assert _absent_packages(names, str(bare)) == names  # the bare venv has no torch
+    assert absent_packages(names, None) == {"no_such_package_here"}
+    assert absent_packages(names, str(bare)) == names  # the bare venv has no torch
 
 
 # -- the model runs under the target's interpreter ------------------------------------------------------------------

@@ -124,12 +124,13 @@ def load_manifest(path: Path, *, out: Path | None = None, overrides: dict[str, A
 def _check_interpreters(path: Path, targets: list[BatchTarget]) -> None:
     """Each interpreter the targets name can run graphmode's workers: checked once per interpreter, before any target
     runs (a well under a second each)."""
-    from graphmode.runners.interpreter import InterpreterError, check  # standard library only: no torch
+    from graphmode.runners.environments import AUTO  # standard library only: no torch
+    from graphmode.runners.interpreter import InterpreterError, check
 
     checked: set[str] = set()
     for found in targets:
         named = found.target.get("python")
-        if named is None or named in checked:
+        if named is None or named == AUTO or named in checked:  # AUTO: made or found when the target runs
             continue
         try:
             check(named, f"{path}: [[target]] {found.name} python")

@@ -137,6 +137,7 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
 def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
     """The interpreter the model runs under (--python, else the target file's python, else graphmode's own), checked
     before anything runs: one that cannot run graphmode's workers is bad input, said with the fix."""
+    from graphmode.runners.environments import AUTO
     from graphmode.runners.interpreter import InterpreterError, check, own_interpreter
 
     if args.python is not None:
@@ -145,6 +146,12 @@ def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):
         named, said_by = file.python(), f"{file.path}: [target] python"
     else:
         return own_interpreter()
+    if named == AUTO:
+        from graphmode.agent.targets.auto_python import auto_python
+
+        named = auto_python(args.path, args.hf, said_by, lambda line: console.print(line, soft_wrap=True))
+        if named is None:
+            return own_interpreter()
     try:
         return check(named, said_by)
     except InterpreterError as error:

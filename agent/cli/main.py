@@ -65,7 +65,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the Python interpreter the target's model runs under, e.g. a venv with the transformers "
                             "release its code needs (python -m venv DIR && DIR/bin/pip install torch==... "
                             "transformers==X); every worker runs there, graphmode itself stays here. It needs torch, "
-                            "not graphmode (default: graphmode.toml's [target] python, else graphmode's own)")
+                            "not graphmode (default: graphmode.toml's [target] python, else graphmode's own). "
+                            "`auto`: graphmode reads the transformers names the code uses and, where its own "
+                            "release cannot run them, makes a venv with one that can (kept under GRAPHMODE_HOME/envs "
+                            "and reused)")
     adapt.add_argument("--yes", action="store_true", default=None, help=help_with_default("yes"))
     adapt.add_argument("--backend", default=None, help=backend_help())
     adapt.add_argument("--out", type=Path, default=None, help=help_with_default("out"))

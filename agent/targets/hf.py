@@ -278,8 +278,8 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
             target.sources.append(f"{target.package}/{model_module}.py")
     imports: dict[str, str] = {}
     for source in sorted(folder.glob("*.py")):
-        imports.update({k: v for k, v in _unguarded_imports(source).items() if k not in imports})
-    absent = _absent_packages(set(imports), python)
+        imports.update({k: v for k, v in unguarded_imports(source).items() if k not in imports})
+    absent = absent_packages(set(imports), python)
     target.missing_imports.update({package: where for package, where in imports.items() if package in absent})
     for package, where in target.missing_imports.items():
         target.notes.append(f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
@@ -301,12 +301,12 @@ def _model_entries(auto_map: dict) -> list[str]:
 def _missing_imports(source: Path, python: str | None = None) -> dict[str, str]:
     """{top-level package: "file:line"} for imports not guarded by try or an `if is_..._available()` that the
     interpreter the model runs on (`python`; None: this one) cannot import; relative imports are the folder's own."""
-    imports = _unguarded_imports(source)
-    absent = _absent_packages(set(imports), python)
+    imports = unguarded_imports(source)
+    absent = absent_packages(set(imports), python)
     return {package: where for package, where in imports.items() if package in absent}
 
 
-def _absent_packages(names: set[str], python: str | None) -> set[str]:
+def absent_packages(names: set[str], python: str | None) -> set[str]:
     """Those of `names` that the interpreter (`python`; None: this one) cannot import: the target's own is asked, in
     one process, since it may have a package this one lacks, or lack one it has."""
     if not names:
@@ -324,7 +324,7 @@ def _absent_packages(names: set[str], python: str | None) -> set[str]:
         return {name for name in names if importlib.util.find_spec(name) is None}
 
 
-def _unguarded_imports(source: Path) -> dict[str, str]:
+def unguarded_imports(source: Path) -> dict[str, str]:
     """{top-level package: "file:line"} for every import not guarded by try or an `if is_..._available()`, of a
     package that is not the standard library's."""
     try:

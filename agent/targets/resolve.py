@@ -134,16 +134,35 @@ def _check_release(folder: Path, files: list[str] | None, interpreter: Interpret
     `folder`; None reads the folder's own .py files."""
     from graphmode.runners.releases import names_used, release_need
 
+    problem = release_need(names_used(code_texts(folder, files)), interpreter.transformers)
+    if problem:
+        raise UserError(f"{folder}: {problem}")
+
+
+def code_texts(folder: Path, files: list[str] | None) -> dict[str, str]:
+    """{path relative to `folder`: text} of `files` (None: the folder's own .py files); unreadable ones left out
+    (analysis reports them with their own message)."""
     paths = [folder / f for f in files] if files is not None else sorted(folder.glob("*.py"))
     texts = {}
     for path in paths:
         try:
             texts[str(path.relative_to(folder))] = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError, ValueError):
-            continue  # analysis reports an unreadable source with its own message
-    problem = release_need(names_used(texts), interpreter.transformers)
-    if problem:
-        raise UserError(f"{folder}: {problem}")
+            continue
+    return texts
+
+
+def target_code(path: Path | None, hf: str | None) -> tuple[Path | None, dict[str, str]]:
+    """The folder of the code a target runs and its texts, read without running anything: a folder target's
+    sources (the harness's literal SOURCES, else its .py files), a remote-code folder's .py files; none for a
+    model type transformers implements."""
+    if hf is not None:
+        folder = Path(hf).expanduser()
+        folder = folder.parent if folder.is_file() else folder
+        return (folder, code_texts(folder, None)) if folder.is_dir() else (None, {})
+    folder = target_folder(path)
+    harness = folder / "harness.py"
+    return folder, code_texts(folder, declared_sources(harness) if harness.is_file() else None)
 
 
 def declared_sources(harness: Path) -> list[str] | None:

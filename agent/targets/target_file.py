@@ -39,7 +39,7 @@ TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"),
     "tiny": (bool, "true or false"),
     "convention": (str, "a convention name"), "sources": (list, "a list of file names"),
-    "python": (str, "a Python interpreter's path"),
+    "python": (str, "a Python interpreter's path, or \"auto\""),
 }
 RUN_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     name: (setting.types, setting.described) for name, setting in SETTINGS.items()}

@@ -38,12 +38,9 @@ from graphmode.runners.run_settings import MIN_STEPS, default
 from graphmode.runners.subprocess_run import WorkerError, run_worker
 from graphmode.runners.verify.batch_buckets import BucketSweep
 from graphmode.runners.verify.record import SideFigures, Verification
-from graphmode.runners.verify.results import WorkerResult
+from graphmode.runners.verify.results import DEFAULT_LOGITS_ATOL, WorkerResult
 from graphmode.runners.verify.static_addresses import moved_problem
 
-# Far above float reordering noise (1e-6..1e-4 for fp32 here), far below a real change in
-# behaviour such as a dropped mask (0.76 in lesson 5).
-DEFAULT_LOGITS_ATOL = 1e-2
 # A model computing in half precision: a few units of its rounding, relative to the largest logit (bf16 keeps 8 bits
 # of mantissa, fp16 11): a fused kernel's other order of additions moves bf16 logits of magnitude 300 by about 1,
 # which a fixed 1e-2 would call a change in behaviour.

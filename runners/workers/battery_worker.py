@@ -24,7 +24,7 @@ import torch
 from graphmode.runners.backends import Backend, resolve
 from graphmode.runners.harness import load_harness, logits_of, next_token_logits, size_static_path, \
     static_length
-from graphmode.runners.verify.verify import DEFAULT_LOGITS_ATOL as DEFAULT_ATOL
+from graphmode.runners.verify.results import DEFAULT_LOGITS_ATOL as DEFAULT_ATOL
 from graphmode.runners.workers.common import run_main
 
 HELD, FAILED, NOT_APPLICABLE = "held", "failed", "n/a"

@@ -20,10 +20,9 @@ import libcst as cst
 
 from graphmode.transforms.codemods.lib.helper_code import helper_module_text, helper_names
 from graphmode.transforms.cstutil import is_docstring, walk
+from graphmode.transforms.output.helper_module_name import FILE_NAME, MODULE_NAME
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
 
-MODULE_NAME = "graphmode_static"
-FILE_NAME = f"{MODULE_NAME}.py"
 
 
 def move_helpers_out(module: cst.Module, original: cst.Module, original_text: str) -> cst.Module:
