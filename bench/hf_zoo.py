@@ -1,6 +1,12 @@
 """The Hugging Face zoo table: `graphmode adapt --hf TYPE --tiny` over the common decoder families.
 
     python bench/hf_zoo.py [--backend inductor] [--runs 3] [--out graphmode-out/zoo] [TYPE ...]
+    python bench/hf_zoo.py --all-decoders --backend eager --runs 1 --skip-done [--limit N]
+
+`--all-decoders` sweeps every decoder-only model type of the installed transformers that has a causal LM class (its
+AutoModelForCausalLM mapping, encoder-decoders left out), which is how a type the project's zoo does not list is
+checked; `--skip-done` takes the rows of types whose report.json is already in OUT, so a sweep of many types runs in
+parts.
 
 Each model type is built tiny (2 layers, hidden size 64) from the installed transformers' own config class, driven on
 transformers' own static-cache path with Decode compiled, and compared with its default dynamic cache run eagerly.
@@ -57,6 +63,24 @@ def read_row(model_type: str, out: Path, status: int | None = 0, tail: list[str]
     return row
 
 
+def decoder_types() -> list[str]:
+    """Every model type of the installed transformers with a causal LM class whose config is not an
+    encoder-decoder's, sorted."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    found = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        try:
+            config = CONFIG_MAPPING[model_type]()
+        except Exception:  # noqa: BLE001 - a config that cannot be built with its defaults: `adapt` says why
+            found.append(model_type)
+            continue
+        if not getattr(config, "is_encoder_decoder", False):
+            found.append(model_type)
+    return found
+
+
 def _cell(value) -> str:
     if value is None:
         return "n/a"
@@ -91,15 +115,26 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("graphmode-out/zoo"))
     parser.add_argument("--timeout", type=float, default=1800, help="the most one model may take (s)")
+    parser.add_argument("--all-decoders", action="store_true",
+                        help="every decoder-only type of the installed transformers with a causal LM class")
+    parser.add_argument("--skip-done", action="store_true", help="types whose report.json is in OUT are not run again")
+    parser.add_argument("--limit", type=int, default=None, help="run at most this many types (with --skip-done: the "
+                                                                    "next ones)")
     parser.add_argument("--from-reports", action="store_true",
                         help="run nothing: the table from the report.json files already in OUT (after rerunning "
                              "some types, say, on a quieter machine)")
     args = parser.parse_args()
     rows = []
-    for model_type in args.types:
-        if args.from_reports:
+    types = decoder_types() if args.all_decoders else args.types
+    ran = 0
+    for model_type in types:
+        done = (args.out / f"hf-{model_type}-tiny" / "report.json").is_file()
+        if args.from_reports or (args.skip_done and done):
             rows.append(read_row(model_type, args.out))
             continue
+        if args.limit is not None and ran >= args.limit:
+            continue
+        ran += 1
         rows.append(run_one(model_type, args.backend, args.runs, args.out, args.timeout))
         print(f"{model_type}: exit {rows[-1]['exit']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
     import torch

@@ -113,15 +113,23 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
 
 def _facts_at(node: ast.AST) -> list[ReleaseFact]:
     if isinstance(node, ast.Import):
-        modules = [alias.name for alias in node.names]
-        return [f for f in RELEASE_FACTS if _MODULE == f.shows_as and any(m.startswith(f.name) for m in modules)]
+        return _modules_named([alias.name for alias in node.names])
     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers"):
-        names = {alias.name for alias in node.names}
-        return [f for f in RELEASE_FACTS if (_MODULE == f.shows_as and node.module.startswith(f.name))
-                or (_IMPORTED[0] in f.shows_as and f.name in names)]
-    if isinstance(node, ast.Attribute):
-        return [f for f in RELEASE_FACTS if f.shows_as == _ATTRIBUTE and node.attr == f.name]
+        names = [alias.name for alias in node.names]
+        return _modules_named([node.module]) + [_IMPORTED_NAMES[name] for name in names if name in _IMPORTED_NAMES]
+    if isinstance(node, ast.Attribute) and node.attr in _METHODS:
+        return [_METHODS[node.attr]]
     return []
+
+
+def _modules_named(modules: list[str]) -> list[ReleaseFact]:
+    return [fact for fact in _MODULES if any(module.startswith(fact.name) for module in modules)]
+
+
+# The facts by how code uses the name: a module it imports, a name it imports, a method it calls.
+_MODULES = tuple(fact for fact in RELEASE_FACTS if fact.shows_as == _MODULE)
+_IMPORTED_NAMES = {fact.name: fact for fact in RELEASE_FACTS if _IMPORTED[0] in fact.shows_as}
+_METHODS = {fact.name: fact for fact in RELEASE_FACTS if fact.shows_as == _ATTRIBUTE}
 
 
 def _spans(fact: ReleaseFact) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:

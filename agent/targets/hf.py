@@ -276,11 +276,7 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
         model_module = ref.rpartition(".")[0]
         if f"{target.package}/{model_module}.py" not in target.sources:
             target.sources.append(f"{target.package}/{model_module}.py")
-    imports: dict[str, str] = {}
-    for source in sorted(folder.glob("*.py")):
-        imports.update({k: v for k, v in unguarded_imports(source).items() if k not in imports})
-    absent = absent_packages(set(imports), python)
-    target.missing_imports.update({package: where for package, where in imports.items() if package in absent})
+    target.missing_imports.update(_folder_missing_imports(folder, python))
     for package, where in target.missing_imports.items():
         target.notes.append(f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
                             f"place, so the run fails (naming {package}) only if the code calls into it"
@@ -296,6 +292,15 @@ _MODEL_ENTRY_ORDER = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoMode
 def _model_entries(auto_map: dict) -> list[str]:
     keys = [key for key in auto_map if isinstance(key, str) and key.startswith("AutoModel")]
     return sorted(keys, key=lambda k: _MODEL_ENTRY_ORDER.index(k) if k in _MODEL_ENTRY_ORDER else len(keys))
+
+
+def _folder_missing_imports(folder: Path, python: str | None) -> dict[str, str]:
+    """`_missing_imports` of every .py file of the folder, asking the interpreter once; the first import of each."""
+    imports: dict[str, str] = {}
+    for source in sorted(folder.glob("*.py")):
+        imports.update({k: v for k, v in unguarded_imports(source).items() if k not in imports})
+    absent = absent_packages(set(imports), python)
+    return {package: where for package, where in imports.items() if package in absent}
 
 
 def _missing_imports(source: Path, python: str | None = None) -> dict[str, str]:
