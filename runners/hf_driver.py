@@ -95,7 +95,7 @@ class StaticCacheDecoder(torch.nn.Module):
             kwargs["dtype"] = next(self.model.parameters()).dtype
         if "device" in parameters:
             kwargs["device"] = next(self.model.parameters()).device
-        return StaticCache(**kwargs)
+        return _without_ring_layers(StaticCache(**kwargs), self.max_seq_len)
 
     def _run(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": tokens, self.cache_argument: self._static_cache, "use_cache": True}
@@ -129,6 +129,25 @@ class StaticCacheDecoder(torch.nn.Module):
     def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """One new token per sequence, written into the static cache at `input_pos`."""
         return self._run(tokens, input_pos)
+
+
+def _without_ring_layers(cache, max_cache_len: int):
+    """The cache with every sliding-window (or chunked) layer a full static layer of `max_cache_len` positions.
+
+    transformers 5's sliding layer keeps its window as a ring and its length as a Python int that the mask sizes are
+    read from (`get_mask_sizes`), so a compiled Decode recompiles at every step. A full layer holds every position
+    and its mask sizes are fixed; the model's own sliding-window (or chunked) mask, computed from the positions,
+    still hides what the window leaves out, so attention sees exactly what it saw. Older releases' caches have no
+    layers, and are returned as they are."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return cache
+    from transformers.cache_utils import StaticLayer
+
+    for index, layer in enumerate(layers):
+        if type(layer).__name__ == "StaticSlidingWindowLayer":
+            layers[index] = StaticLayer(max_cache_len=max_cache_len)
+    return cache
 
 
 def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,

@@ -170,12 +170,22 @@ def test_tiny_configs_keep_the_configs_own_constraints(model_type):
     assert torch.equal(dynamic, static)
 
 
-def _greedy(model_type: str, steps: int = 12):
+@pytest.mark.parametrize("model_type", ["mistral", "gemma2"])
+def test_sliding_window_layers_decode_compiled_once_with_the_dynamic_caches_tokens(model_type):
+    # A window of 5 positions slides many times over the 6-token prompt and 12 steps: transformers' own sliding
+    # layer recompiled the Decode at every step; as a full layer under the model's sliding-window mask it compiles
+    # once and its attention sees what the window shows.
+    dynamic, static = _greedy(model_type, steps=12, sliding_window=5)
+    assert torch.equal(dynamic, static)
+
+
+def _greedy(model_type: str, steps: int = 12, **config):
     from transformers import AutoModelForCausalLM, CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
     torch.manual_seed(0)
-    model = reinitialise(AutoModelForCausalLM.from_config(config_class(**tiny_config_overrides(config_class))))
+    model = reinitialise(AutoModelForCausalLM.from_config(config_class(**tiny_config_overrides(config_class),
+                                                                       **config)))
     driver = StaticCacheDecoder(model.eval(), max_seq_len=32)
     prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1))
     name = driver.cache_argument
