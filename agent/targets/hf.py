@@ -124,20 +124,7 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
     refuse_missing_path(spec)
     path = Path(spec).expanduser()
     if not path.exists():
-        if spec not in CONFIG_MAPPING:
-            raise UserError(f"--hf {spec}: not a model type transformers {transformers.__version__} knows, nor a "
-                            f"file or folder{_suggest(spec, list(CONFIG_MAPPING.keys()))}")
-        if not tiny:
-            raise UserError(f"--hf {spec}: a model type alone has no weights; add --tiny for a small model with "
-                            "random weights, or give a local model folder")
-        _check_static_path(spec, CONFIG_MAPPING[spec])
-        target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True,
-                          transformers_version=transformers.__version__)
-        target.config_overrides = _tiny_overrides(CONFIG_MAPPING[spec], max_seq_len)
-        _set_prompt_tokens(target, prompt_tokens({**CONFIG_MAPPING[spec]().to_dict(), **target.config_overrides},
-                                                 None))
-        return target
-
+        return _model_type(spec, tiny, max_seq_len, transformers.__version__)
     folder = path.parent if path.is_file() else path
     config_file = path if path.is_file() else path / "config.json"
     config = read_config(config_file)
@@ -154,16 +141,41 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
         raise UserError(f"{config_file}: model_type {model_type!r} is unknown to the installed transformers "
                         f"{transformers.__version__}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
                         "transformers, or add the model's own code to the folder with an auto_map in config.json")
-    vocab = next((config[k] for k in ("vocab_size", "padded_vocab_size") if isinstance(config.get(k), int)), None)
-    if vocab:
-        target.prompt_vocab = min(vocab, target.prompt_vocab)
-    if not auto_map:
+    else:
         _check_static_path(spec, CONFIG_MAPPING[model_type])
     # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
     config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
+    _sizes_and_prompt(target, config, config_class, folder, max_seq_len)
+    if not tiny:
+        _weights(target, folder, config_file, check_shapes=not auto_map)
+    return target
+
+
+def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str) -> HFTarget:
+    """`--hf MODEL_TYPE --tiny`: a model type the installed transformers implements, built small from its config."""
+    from transformers import CONFIG_MAPPING
+
+    if spec not in CONFIG_MAPPING:
+        raise UserError(f"--hf {spec}: not a model type transformers {version} knows, nor a "
+                        f"file or folder{_suggest(spec, list(CONFIG_MAPPING.keys()))}")
+    if not tiny:
+        raise UserError(f"--hf {spec}: a model type alone has no weights; add --tiny for a small model with "
+                        "random weights, or give a local model folder")
+    _check_static_path(spec, CONFIG_MAPPING[spec])
+    target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True, transformers_version=version)
+    target.config_overrides = _tiny_overrides(CONFIG_MAPPING[spec], max_seq_len)
+    _set_prompt_tokens(target, prompt_tokens({**CONFIG_MAPPING[spec]().to_dict(), **target.config_overrides}, None))
+    return target
+
+
+def _sizes_and_prompt(target: HFTarget, config: dict, config_class, folder: Path, max_seq_len: int) -> None:
+    """The vocabulary the prompt is drawn from, the --tiny sizes, and the special ids the prompt starts with."""
+    vocab = next((config[k] for k in ("vocab_size", "padded_vocab_size") if isinstance(config.get(k), int)), None)
+    if vocab:
+        target.prompt_vocab = min(vocab, target.prompt_vocab)
     values = {**(config_class().to_dict() if config_class else {}), **config}
     tokens = prompt_tokens(values, folder)  # read at full size: --tiny moves the ids it names below
-    if tiny:
+    if target.tiny:
         target.config_overrides = (_tiny_overrides(config_class, max_seq_len, config) if config_class else
                                    _tiny_overrides_from_dict(config, max_seq_len))
         vocab = next((target.config_overrides[k] for k in ("vocab_size", "padded_vocab_size")
@@ -172,15 +184,18 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
             target.prompt_vocab = min(vocab, target.prompt_vocab)
             target.config_overrides.update(tiny_special_ids(values, vocab, tokens))
     _set_prompt_tokens(target, tokens)
-    if not tiny:
-        weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
-        if not weights:
-            raise UserError(f"--hf {spec}: no weights in {folder} (looked for {', '.join(WEIGHT_FILES)}); add --tiny "
-                            "for a small model with random weights built from the config")
-        target.weights_folder = str(folder.resolve())
-        if not auto_map:  # remote code would have to be imported to know its shapes; its harness says it then
-            _check_weights_match(folder, config_file, model_type)
-    return target
+
+
+def _weights(target: HFTarget, folder: Path, config_file: Path, check_shapes: bool) -> None:
+    """The folder's weights, which must be there (and, where the shapes can be read without importing the model's
+    code, match its config)."""
+    weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not weights:
+        raise UserError(f"--hf {target.spec}: no weights in {folder} (looked for {', '.join(WEIGHT_FILES)}); add "
+                        "--tiny for a small model with random weights built from the config")
+    target.weights_folder = str(folder.resolve())
+    if check_shapes:  # remote code would have to be imported to know its shapes; its harness says it then
+        _check_weights_match(folder, config_file, target.model_type)
 
 
 def _set_prompt_tokens(target: HFTarget, tokens: PromptTokens) -> None:
