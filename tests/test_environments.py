@@ -217,25 +217,6 @@ def test_every_transformers_name_the_code_uses_is_read_and_the_releases_having_t
     assert release_need([], "5.25.0") is None
 
 
-def test_code_using_names_the_installed_release_lacks_is_refused_before_anything_runs(tmp_path):
-    folder = tmp_path / "hub"
-    shutil.copytree(HUB, folder)
-    modeling = folder / "modeling_tinylm.py"
-    modeling.write_text(modeling.read_text().replace(
-        "from .configuration_tinylm import TinyLMConfig",
-        "from transformers.utils import LossKwargs\nfrom .configuration_tinylm import TinyLMConfig"))
-    uses = names_used({"modeling_tinylm.py": modeling.read_text()})
-    if release_need(uses, INSTALLED) is None:
-        pytest.skip(f"transformers {INSTALLED} has every name the code uses")
-    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--yes", "--backend", "eager", "--runs", "1",
-                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
-    said = " ".join(done.stderr.split())
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "the model's code needs transformers " in said and "`transformers.utils.LossKwargs` at modeling_tinylm.py:" \
-        in said, said
-    assert not (tmp_path / "out").exists()
-
-
 def _needing_loss_kwargs(tmp_path: Path) -> Path:
     """The remote-code fixture, importing a name transformers had from 4.47 to 4.53 only."""
     folder = tmp_path / "hub"
@@ -245,6 +226,20 @@ def _needing_loss_kwargs(tmp_path: Path) -> Path:
         "from .configuration_tinylm import TinyLMConfig",
         "from transformers.utils import LossKwargs\nfrom .configuration_tinylm import TinyLMConfig"))
     return folder
+
+
+def test_code_using_names_the_installed_release_lacks_is_refused_before_anything_runs(tmp_path):
+    folder = _needing_loss_kwargs(tmp_path)
+    uses = names_used({"modeling_tinylm.py": (folder / "modeling_tinylm.py").read_text()})
+    if release_need(uses, INSTALLED) is None:
+        pytest.skip(f"transformers {INSTALLED} has every name the code uses")
+    done = graphmode("adapt", "--hf", str(folder), "--tiny", "--yes", "--backend", "eager", "--runs", "1",
+                     "--out", str(tmp_path / "out"), home=tmp_path / "home", cwd=tmp_path)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the model's code needs transformers " in said and "`transformers.utils.LossKwargs` at modeling_tinylm.py:" \
+        in said, said
+    assert not (tmp_path / "out").exists()
 
 
 def test_python_auto_asks_for_the_newest_releases_that_have_every_name_the_code_uses():
