@@ -25,7 +25,7 @@ from pathlib import Path
 
 from graphmode.runners.interpreter import graphmode_home, release
 from graphmode.runners.measure.env_info import package_version
-from graphmode.runners.releases import SUPPORTED_FROM, NameUse, common_releases, release_need
+from graphmode.runners.releases import SUPPORTED_FROM, NameUse, common_releases
 
 AUTO = "auto"  # what `--python`, graphmode.toml and manifests say for it
 MANIFEST = "graphmode-env.json"
@@ -38,12 +38,10 @@ class EnvironmentMakeError(RuntimeError):
 
 def transformers_requirement(uses: list[NameUse]) -> str | None:
     """The transformers requirement an environment for code using `uses` installs: the newest span of releases that
-    has every name, as a pip range; None when this interpreter's release serves the code (or nothing serves it)."""
-    if release_need(uses, package_version("transformers")) is None:
-        return None
+    has every name, as a pip range; None when no release has them all."""
     spans = common_releases(uses)
     if not spans:
-        return None  # no release has them all: release_need's refusal says so
+        return None
     first, last = spans[-1]
     low = ".".join(map(str, first)) if first else SUPPORTED_FROM
     if last is None:

@@ -34,12 +34,17 @@ def environment_needs(path: Path | None, hf: str | None) -> tuple[str, list[str]
     from graphmode.agent.targets.hf import absent_packages, unguarded_imports
     from graphmode.agent.targets.resolve import target_code
     from graphmode.runners.environments import transformers_requirement
-    from graphmode.runners.releases import names_used
+    from graphmode.runners.measure.env_info import package_version
+    from graphmode.runners.releases import names_used, release_need
 
     folder, texts = target_code(path, hf)
-    requirement = transformers_requirement(names_used(texts))
-    if requirement is None:
+    uses = names_used(texts)
+    problem = release_need(uses, package_version("transformers"))
+    if problem is None:
         return None
+    requirement = transformers_requirement(uses)
+    if requirement is None:  # no one release has every name: no environment can run the code as it is
+        raise UserError(f"{folder}: {problem}")
     imports: dict[str, str] = {}
     for relative in texts:
         imports.update(unguarded_imports(folder / relative))
