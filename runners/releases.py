@@ -178,7 +178,7 @@ def release_need(uses: list[NameUse], version: str | None) -> str | None:
                 "the code itself must change")
     return (f"the model's code needs transformers {_said(spans)} ({each}); {here}: run the target under an "
             "interpreter with such a release (`python = ...` in graphmode.toml's [target] or a batch manifest's "
-            "target, or `graphmode adapt --python PATH`)")
+            "target, or `graphmode adapt --python PATH`), or let graphmode make one (`--python auto`)")
 
 
 def _matching_fact(exc: BaseException) -> ReleaseFact | None:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-# The allocations that leave memory as it was (torch.Tensor(n), the legacy constructor, goes through torch.empty).
+# The allocations that leave memory as it was, as Python calls them. The legacy constructors (`torch.Tensor(n)`,
+# `torch.FloatTensor(n)`) allocate in C++ without passing here: what they leave unwritten is not seen.
 _UNINITIALISED = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
 
 
