@@ -397,6 +397,26 @@ def test_the_hf_harness_gives_transformers_own_generate_tokens_for_a_model_type(
     assert got == generated[0, prompt.shape[1]:].tolist()
 
 
+@pytest.mark.parametrize("model_type", ["phi3", "qwen2"])
+def test_the_hf_harness_feeds_one_new_token_a_step_as_generate_does(tmp_path, model_type):
+    # Phi-3's prepare_inputs_for_generation takes **kwargs and hands them on to transformers' own, which cuts the
+    # sequence by the step's length: every later step's forward gets the new token alone, and the tokens are
+    # generate()'s.
+    from graphmode.agent.targets.hf import write_target
+    from graphmode.runners.harness import load_harness
+
+    harness = load_harness(write_target(resolve(model_type, True, 64), None, tmp_path / "target", 64))
+    model = harness.build_model()
+    prompt = harness.make_prompt()
+    calls = _forward_calls(model)
+    got = _harness_tokens(harness, model, 8)
+    assert [c["input_ids"].shape[1] for c in calls] == [prompt.shape[1]] + [1] * 8
+    with torch.no_grad():
+        generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                                   do_sample=False)
+    assert got == generated[0, prompt.shape[1]:].tolist()
+
+
 def test_auto_map_classes_without_an_lm_head_are_named_when_the_harness_builds(tmp_path):
     from graphmode.agent.targets.hf import write_target
     from graphmode.runners.harness import load_harness

@@ -89,14 +89,28 @@ def _prepared(model: torch.nn.Module, sequence: torch.Tensor, keywords: dict, ne
     parameters = inspect.signature(prepare).parameters
     open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     passed = {name: value for name, value in keywords.items() if name in parameters or open_keywords}
-    if "next_sequence_length" in parameters:
+    # A model's own method that takes **kwargs hands them on to transformers' (Phi-3's does): what that one names,
+    # it gets too. Without the step's length, 5.x's slices no token off the sequence, and every step would run the
+    # whole sequence again over the cache.
+    handed_on = _base_parameters() if open_keywords else set()
+    if "next_sequence_length" in parameters or "next_sequence_length" in handed_on:
         passed["next_sequence_length"] = new_tokens
-    if "is_first_iteration" in parameters:
+    if "is_first_iteration" in parameters or "is_first_iteration" in handed_on:
         passed["is_first_iteration"] = first
     try:
         return dict(prepare(sequence, **passed))
     except NotImplementedError:
         return None
+
+
+def _base_parameters() -> set[str]:
+    """The parameters of transformers' own prepare_inputs_for_generation (GenerationMixin's); none before it had one."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return set()
+    method = getattr(GenerationMixin, "prepare_inputs_for_generation", None)
+    return set(inspect.signature(method).parameters) if callable(method) else set()
 
 
 def _plain_inputs(model: torch.nn.Module, sequence: torch.Tensor, keywords: dict, new_tokens: int,
