@@ -285,8 +285,10 @@ def test_verify_hand_adapted_copy_passes_the_harness_and_the_battery_names_what_
     result, logs = verified
     # The hand-written copy replaces the original's code instead of adding to it (gpt-fast style): the harness's
     # sequence verifies, and the battery says which of the original's uses it no longer supports.
+    # Its own harness (the original's loop, which passes ints) no longer runs on it either, and the verdict says so.
     battery_problems = [p for p in result.problems if p.startswith("equivalence battery: ")]
-    assert result.problems == battery_problems and not result.passed
+    own = [p for p in result.problems if p.startswith("the model's own harness fails on the adapted sources: ")]
+    assert result.problems == own + battery_problems and len(own) == 1 and not result.passed
     failed = {row["name"] for row in result.battery if row["status"] == "failed"}
     assert "the model's own loop, batch 3, 8 steps" in failed
     assert {row["name"] for row in result.battery if row["status"] == "held"} >= {
@@ -332,7 +334,7 @@ def test_verify_times_decode_without_the_fusions_in_the_same_runs_and_the_report
                                 "first_divergent_step": None}
     assert fusion["logits_max_abs_diff"]["fused_vs_unfused"] <= result.logits_atol and fusion["problems"] == []
     assert fusion["unfused"]["graph_breaks"] == 0 and fusion["unfused"]["recompiles"] == 0
-    assert all(p.startswith("equivalence battery: ") for p in result.problems)
+    assert all(p.startswith(("equivalence battery: ", "the model's own harness fails")) for p in result.problems)
     # Its own run name and compile log, beside the adapted side's.
     assert {"unfused.json", "unfused.compile.log", "unfused.stderr.log"} <= {p.name for p in logs.iterdir()}
     assert result.compile_logs == ["adapted.compile.log", "unfused.compile.log"]
