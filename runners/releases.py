@@ -102,11 +102,18 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
+        # A method called by name is transformers' only in a file that imports transformers: code with a cache of
+        # its own (its own get_usable_length, in a file not read here) is not held to transformers' releases.
+        imports_transformers = any(
+            (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("transformers"))
+            or (isinstance(n, ast.Import) and any(a.name.startswith("transformers") for a in n.names))
+            for n in ast.walk(tree))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defined.add(node.name)
             for fact in _facts_at(node):
-                found.setdefault(fact, f"{path}:{node.lineno}")
+                if fact.shows_as != _ATTRIBUTE or imports_transformers:
+                    found.setdefault(fact, f"{path}:{node.lineno}")
     return [NameUse(fact, where) for fact, where in found.items()
             if not (fact.shows_as == _ATTRIBUTE and fact.name in defined)]
 
