@@ -29,6 +29,7 @@ from graphmode.runners.releases import SUPPORTED_FROM, NameUse, common_releases
 
 AUTO = "auto"  # what `--python`, graphmode.toml and manifests say for it
 MANIFEST = "graphmode-env.json"
+_CONSTRAINTS = "constraints.txt"
 _INSTALL_TIMEOUT_S = 1800
 
 
@@ -68,7 +69,7 @@ def environment_for(requirement: str, packages: list[str], say: Callable[[str], 
             f"{folder})")
         try:
             _make(folder, tool, requirement, torch)
-            extras = _installable(folder, tool, packages, torch)
+            extras = _installable(folder, tool, packages)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -95,26 +96,26 @@ def _make(folder: Path, tool: str, requirement: str, torch: str | None) -> None:
         _run(["uv", "venv", "--python", sys.executable, str(folder)])
     else:
         _run([sys.executable, "-m", "venv", str(folder)])
-    _run(_install(folder, tool, torch) + ([f"torch=={torch}"] if torch else []) + [requirement])
+    (folder / _CONSTRAINTS).write_text(f"torch=={torch}\n" if torch else "")
+    _run(_install(folder, tool) + ([f"torch=={torch}"] if torch else []) + [requirement])
 
 
-def _install(folder: Path, tool: str, torch: str | None) -> list[str]:
-    """The install command into `folder`'s venv, with torch held at this interpreter's version (a package that
-    would change it fails instead of pulling another build)."""
-    constraints = folder / "constraints.txt"
-    constraints.write_text(f"torch=={torch}\n" if torch else "")
+def _install(folder: Path, tool: str) -> list[str]:
+    """The install command into `folder`'s venv, with torch held at this interpreter's version by the constraints
+    `_make` wrote (a package that would change it fails instead of pulling another build)."""
+    constraints = folder / _CONSTRAINTS
     python = str(folder / "bin" / "python")
     if tool == "uv":
         return ["uv", "pip", "install", "--python", python, "-c", str(constraints)]
     return [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", "-c", str(constraints)]
 
 
-def _installable(folder: Path, tool: str, packages: list[str], torch: str | None) -> list[str]:
+def _installable(folder: Path, tool: str, packages: list[str]) -> list[str]:
     """Installs each package that a wheel can be had for (a package that needs building, such as flash-attn, is
     left to graphmode's placeholder); the ones installed."""
     installed = []
     for package in packages:
-        done = subprocess.run(_install(folder, tool, torch) + ["--only-binary=:all:", package.replace("_", "-")],
+        done = subprocess.run(_install(folder, tool) + ["--only-binary=:all:", package.replace("_", "-")],
                               capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
         if done.returncode == 0:
             installed.append(package)

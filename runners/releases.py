@@ -102,20 +102,27 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        # A method called by name is transformers' only in a file that imports transformers: code with a cache of
-        # its own (its own get_usable_length, in a file not read here) is not held to transformers' releases.
-        imports_transformers = any(
-            (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("transformers"))
-            or (isinstance(n, ast.Import) and any(a.name.startswith("transformers") for a in n.names))
-            for n in ast.walk(tree))
+        imports_transformers, methods = False, {}
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defined.add(node.name)
+            imports_transformers = imports_transformers or _imports_transformers(node)
             for fact in _facts_at(node):
-                if fact.shows_as != _ATTRIBUTE or imports_transformers:
-                    found.setdefault(fact, f"{path}:{node.lineno}")
+                held = methods if fact.shows_as == _ATTRIBUTE else found
+                held.setdefault(fact, f"{path}:{node.lineno}")
+        # A method called by name is transformers' only in a file that imports transformers: code with a cache of
+        # its own (its own get_usable_length, in a file not read here) is not held to transformers' releases.
+        if imports_transformers:
+            for fact, where in methods.items():
+                found.setdefault(fact, where)
     return [NameUse(fact, where) for fact, where in found.items()
             if not (fact.shows_as == _ATTRIBUTE and fact.name in defined)]
+
+
+def _imports_transformers(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").startswith("transformers")
+    return isinstance(node, ast.Import) and any(alias.name.startswith("transformers") for alias in node.names)
 
 
 def _facts_at(node: ast.AST) -> list[ReleaseFact]:

@@ -81,7 +81,7 @@ def resolve(spec: TargetSpec, interpreter: Interpreter, say: Callable[[str], Non
         if declared is not None and spec.steps >= declared:
             raise UserError(f"--steps {spec.steps}: the harness's MAX_SEQ_LEN is {declared}, which must hold the "
                             "prompt and every Decode step")
-        _check_release(folder, sources or declared_sources(folder / "harness.py"), interpreter)
+        _check_release(folder, code_texts(folder, sources or declared_sources(folder / "harness.py")), interpreter)
         return Target(HARNESS, folder, run_dir, sources)
     if convention is None:
         raise UserError(f"{spec.path}: no harness.py there (a target is a folder with the model sources and a "
@@ -106,8 +106,7 @@ def _hf(spec: TargetSpec, interpreter: Interpreter) -> Target:
     max_seq_len = hf_max_seq_len(spec.steps)
     found = resolve_hf(spec.hf, spec.tiny, max_seq_len, interpreter.path)
     if found.package:  # the folder's own code runs on the interpreter's transformers
-        remote = Path(spec.hf).expanduser().resolve()
-        _check_release(remote, [p.name for p in sorted(remote.glob("*.py"))], interpreter)
+        _check_release(*target_code(None, spec.hf), interpreter)
     found.transformers_version = interpreter.transformers or found.transformers_version
     return Target(HF, (spec.out / found.name / "target").resolve(), (spec.out / found.name).resolve(), hf=found,
                   hf_spec=spec.hf, max_seq_len=max_seq_len)
@@ -128,13 +127,13 @@ def hf_max_seq_len(steps: int) -> int:
     return max(64, 8 + steps + 8)
 
 
-def _check_release(folder: Path, files: list[str] | None, interpreter: Interpreter) -> None:
-    """Refuses, before anything runs, code that uses a transformers name (runners.releases.RELEASE_FACTS) the
-    interpreter's release lacks, with the releases that have every name the code uses. `files`: relative to
-    `folder`; None reads the folder's own .py files."""
+def _check_release(folder: Path, texts: dict[str, str], interpreter: Interpreter) -> None:
+    """Refuses, before anything runs, code (`texts`, `code_texts` of `folder`) that uses a transformers name
+    (runners.releases.RELEASE_FACTS) the interpreter's release lacks, with the releases that have every name the
+    code uses."""
     from graphmode.runners.releases import names_used, release_need
 
-    problem = release_need(names_used(code_texts(folder, files)), interpreter.transformers)
+    problem = release_need(names_used(texts), interpreter.transformers)
     if problem:
         raise UserError(f"{folder}: {problem}")
 

@@ -19,6 +19,7 @@ The step state is that keyword dict plus the sequence so far; nothing in graphmo
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -92,7 +93,7 @@ def _prepared(model: torch.nn.Module, sequence: torch.Tensor, keywords: dict, ne
     # A model's own method that takes **kwargs hands them on to transformers' (Phi-3's does): what that one names,
     # it gets too. Without the step's length, 5.x's slices no token off the sequence, and every step would run the
     # whole sequence again over the cache.
-    handed_on = _base_parameters() if open_keywords else set()
+    handed_on = _base_parameters() if open_keywords else frozenset()
     if "next_sequence_length" in parameters or "next_sequence_length" in handed_on:
         passed["next_sequence_length"] = new_tokens
     if "is_first_iteration" in parameters or "is_first_iteration" in handed_on:
@@ -103,14 +104,15 @@ def _prepared(model: torch.nn.Module, sequence: torch.Tensor, keywords: dict, ne
         return None
 
 
-def _base_parameters() -> set[str]:
+@functools.cache
+def _base_parameters() -> frozenset[str]:
     """The parameters of transformers' own prepare_inputs_for_generation (GenerationMixin's); none before it had one."""
     try:
         from transformers.generation.utils import GenerationMixin
     except ImportError:
-        return set()
+        return frozenset()
     method = getattr(GenerationMixin, "prepare_inputs_for_generation", None)
-    return set(inspect.signature(method).parameters) if callable(method) else set()
+    return frozenset(inspect.signature(method).parameters) if callable(method) else frozenset()
 
 
 def _plain_inputs(model: torch.nn.Module, sequence: torch.Tensor, keywords: dict, new_tokens: int,

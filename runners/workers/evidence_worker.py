@@ -94,20 +94,19 @@ def collect(folder: Path, steps: int, only: list[str] | None = None) -> dict[str
         # model with a cache, fed a growing mask: that mask is its own finding, not "no KV cache".
         evidence.recomputes_sequence = None
     # The model's own calls: a library's check for a device (transformers' is_torch_npu_available) is not the model's.
-    evidence.npu_stand_ins = [[call, where] for call, where in
-                              ((call, _relative(where, folder)) for call, where in npu_standin.calls())
-                              if not Path(where.rpartition(":")[0]).is_absolute()]
+    evidence.npu_stand_ins = [[call, local] for call, where in npu_standin.calls()
+                              if (local := _in_folder(where, folder)) is not None]
     evidence.logits_equal = all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(reference, traced))
     evidence.max_abs_diff = max(float((a.float() - b.float()).abs().max()) if a.shape == b.shape else float("inf")
                                 for a, b in zip(reference, traced))
     return evidence.to_dict()
 
 
-def _relative(where: str, folder: Path) -> str:
-    """"file:line" with the file relative to `folder` when it lies there."""
+def _in_folder(where: str, folder: Path) -> str | None:
+    """"file:line" with the file relative to `folder`; None when the file lies outside it."""
     file, _, line = where.rpartition(":")
     path = Path(file)
-    return f"{path.relative_to(folder)}:{line}" if path.is_relative_to(folder) else where
+    return f"{path.relative_to(folder)}:{line}" if path.is_relative_to(folder) else None
 
 
 def main(argv: list[str] | None = None) -> None:
