@@ -12,6 +12,7 @@ from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, PartialMatch, Options
 from graphmode.transforms.findings import Finding
+from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import move_helpers_out
 from graphmode.transforms.output.line_wrap import wrapped_with_code
 from graphmode.transforms.output.no_entry import without_entry_promises
@@ -183,14 +184,8 @@ def original_to_adapted(original: str, adapted: str) -> dict[int, int]:
 
 def _carry_line_map(old: str, new: str, to_original: list[int | None]) -> list[int | None]:
     """Original line numbers for the new text: unchanged lines keep theirs, written ones get None."""
-    old_lines, new_lines = old.splitlines(), new.splitlines()
-    mapped: list[int | None] = [None] * (len(new_lines) + 1)
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    for tag, i1, i2, j1, _ in matcher.get_opcodes():
-        if tag == "equal":
-            for offset in range(i2 - i1):
-                mapped[j1 + offset] = to_original[i1 + offset]
-    return mapped
+    # One entry more than lines, as the chain's first map has (one for the empty text after the last newline).
+    return carried_numbers(old.splitlines(), new.splitlines(), to_original) + [None]
 
 
 def _span(to_original: list[int | None], start: int, end: int) -> tuple[int, int]:

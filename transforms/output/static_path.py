@@ -61,6 +61,7 @@ from graphmode.transforms.codemods.lib.module import defined_at_top, insert_afte
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
     single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import imports_helper_module
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
 from graphmode.transforms.output.tidy import without_identical_branches
@@ -215,7 +216,8 @@ def fork_lines(original: str, adapted: str) -> dict[int, int]:
             shift = skip.get(line, 0)
             if shift >= 0:
                 view.append((line, adapted_lines[line - 1][shift:]))
-        mapped = _equal_lines(original_lines[first - 1:last], [text for _, text in view], list(range(first, last + 1)))
+        mapped = carried_numbers(original_lines[first - 1:last], [text for _, text in view],
+                                 list(range(first, last + 1)))
         own = {line: view[index][0] for index, line in enumerate(mapped) if line is not None}
         found.update(own)
         back = {adapted_line: line for line, adapted_line in own.items()}
@@ -271,15 +273,6 @@ def _dispatches(stmt: ast.If) -> bool:
     then = stmt.body
     return len(then) == 1 and isinstance(then[0], ast.Return) and isinstance(then[0].value, ast.Call) \
         and isinstance(then[0].value.func, ast.Attribute) and then[0].value.func.attr.endswith(TWIN_SUFFIX)
-
-
-def _equal_lines(old: list[str], new: list[str], numbers: list[int]) -> list[int | None]:
-    mapped: list[int | None] = [None] * len(new)
-    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if tag == "equal":
-            for offset in range(i2 - i1):
-                mapped[j1 + offset] = numbers[i1 + offset]
-    return mapped
 
 
 def _ast_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
