@@ -4,14 +4,15 @@ The chain maps every text's lines back to the original's through `difflib.Sequen
 autojunk=False)`, and the edits' line numbers depend on which of two equal lines it pairs, so the pairs here are
 exactly difflib's. difflib splits the texts at the longest run of equal lines (`find_longest_match`: of the longest,
 the one that starts first in `old`, then first in `new`) and does the same on each side of it. Its search reads
-every pair of equal lines in the range, and a source file's blank lines and closing brackets come in hundreds: most
-of the chain's matching time.
+every pair of equal lines in the range, and a source file's blank lines come in hundreds (237 in transformers
+4.36.2's modeling_llama.py: 56,000 pairs of them alone).
 
 `_longest_run` finds the same run without reading every pair. When a run of `step` equal lines is known to exist
-in a range (the lines the range's two sides begin or end with), every run at least that long holds a line of `old`
-whose index is `step - 1` past the range's start modulo `step`; extending each equal pair at those lines alone finds
-every such run whole, so the longest of them, with difflib's order among equally long ones, is difflib's. A range
-whose sides neither begin nor end alike is searched by difflib itself.
+in a range (the lines the range's two sides begin or end with, or one that a sparser sampling found), every run at
+least that long holds a line of `old` whose index is `step - 1` past the range's start modulo `step`; extending each
+equal pair at those lines alone finds every such run whole, so the longest of them, with difflib's order among
+equally long ones, is difflib's. A range where no run of `_SHORTEST_SAMPLED_RUN` lines is found is searched by
+difflib itself.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def _longest_run(matcher: difflib.SequenceMatcher, a: Sequence[Hashable], b: Seq
     tail = 0
     while ahi - tail > alo + head and bhi - tail > blo + head and a[ahi - 1 - tail] == b[bhi - 1 - tail]:
         tail += 1
-    # A run this long is known to exist. Where the sides neither begin nor end alike, a quarter of the shorter side
-    # is tried first: a codemod rewrites a few places, and between two of them lie long runs.
+    # A run of max(head, tail) lines exists. Where the sides neither begin nor end alike, a quarter of the shorter
+    # side is tried first: a codemod rewrites a few places, and between two of them lie long runs.
     step = max(head, tail) if max(head, tail) >= _SHORTEST_SAMPLED_RUN else min(ahi - alo, bhi - blo) // 4
     while step >= _SHORTEST_SAMPLED_RUN:
         best = _longest_run_at_least(matcher.b2j, a, b, alo, ahi, blo, bhi, step)
