@@ -54,8 +54,9 @@ class HFTarget:
     missing_imports: dict = field(default_factory=dict)  # package -> "file:line" of an unguarded import
     prompt_vocab: int = 256            # prompt ids are drawn below this (and below the vocabulary size)
     prompt_prefix: list[int] = field(default_factory=list)  # the special ids every prompt starts with (hf_prompt)
+    prompt_suffix: list[int] = field(default_factory=list)  # ... and ends with (a GLM v1 tokenizer's layout)
     special_ids: list[int] = field(default_factory=list)    # below prompt_vocab: never drawn at random
-    prompt_evidence: list[str] = field(default_factory=list)  # where each prefix id was read
+    prompt_evidence: list[str] = field(default_factory=list)  # where each prefix (then suffix) id was read
     notes: list[str] = field(default_factory=list)
 
 
@@ -199,7 +200,7 @@ def _weights(target: HFTarget, folder: Path, config_file: Path, check_shapes: bo
 
 
 def _set_prompt_tokens(target: HFTarget, tokens: PromptTokens) -> None:
-    target.prompt_prefix = list(tokens.prefix)
+    target.prompt_prefix, target.prompt_suffix = list(tokens.prefix), list(tokens.suffix)
     target.special_ids = [i for i in tokens.special if i < target.prompt_vocab]
     target.prompt_evidence = list(tokens.evidence)
     if len(target.special_ids) >= target.prompt_vocab:

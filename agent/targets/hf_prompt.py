@@ -6,6 +6,11 @@ every prompt, Llama-style models expect `<s>` first. The evidence, in this order
 - `config.json` and `generation_config.json`: every `*_token_id` / `*_token_ids` field names a special id (kept out
   of the random ids); `gmask_token_id` and `sop_token_id` (ChatGLM's config) make the GLM prefix `[gMASK] sop`;
   `bos_token_id` makes a `<s>` prefix;
+- the folder's own `tokenization_*.py`, where its `build_inputs_with_special_tokens` can be followed
+  (agent.targets.tokenizer_layout): the tokens it puts before and after the text, each found by the name the code
+  gives it (`self.gmask_token` -> the config's `gmask_token_id`) or the text it looks up (`sop` -> the tokenizer's
+  added token, else `sop_token_id`). Where it is read, it wins over the prefix rules around it: ChatGLM-6B ends
+  its prompts with `[gMASK] <sop>`, where ChatGLM2/3 begin with them;
 - `tokenizer_config.json`: `add_bos_token` says whether the tokenizer prepends `<s>` (false wins over the config's
   bos id; without it, bos is prepended unless it equals the eos id, GPT-2's one `<|endoftext|>`), and its
   `added_tokens_decoder` marks ids special; where the config has no gmask field, the tokens named `[gMASK]` and
@@ -20,6 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphmode.agent.targets.tokenizer_layout import TokenRef, special_layout
+
 GLM_PREFIX_TOKENS = (("gmask_token_id", ("[gMASK]",)), ("sop_token_id", ("sop", "<sop>")))
 
 
@@ -27,7 +34,8 @@ GLM_PREFIX_TOKENS = (("gmask_token_id", ("[gMASK]",)), ("sop_token_id", ("sop", 
 class PromptTokens:
     prefix: list[int] = field(default_factory=list)    # the ids every prompt starts with
     special: list[int] = field(default_factory=list)   # ids the random part never draws
-    evidence: list[str] = field(default_factory=list)  # where each prefix id was read, for the documents
+    evidence: list[str] = field(default_factory=list)  # where each prefix (then suffix) id was read, for the documents
+    suffix: list[int] = field(default_factory=list)    # the ids every prompt ends with (GLM v1: [gMASK] <sop>)
 
 
 def _read_json(path: Path) -> dict:
@@ -67,6 +75,8 @@ def prompt_tokens(config: dict, folder: Path | None) -> PromptTokens:
     special |= {int(key) for key, entry in added.items() if key.isdigit() and isinstance(entry, dict)
                 and entry.get("special")}
     result = PromptTokens(special=sorted(special))
+    if folder and _laid_out_by_tokenizer(result, folder, tokenizer, fields, by_content, config):
+        return result
     for name, contents in GLM_PREFIX_TOKENS:  # [gMASK], then sop after it
         if fields.get(name):
             where = "config.json" if name in special_fields(config) else "generation_config.json"
@@ -89,15 +99,52 @@ def prompt_tokens(config: dict, folder: Path | None) -> PromptTokens:
     return result
 
 
+def _laid_out_by_tokenizer(result: PromptTokens, folder: Path, tokenizer: dict, fields: dict[str, list[int]],
+                           by_content: dict[str, int], config: dict) -> bool:
+    """The prefix and suffix the folder's own tokenizer code puts around a prompt (tokenizer_layout), where it has
+    one and every token it names has an id in the config or the tokenizer's added tokens."""
+    layout = special_layout(folder, tokenizer)
+    if layout is None or not (layout.prefix or layout.suffix):
+        return False
+    found: list[tuple[int, str]] = []
+    for ref in [*layout.prefix, *layout.suffix]:
+        token = _token_id(ref, fields, by_content)
+        if token is None:
+            return False
+        where = f"config.json {token[1]}" if token[1] in special_fields(config) else token[1]
+        found.append((token[0], f"{getattr(ref, 'name', ref)} {token[0]} ({where}; placed by {layout.where})"))
+    result.prefix = [i for i, _ in found[:len(layout.prefix)]]
+    result.suffix = [i for i, _ in found[len(layout.prefix):]]
+    result.evidence = [text for _, text in found]
+    result.special = sorted({*result.special, *result.prefix, *result.suffix})
+    return True
+
+
+def _token_id(ref: TokenRef | int, fields: dict[str, list[int]], by_content: dict[str, int]) -> tuple[int, str] | None:
+    """(id, where it was read) for a token the tokenizer's code names: an id written in it, an attribute
+    (`gmask_token`, `bos_token_id`: the config's `*_token_id` field of that name), or a literal it looks up (the
+    tokenizer's added token of that text, else GLM's `[gMASK]` / `sop` fields)."""
+    if isinstance(ref, int):
+        return ref, "the tokenizer's code"
+    if not ref.literal:
+        key = ref.name if ref.name.endswith("_id") else f"{ref.name}_id"
+        return (fields[key][0], key) if fields.get(key) else None
+    if ref.name in by_content:
+        return by_content[ref.name], "tokenizer_config.json"
+    key = next((name for name, contents in GLM_PREFIX_TOKENS if ref.name in contents), None)
+    return (fields[key][0], key) if key and fields.get(key) else None
+
+
 def tiny_special_ids(config: dict, vocab: int, tokens: PromptTokens) -> dict:
     """For a --tiny vocabulary of `vocab`: overrides moving the config's special ids at or beyond it to distinct ids
     from its top down (one new id per old id, lists kept as lists), so none collapse onto another; `tokens` (read
     from the full-size folder) take the same moves, and its prefix ids that no config field names move too."""
     fields = special_fields(config)
-    kept = {i for ids in fields.values() for i in ids if i < vocab} | {i for i in tokens.prefix if i < vocab}
+    kept = {i for ids in fields.values() for i in ids if i < vocab} | {i for i in [*tokens.prefix, *tokens.suffix]
+                                                                      if i < vocab}
     free = (i for i in range(vocab - 1, -1, -1) if i not in kept)
     moved: dict[int, int] = {}
-    for i in [*(i for ids in fields.values() for i in ids), *tokens.prefix]:
+    for i in [*(i for ids in fields.values() for i in ids), *tokens.prefix, *tokens.suffix]:
         if i >= vocab and i not in moved:
             moved[i] = next(free)
     overrides = {}
@@ -106,7 +153,8 @@ def tiny_special_ids(config: dict, vocab: int, tokens: PromptTokens) -> dict:
             new = [moved.get(i, i) for i in ids]
             overrides[key] = new if isinstance(config[key], list) else new[0]
     tokens.evidence = [f"{text}, moved to {moved[i]} by --tiny" if i in moved else text
-                       for text, i in zip(tokens.evidence, tokens.prefix)]
+                       for text, i in zip(tokens.evidence, [*tokens.prefix, *tokens.suffix])]
     tokens.prefix = [moved.get(i, i) for i in tokens.prefix]
+    tokens.suffix = [moved.get(i, i) for i in tokens.suffix]
     tokens.special = sorted({moved.get(i, i) for i in tokens.special if i < vocab or i in moved})
     return overrides
