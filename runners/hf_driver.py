@@ -42,10 +42,16 @@ def has_static_cache_path(model: type | torch.nn.Module) -> str | None:
 
     if not hasattr(transformers, "StaticCache"):
         return "the installed transformers has no StaticCache (it arrived in 4.38)"
-    # 4.38-4.5x mark the models whose attention writes a static cache; 5.x gives every Cache-based model the path
-    # and keeps the flag for the few that cannot be compiled whole.
+    # 4.38-4.5x mark the models whose attention writes a static cache; 5.x gives every Cache-based model the path.
     if getattr(model, "_supports_static_cache", True) is False:
         return f"{_name(model)} declares _supports_static_cache = False in this transformers release"
+    return None
+
+
+def declared_not_compilable(model: type | torch.nn.Module) -> str | None:
+    """5.x keeps `_can_compile_fullgraph = False` for the models its authors do not expect to compile whole: a
+    guess, not a refusal (Aria's text model compiles to one graph on the static path), so graphmode runs the path
+    and counts what breaks. The flag's own words, or None."""
     if getattr(model, "_can_compile_fullgraph", True) is False and not hasattr(model, "_supports_static_cache"):
         return f"{_name(model)} declares _can_compile_fullgraph = False in this transformers release"
     return None

@@ -54,6 +54,23 @@ def test_a_spec_that_names_no_model_is_refused_with_what_to_do(spec, tiny, says)
         resolve(spec, tiny, 64)
 
 
+def test_a_type_transformers_doubts_compiles_is_driven_with_a_note_not_refused():
+    # transformers 5.x keeps `_can_compile_fullgraph = False` on a few models: Aria's text model is one, and its static
+    # path compiles to one graph (bench/hf_zoo.py verifies it), so the flag is said, not obeyed.
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+    from graphmode.runners.hf_driver import declared_not_compilable
+
+    if "aria_text" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no aria_text")
+    model_class = AutoModelForCausalLM._model_mapping[CONFIG_MAPPING["aria_text"]]
+    doubt = declared_not_compilable(model_class)
+    if doubt is None:
+        pytest.skip(f"{model_class.__name__} no longer declares _can_compile_fullgraph = False")
+    target = resolve("aria_text", True, 64)
+    assert any(note.startswith(doubt) and "report counts what breaks" in note for note in target.notes)
+
+
 def test_folders_without_a_config_unknown_model_types_and_missing_weights_are_refused(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

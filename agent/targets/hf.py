@@ -71,7 +71,8 @@ def summary(target: HFTarget) -> dict:
     return {"spec": target.spec, "model_type": target.model_type, "transformers": target.transformers_version,
             "weights": "tiny, random (--tiny)" if target.tiny else f"read from {target.weights_folder}",
             "code": how, "rewritten": bool(target.package), "placeholders": dict(target.missing_imports),
-            "prompt_prefix": "; ".join(target.prompt_evidence) or "none (no special token in the config)"}
+            "prompt_prefix": "; ".join(target.prompt_evidence) or "none (no special token in the config)",
+            "notes": list(target.notes)}
 
 
 def _transformers():
@@ -143,7 +144,7 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
                         f"{transformers.__version__}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
                         "transformers, or add the model's own code to the folder with an auto_map in config.json")
     else:
-        _check_static_path(spec, CONFIG_MAPPING[model_type])
+        target.notes += filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type])])
     # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
     config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
     _sizes_and_prompt(target, config, config_class, folder, max_seq_len)
@@ -162,8 +163,9 @@ def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str) -> HFTarg
     if not tiny:
         raise UserError(f"--hf {spec}: a model type alone has no weights; add --tiny for a small model with "
                         "random weights, or give a local model folder")
-    _check_static_path(spec, CONFIG_MAPPING[spec])
-    target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True, transformers_version=version)
+    doubt = _check_static_path(spec, CONFIG_MAPPING[spec])
+    target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True, transformers_version=version,
+                      notes=[doubt] if doubt else [])
     target.config_overrides = _tiny_overrides(CONFIG_MAPPING[spec], max_seq_len)
     _set_prompt_tokens(target, prompt_tokens({**CONFIG_MAPPING[spec]().to_dict(), **target.config_overrides}, None))
     return target
@@ -245,11 +247,12 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_static_path(spec: str, config_class) -> None:
-    """The model type has a causal LM class in this transformers, on a static-cache path graphmode can drive."""
+def _check_static_path(spec: str, config_class) -> str | None:
+    """The model type has a causal LM class in this transformers, on a static-cache path graphmode can drive; a
+    note for the person where transformers doubts that the path compiles whole."""
     from transformers import AutoModelForCausalLM
 
-    from graphmode.runners.hf_driver import has_static_cache_path
+    from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path
 
     try:
         model_class = AutoModelForCausalLM._model_mapping[config_class]
@@ -260,6 +263,9 @@ def _check_static_path(spec: str, config_class) -> None:
     if why_not:
         raise UserError(f"--hf {spec}: {why_not}, so graphmode cannot drive it without rewriting transformers' code; "
                         f"copy its modeling file beside a harness (`graphmode init`) to have it rewritten")
+    doubt = declared_not_compilable(model_class)
+    return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
+            "report counts what breaks") if doubt else None
 
 
 def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: dict, python: str | None) -> None:
