@@ -7,7 +7,7 @@ the target under an interpreter with such a release (graphmode.toml's `python`, 
 
 Every fact of RELEASE_FACTS was read from the released wheels (pip download transformers==X --no-deps; the class,
 method or module looked up in the wheel's sources): 4.35.2, 4.36.0, 4.38.0, 4.41.2, 4.42.4, 4.43.4, 4.44.2, 4.45.0,
-4.46.0, 4.47.0, 4.47.1, 4.48.0, 4.49.0, 4.50.0, 4.52.0, 4.53.0, 4.53.3, 4.54.0, 4.55.0, 4.55.4, 4.56.0, 4.57.0,
+4.46.0, 4.47.0, 4.47.1, 4.48.0, 4.48.3, 4.49.0, 4.50.0, 4.52.0, 4.53.0, 4.53.3, 4.54.0, 4.55.0, 4.55.4, 4.56.0, 4.57.0,
 4.57.6, 5.0.0, 5.1.0, 5.2.0, 5.13.1, 5.18.0, 5.21.1, 5.22.2, 5.23.0 and 5.24.0. `last` names a minor release
 (for 4.47, 4.53 and 4.57 its first and last patch releases were both read); `first` is the earliest release in
 graphmode's range (SUPPORTED_FROM onward) that has it. Left out, because no one range says it:
@@ -45,6 +45,7 @@ class ReleaseFact:
     name: str
     shows_as: tuple[str, ...]
     back_from: str | None = None
+    keyword_of: str | None = None  # a keyword argument (`name`) of this method, not the method itself
 
     @property
     def releases(self) -> str:
@@ -62,6 +63,7 @@ class ReleaseFact:
 _MODULE = (r"No module named '(?P<name>[\w.]+)'",)
 _IMPORTED = (r"cannot import name '(?P<name>\w+)' from '[\w.]+'",)
 _ATTRIBUTE = (r"has no attribute '(?P<name>\w+)'",)
+_KEYWORD = (r"got an unexpected keyword argument '(?P<name>\w+)'",)
 
 RELEASE_FACTS: tuple[ReleaseFact, ...] = (
     # Removed in 5.24, back in 5.25 as a deprecated module kept for backward compatibility.
@@ -78,6 +80,12 @@ RELEASE_FACTS: tuple[ReleaseFact, ...] = (
     ReleaseFact("transformers.utils.LossKwargs", "4.47", "4.53", "LossKwargs", _IMPORTED + _ATTRIBUTE),
     # ModuleUtilsMixin.get_head_mask: 4.57.6 has it, 5.0.0 not.
     ReleaseFact("PreTrainedModel.get_head_mask", "4.36", "4.57", "get_head_mask", _ATTRIBUTE),
+    # Remote code that overrides _update_model_kwargs_for_generation (ChatGLM-6B) calls it: 4.48.3 has it, 4.49.0
+    # not; its `standardize_cache_format` keyword: 4.43.4 has it, 4.44.2 not.
+    ReleaseFact("GenerationMixin._extract_past_from_model_output", "4.36", "4.48", "_extract_past_from_model_output",
+                _ATTRIBUTE),
+    ReleaseFact("GenerationMixin._extract_past_from_model_output(standardize_cache_format=)", "4.36", "4.43",
+                "standardize_cache_format", _KEYWORD, keyword_of="_extract_past_from_model_output"),
 )
 # 5.0 turned a config's `rope_scaling: null` into a dict ({"rope_type": "default", ...}): code written for 4.x reads
 # `rope_scaling["type"]` once it is not None, and gets a KeyError (or the dict where it tested for None).
@@ -108,7 +116,7 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
                 defined.add(node.name)
             imports_transformers = imports_transformers or _imports_transformers(node)
             for fact in _facts_at(node):
-                held = methods if fact.shows_as == _ATTRIBUTE else found
+                held = methods if fact.shows_as in (_ATTRIBUTE, _KEYWORD) else found
                 held.setdefault(fact, f"{path}:{node.lineno}")
         # A method called by name is transformers' only in a file that imports transformers: code with a cache of
         # its own (its own get_usable_length, in a file not read here) is not held to transformers' releases.
@@ -116,7 +124,7 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
             for fact, where in methods.items():
                 found.setdefault(fact, where)
     return [NameUse(fact, where) for fact, where in found.items()
-            if not (fact.shows_as == _ATTRIBUTE and fact.name in defined)]
+            if not (fact.shows_as in (_ATTRIBUTE, _KEYWORD) and (fact.keyword_of or fact.name) in defined)]
 
 
 def _imports_transformers(node: ast.AST) -> bool:
@@ -133,6 +141,9 @@ def _facts_at(node: ast.AST) -> list[ReleaseFact]:
         return _modules_named([node.module]) + [_IMPORTED_NAMES[name] for name in names if name in _IMPORTED_NAMES]
     if isinstance(node, ast.Attribute) and node.attr in _METHODS:
         return [_METHODS[node.attr]]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return [fact for fact in _KEYWORDS if fact.keyword_of == node.func.attr
+                and any(keyword.arg == fact.name for keyword in node.keywords)]
     return []
 
 
@@ -144,6 +155,7 @@ def _modules_named(modules: list[str]) -> list[ReleaseFact]:
 _MODULES = tuple(fact for fact in RELEASE_FACTS if fact.shows_as == _MODULE)
 _IMPORTED_NAMES = {fact.name: fact for fact in RELEASE_FACTS if _IMPORTED[0] in fact.shows_as}
 _METHODS = {fact.name: fact for fact in RELEASE_FACTS if fact.shows_as == _ATTRIBUTE}
+_KEYWORDS = tuple(fact for fact in RELEASE_FACTS if fact.shows_as == _KEYWORD)
 
 
 def _spans(fact: ReleaseFact) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
@@ -196,7 +208,7 @@ def release_need(uses: list[NameUse], version: str | None) -> str | None:
 
 
 def _matching_fact(exc: BaseException) -> ReleaseFact | None:
-    if not isinstance(exc, (ImportError, AttributeError)):
+    if not isinstance(exc, (ImportError, AttributeError, TypeError)):
         return None
     message = str(exc)
     for fact in RELEASE_FACTS:

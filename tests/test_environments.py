@@ -217,6 +217,29 @@ def test_every_transformers_name_the_code_uses_is_read_and_the_releases_having_t
     assert release_need([], "5.25.0") is None
 
 
+def test_a_keyword_a_release_dropped_is_a_release_fact_of_its_own():
+    # ChatGLM-6B's _update_model_kwargs_for_generation: the method went after 4.48, its keyword after 4.43.
+    code = ("from transformers import PreTrainedModel\n"
+            "class Model(PreTrainedModel):\n"
+            "    def _update_model_kwargs_for_generation(self, outputs, kwargs, standardize_cache_format=False):\n"
+            "        kwargs['past'] = self._extract_past_from_model_output(\n"
+            "            outputs, standardize_cache_format=standardize_cache_format)\n")
+    uses = names_used({"modeling_glm.py": code})
+    method = next(u.fact for u in uses if u.fact.keyword_of is None)
+    keyword = next(u.fact for u in uses if u.fact.keyword_of == method.name)
+    assert {u.where for u in uses} == {"modeling_glm.py:4"} and len(uses) == 2
+    assert common_releases(uses) == [((), release(keyword.last))] and release(keyword.last) < release(method.last)
+    assert release_need(uses, keyword.last) is None and release_need(uses, method.last) is not None
+    # The code calling the method without the keyword is held to the method's releases alone.
+    plain = names_used({"modeling_glm.py": code.replace("outputs, standardize_cache_format=standardize_cache_format",
+                                                        "outputs")})
+    assert [u.fact for u in plain] == [method]
+    # A worker's TypeError for the keyword is diagnosed with the releases that take it.
+    error = TypeError("GenerationMixin._extract_past_from_model_output() got an unexpected keyword argument "
+                      "'standardize_cache_format'")
+    assert f"`{keyword.symbol}` ({keyword.releases})" in diagnose([error], "4.48.3")
+
+
 def _needing_loss_kwargs(tmp_path: Path) -> Path:
     """The remote-code fixture, importing a name transformers had from 4.47 to 4.53 only."""
     folder = tmp_path / "hub"
