@@ -48,6 +48,7 @@ def tree_fingerprint(folder: Path) -> dict[str, str]:
     ("llama", False, "add --tiny"),
     ("no/such/folder", True, "no such file or folder"),
     ("t5", True, "no causal language model"),
+    ("roberta", True, "describes an encoder"),  # its causal LM head is causal only with is_decoder=True
 ])
 def test_a_spec_that_names_no_model_is_refused_with_what_to_do(spec, tiny, says):
     with pytest.raises(UserError, match=says):

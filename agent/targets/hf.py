@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
                         f"{transformers.__version__}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
                         "transformers, or add the model's own code to the folder with an auto_map in config.json")
     else:
-        target.notes += filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type])])
+        target.notes += filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type], config)])
     # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
     config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
     _sizes_and_prompt(target, config, config_class, folder, max_seq_len)
@@ -247,9 +248,10 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_static_path(spec: str, config_class) -> str | None:
+def _check_static_path(spec: str, config_class, config: dict | None = None) -> str | None:
     """The model type has a causal LM class in this transformers, on a static-cache path graphmode can drive; a
-    note for the person where transformers doubts that the path compiles whole."""
+    note for the person where transformers doubts that the path compiles whole. `config`: config.json's values,
+    where the model comes from a folder."""
     from transformers import AutoModelForCausalLM
 
     from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path
@@ -259,6 +261,10 @@ def _check_static_path(spec: str, config_class) -> str | None:
     except KeyError:
         raise UserError(f"--hf {spec}: {config_class.model_type} has no causal language model in transformers "
                         "(AutoModelForCausalLM); graphmode adapts decoders that generate token by token") from None
+    if _attends_both_ways(config_class, model_class, config or {}):
+        raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder (is_decoder is false: every "
+                        "position attends to the ones after it too), which no KV cache serves; graphmode adapts "
+                        "decoders that generate token by token")
     why_not = has_static_cache_path(model_class)
     if why_not:
         raise UserError(f"--hf {spec}: {why_not}, so graphmode cannot drive it without rewriting transformers' code; "
@@ -266,6 +272,27 @@ def _check_static_path(spec: str, config_class) -> str | None:
     doubt = declared_not_compilable(model_class)
     return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
             "report counts what breaks") if doubt else None
+
+
+def _attends_both_ways(config_class, model_class, config: dict) -> bool:
+    """An encoder's causal LM head (BERT, RoBERTa, ...): its code makes attention causal only where the config says
+    `is_decoder` (checkpoints fine-tuned as decoders), and neither the config nor the class says so. BART's and
+    Marian's causal LM classes set it themselves; GPT-NeoX declares the field and never reads it."""
+    import inspect
+
+    if "is_decoder" not in getattr(config_class, "__annotations__", {}) or config.get("is_decoder") is True:
+        return False
+    try:
+        module = ast.parse(inspect.getsource(sys.modules[model_class.__module__]))
+        init = ast.parse(textwrap.dedent(inspect.getsource(model_class.__init__)))
+    except (OSError, TypeError, KeyError, SyntaxError):
+        return False
+
+    def uses(tree: ast.AST, context: type) -> bool:
+        return any(isinstance(node, ast.Attribute) and node.attr == "is_decoder" and isinstance(node.ctx, context)
+                   for node in ast.walk(tree))
+
+    return uses(module, ast.Load) and not uses(init, ast.Store)
 
 
 def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: dict, python: str | None) -> None:
