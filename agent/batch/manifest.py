@@ -108,17 +108,22 @@ def load_manifest(path: Path, *, out: Path | None = None, overrides: dict[str, A
     targets: list[BatchTarget] = []
     for number, entry in enumerate(entries, 1):
         found = _target(path, folder, number, entry, defaults, overrides or {}, target_timeout)
-        twin = next((t for t in targets if t.name == found.name), None)
-        if twin is not None:
-            raise UserError(f"{path}: two targets are named {found.name!r} ({twin.shown_as} and {found.shown_as}); "
-                            "give one of them its own name = \"...\"")
-        home = Path(found.target["harness"]).parent if "harness" in found.target else None
-        if home is not None and (batch_out == home or home in batch_out.parents):
-            raise UserError(f"{path}: the output folder {batch_out} is inside target {found.name}'s folder; give "
-                            "the batch another --out")
+        _check_fits(path, found, targets, batch_out)
         targets.append(found)
     _check_interpreters(path, targets)
     return Manifest(path=path.resolve(), out=batch_out, targets=targets)
+
+
+def _check_fits(path: Path, found: BatchTarget, targets: list[BatchTarget], batch_out: Path) -> None:
+    """A new target can join the batch: its name is not taken, and the batch does not write into its folder."""
+    twin = next((t for t in targets if t.name == found.name), None)
+    if twin is not None:
+        raise UserError(f"{path}: two targets are named {found.name!r} ({twin.shown_as} and {found.shown_as}); "
+                        "give one of them its own name = \"...\"")
+    home = Path(found.target["harness"]).parent if "harness" in found.target else None
+    if home is not None and (batch_out == home or home in batch_out.parents):
+        raise UserError(f"{path}: the output folder {batch_out} is inside target {found.name}'s folder; give "
+                        "the batch another --out")
 
 
 def _check_interpreters(path: Path, targets: list[BatchTarget]) -> None:
@@ -141,6 +146,28 @@ def _check_interpreters(path: Path, targets: list[BatchTarget]) -> None:
 
 def _target(path: Path, folder: Path, number: int, entry: Any, defaults: dict[str, Any], overrides: dict[str, Any],
             target_timeout: float | None) -> BatchTarget:
+    name, label = _entry_name(path, number, entry)
+    spec = {key: entry[key] for key in target_file.TARGET_KEYS if key in entry}
+    run = entry.get("run", {})
+    if isinstance(run, dict) and "out" in run:
+        raise UserError(f"{path}: {label}: run has out; the batch writes each target to OUT/<name> (set OUT with "
+                        "--out or [defaults] out)")
+    checked = target_file.checked(path, spec, run, labels=(label, f"{label} run"), run_keys=TARGET_RUN_KEYS)
+    base_target, base_run = _its_own_file(path, folder, label, entry.get("path"))
+    spec = {**base_target, **_absolute(folder, checked.target)}
+    _check_one_way(path, label, entry, spec)
+    spec = _checked_spec(path, folder, label, entry.get("path"), spec)
+    shown_as = entry.get("path") or entry.get("harness") or (f"hf {entry['hf']}" if "hf" in entry else "")
+    own = {**base_run, **checked.run}
+    timeout = _target_timeout(path, label, own, defaults, target_timeout)
+    effective = _effective_run(path, label, defaults, own, overrides)
+    return BatchTarget(name=name or _derived_name(spec), target=spec, run=effective, target_timeout=timeout,
+                       shown_as=str(shown_as or name))
+
+
+def _entry_name(path: Path, number: int, entry: Any) -> tuple[Any, str]:
+    """The entry's own name (None when it gives none) and the label its errors use; refuses an entry that is not a
+    table, has an unknown key, or a name that cannot be a folder."""
     label = f"[[target]] {number}"
     if not isinstance(entry, dict):
         raise UserError(f"{path}: {label} must be a table")
@@ -150,39 +177,41 @@ def _target(path: Path, folder: Path, number: int, entry: Any, defaults: dict[st
     name = entry.get("name")
     if name is not None and not (isinstance(name, str) and _NAME.match(name)):
         raise UserError(f"{path}: {label} name must be a folder name (letters, digits, '.', '_', '-'), got {name!r}")
-    if name:
-        label = f"[[target]] {name}"
-    spec = {key: entry[key] for key in target_file.TARGET_KEYS if key in entry}
-    run = entry.get("run", {})
-    if isinstance(run, dict) and "out" in run:
-        raise UserError(f"{path}: {label}: run has out; the batch writes each target to OUT/<name> (set OUT with "
-                        "--out or [defaults] out)")
-    checked = target_file.checked(path, spec, run, labels=(label, f"{label} run"), run_keys=TARGET_RUN_KEYS)
-    base_target, base_run = _its_own_file(path, folder, label, entry.get("path"))
-    spec = {**base_target, **_absolute(folder, checked.target)}
-    ways = [key for key in ("hf", "harness", "convention") if key in spec]
+    return name, (f"[[target]] {name}" if name else label)
+
+
+def _check_one_way(path: Path, label: str, entry: dict[str, Any], spec: dict[str, Any]) -> None:
+    """The entry says how to build its model exactly once: a path folder, or hf, harness or convention."""
     if "path" in entry:
         if not isinstance(entry["path"], str):
             raise UserError(f"{path}: {label} path must be a folder, got {entry['path']!r}")
         if "hf" in entry:
             raise UserError(f"{path}: {label} names path and hf; give one way to build the model")
-    elif not ways:
+    elif not any(key in spec for key in ("hf", "harness", "convention")):
         raise UserError(f"{path}: {label} says nothing to adapt: give path (a folder with a harness.py), harness, "
                         "hf, or convention")
-    spec = _checked_spec(path, folder, label, entry.get("path"), spec)
-    shown_as = entry.get("path") or entry.get("harness") or (f"hf {entry['hf']}" if "hf" in entry else "")
-    own = {**base_run, **checked.run}
+
+
+def _target_timeout(path: Path, label: str, own: dict[str, Any], defaults: dict[str, Any],
+                    target_timeout: float | None) -> float:
+    """The target's time limit: the command line's, else its own, else [defaults]'; popped from `own`, since it
+    limits the run rather than being one of adapt's options."""
     timeout = own.pop("target_timeout", defaults.get("target_timeout", DEFAULT_TARGET_TIMEOUT))
     timeout = target_timeout if target_timeout is not None else timeout
     if timeout <= 0:
         raise UserError(f"{path}: {label} target_timeout must be above 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _effective_run(path: Path, label: str, defaults: dict[str, Any], own: dict[str, Any],
+                   overrides: dict[str, Any]) -> dict[str, Any]:
+    """The [run] options the target runs with: [defaults], then its own, then the command line's, checked."""
     effective = {"yes": True, **{k: v for k, v in defaults.items() if k != "target_timeout"}, **own,
                  **{k: v for k, v in overrides.items() if v is not None}}
     _check_options(path, label, effective)
     if effective.get("compile_cache") not in (None, "", "off"):  # as adapt reads it: relative to where it runs
         effective["compile_cache"] = str(Path(effective["compile_cache"]).expanduser().resolve())
-    return BatchTarget(name=name or _derived_name(spec), target=spec, run=effective, target_timeout=float(timeout),
-                       shown_as=str(shown_as or name))
+    return effective
 
 
 def _check_options(path: Path, label: str, run: dict[str, Any]) -> None:
@@ -251,7 +280,13 @@ def _checked_spec(path: Path, folder: Path, label: str, where: str | None, spec:
         raise UserError(f"{path}: {label} harness must name a file called harness.py, got {harness.name!r}")
     if not harness.parent.is_dir():
         raise UserError(f"{path}: {label}: the target folder {harness.parent} does not exist")
-    convention = spec.get("convention")
+    _check_builder(path, label, harness, spec.get("convention"))
+    _check_sources(path, label, harness.parent, spec.get("sources"))
+    return spec
+
+
+def _check_builder(path: Path, label: str, harness: Path, convention: Any) -> None:
+    """A convention is a known one; without one, the harness.py exists."""
     if convention is not None:
         from graphmode.transforms.conventions import CONVENTIONS  # stdlib `ast` only
 
@@ -261,12 +296,15 @@ def _checked_spec(path: Path, folder: Path, label: str, where: str | None, spec:
     elif not harness.is_file():
         raise UserError(f"{path}: {label}: no harness.py in {harness.parent} (write one with `graphmode init`, or "
                         "name a convention)")
-    missing = [s for s in spec.get("sources") or [] if not (harness.parent / s).is_file()]
+
+
+def _check_sources(path: Path, label: str, home: Path, sources: Any) -> None:
+    """Each file `sources` names is in the target folder, and the list, when given, is not empty."""
+    missing = [s for s in sources or [] if not (home / s).is_file()]
     if missing:
-        raise UserError(f"{path}: {label} sources names {', '.join(missing)}, not in {harness.parent}")
-    if spec.get("sources") == []:
+        raise UserError(f"{path}: {label} sources names {', '.join(missing)}, not in {home}")
+    if sources == []:
         raise UserError(f"{path}: {label} sources is empty: name the files graphmode may rewrite")
-    return spec
 
 
 def _derived_name(spec: dict[str, Any]) -> str:
