@@ -106,19 +106,23 @@ def op_role(node: torch.fx.Node, graph: torch.fx.GraphModule | None = None) -> s
     if node.op not in ("call_function", "call_method", "call_module"):
         return "none"
     name = op_name(node, graph)
-    output = _value(node)
-    first = _value(node.args[0]) if node.args else None
     if name in METADATA_OPS:
         return "none"
     if name in VIEW_OPS:
         return "view"
     if name in MAYBE_COPY_OPS:
-        if not isinstance(first, torch.Tensor):  # a getitem on a tuple, a size, a list
-            return "none"
-        return "view" if _aliases(output, first) else "op"
-    if node.op != "call_module" and not _is_in_place(name, node) and not _holds_tensor(output):
+        return _maybe_copy_role(node)
+    if node.op != "call_module" and not _is_in_place(name, node) and not _holds_tensor(_value(node)):
         return "none"  # arithmetic on Python numbers or sizes
     return "op"
+
+
+def _maybe_copy_role(node: torch.fx.Node) -> str:
+    """A reshape, getitem or cast is a view when its output shares its input's memory, and a copy otherwise."""
+    first = _value(node.args[0]) if node.args else None
+    if not isinstance(first, torch.Tensor):  # a getitem on a tuple, a size, a list
+        return "none"
+    return "view" if _aliases(_value(node), first) else "op"
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -202,33 +206,52 @@ def _analyse(graph: torch.fx.GraphModule) -> _Graph:
     placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
     for node in graph.graph.nodes:
         role = op_role(node, graph)
-        if role == "view" and node.args and isinstance(node.args[0], torch.fx.Node):
-            roots[node] = roots.get(node.args[0], node.args[0])
+        first = _node_arg(node)
+        if role == "view" and first is not None:
+            roots[node] = roots.get(first, first)
         if role != "op":
             continue
-        name = op_name(node, graph)
-        stack = node.meta.get("nn_module_stack") or {}
-        key, (path, _) = next(reversed(stack.items())) if stack else (None, (None, None))
-        tensor_inputs = [arg for arg in node.all_input_nodes if isinstance(_value(arg), torch.Tensor)]
-        into = None
-        if _is_in_place(name, node) and node.args and isinstance(node.args[0], torch.fx.Node):
-            into = roots.get(node.args[0], node.args[0])
-        if into is not None and name in SCATTER_OPS:
-            # Writes and reads the values it copies in; index tensors are read too, the destination is not.
-            sources = [arg for arg in tensor_inputs if arg is not node.args[0]]
-            reads = [(arg, _nbytes(_value(arg))) for arg in sources]
-            values = [arg for arg in sources if _value(arg).is_floating_point() or _value(arg).is_complex()]
-            writes = sum(_nbytes(_value(arg)) for arg in values) if values else sum(n for _, n in reads)
-        else:
-            reads = [(arg, _nbytes(_value(arg))) for arg in tensor_inputs]
-            writes = _nbytes(_value(node))
-        if node.op == "call_module":
-            weights = graph.get_submodule(node.target)
-            reads += [(node, sum(p.numel() * p.element_size() for p in weights.parameters()))]
-        ops.append(_Op(name, node, key, path, reads, writes, into))
-        if into is not None:
-            roots[node] = into
+        op = _make_op(graph, node, roots)
+        ops.append(op)
+        if op.into is not None:
+            roots[node] = op.into
     return _Graph(graph, placeholders, ops, roots)
+
+
+def _node_arg(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node's first argument when that is a node: the tensor a view shows or an in-place op writes into."""
+    return node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+
+
+def _make_op(graph: torch.fx.GraphModule, node: torch.fx.Node, roots: dict[torch.fx.Node, torch.fx.Node]) -> _Op:
+    """One tensor-writing node: its module, the bytes it reads (a module call: its weights too) and writes."""
+    name = op_name(node, graph)
+    stack = node.meta.get("nn_module_stack") or {}
+    key, (path, _) = next(reversed(stack.items())) if stack else (None, (None, None))
+    first = _node_arg(node)
+    into = roots.get(first, first) if first is not None and _is_in_place(name, node) else None
+    if into is not None and name in SCATTER_OPS:
+        reads, writes = _scatter_traffic(node, first)
+    else:
+        reads = [(arg, _nbytes(_value(arg))) for arg in _tensor_inputs(node)]
+        writes = _nbytes(_value(node))
+    if node.op == "call_module":
+        weights = graph.get_submodule(node.target)
+        reads += [(node, sum(p.numel() * p.element_size() for p in weights.parameters()))]
+    return _Op(name, node, key, path, reads, writes, into)
+
+
+def _tensor_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    return [arg for arg in node.all_input_nodes if isinstance(_value(arg), torch.Tensor)]
+
+
+def _scatter_traffic(node: torch.fx.Node, destination: torch.fx.Node) -> tuple[list[tuple[torch.fx.Node, int]], int]:
+    """A scatter writes and reads the values it copies in; index tensors are read too, the destination is not."""
+    sources = [arg for arg in _tensor_inputs(node) if arg is not destination]
+    reads = [(arg, _nbytes(_value(arg))) for arg in sources]
+    values = [arg for arg in sources if _value(arg).is_floating_point() or _value(arg).is_complex()]
+    writes = sum(_nbytes(_value(arg)) for arg in values) if values else sum(n for _, n in reads)
+    return reads, writes
 
 
 @dataclass
@@ -304,54 +327,92 @@ def count_graphs(graphs: list[torch.fx.GraphModule], runs: list[tuple[int, list[
     analysed = [_analyse(graph) for graph in graphs]
     runs = runs if runs is not None else [(index, []) for index in range(len(graphs))]
     names = _Names(model)
-    made_here = {storage_of(t) for out in (outputs or []) for t in _tensors(out)}
+    made_here = _storages_returned(outputs or [])
     written = _written_storages(analysed, runs)
     count = DecodeCount(graphs=len(graphs), runs=len(runs))
-    placed_runs: list[list[tuple[_Op, tuple[str, int] | None, dict[str, int]]]] = []
+    placed_runs: list[list[_Placed]] = []
     run_layers: list[tuple[str, int] | None | str] = []
+    first_runs: dict[int, list[Any]] = {}
     for index, args in runs:
         graph = analysed[index]
-        categories = {node: _input_category(node, args[i] if i < len(args) else None, names, made_here, written)
-                      for i, node in enumerate(graph.placeholders)}
-        own_layer = _run_layer(graph, args, names)
+        categories = _input_categories(graph, args, names, made_here, written)
         # Dynamo compiled the graph for its first run: its module stack names that run's layers, and a later run of
         # the same graph (the next layer's) reads the parameters of another. Map one to the other through them.
-        first_run = next(first for first in runs if first[0] == index)[1]
-        moved = _layers_moved(graph, first_run, args, names)
-        placed = []
-        for op in graph.ops:
-            traffic: dict[str, int] = Counter()
-            for source, nbytes in op.reads:
-                root = graph.roots.get(source, source)
-                category = WEIGHTS if source is op.node else categories.get(root, INTERMEDIATES)
-                traffic[category] += nbytes
-            target = categories.get(op.into, INTERMEDIATES) if op.into is not None else INTERMEDIATES
-            traffic[STATE if target == WEIGHTS else target] += op.writes  # a written buffer is state
-            layer = _op_layer(op, names)
-            placed.append((op, moved.get(layer, layer), traffic))
-            count.op_kinds[op.name] += 1
-        if any(op.module is not None for op in graph.ops):
-            count.placed = True
-        placed_runs.append(placed)
-        run_layers.append(own_layer)
+        moved = _layers_moved(graph, first_runs.setdefault(index, args), args, names)
+        placed_runs.append(_place_ops(graph, categories, moved, names))
+        count.op_kinds.update(op.name for op in graph.ops)
+        count.placed = count.placed or any(op.module is not None for op in graph.ops)
+        run_layers.append(_run_layer(graph, args, names))
     _settle_runs_between(run_layers)
+    _add_runs(count, placed_runs, run_layers)
+    return count
+
+
+# An op of one run: the op, the layer it belongs to (None outside any), the bytes it moves by category.
+_Placed = tuple[_Op, tuple[str, int] | None, dict[str, int]]
+
+
+def _storages_returned(outputs: list[Any]) -> set[int]:
+    """The storages of what the step's runs returned: an input found there is this step's own result."""
+    return {storage_of(t) for out in outputs for t in _tensors(out)}
+
+
+def _input_categories(graph: _Graph, args: list[Any], names: _Names, made_here: set[int],
+                      written: set[int]) -> dict[torch.fx.Node, str]:
+    """What each of the graph's inputs is in this run (weights, state or intermediates), from its real argument."""
+    return {node: _input_category(node, args[i] if i < len(args) else None, names, made_here, written)
+            for i, node in enumerate(graph.placeholders)}
+
+
+def _place_ops(graph: _Graph, categories: dict[torch.fx.Node, str], moved: dict[Any, Any],
+               names: _Names) -> list[_Placed]:
+    """Each op of one run with the layer it ran for (through `moved`: this run's layer, not the first run's)."""
+    placed = []
+    for op in graph.ops:
+        layer = _op_layer(op, names)
+        placed.append((op, moved.get(layer, layer), _op_traffic(graph, op, categories)))
+    return placed
+
+
+def _op_traffic(graph: _Graph, op: _Op, categories: dict[torch.fx.Node, str]) -> dict[str, int]:
+    """The bytes one op reads and writes, by category: its inputs' categories, and the tensor it writes into."""
+    traffic: dict[str, int] = Counter()
+    for source, nbytes in op.reads:
+        root = graph.roots.get(source, source)
+        category = WEIGHTS if source is op.node else categories.get(root, INTERMEDIATES)
+        traffic[category] += nbytes
+    target = categories.get(op.into, INTERMEDIATES) if op.into is not None else INTERMEDIATES
+    traffic[STATE if target == WEIGHTS else target] += op.writes  # a written buffer is state
+    return traffic
+
+
+def _main_container(placed_runs: list[list[_Placed]], run_layers: list[Any]) -> str | None:
+    """The module list most layered ops and runs belong to (`layers` of model.layers.3): the model's layers."""
     container = Counter(layer[0] for placed in placed_runs for _, layer, _ in placed if layer)
     container.update(layer[0] for layer in run_layers if isinstance(layer, tuple))
-    main = container.most_common(1)[0][0] if container else None
+    return container.most_common(1)[0][0] if container else None
+
+
+def _add_runs(count: DecodeCount, placed_runs: list[list[_Placed]], run_layers: list[Any]) -> None:
+    """Count every op of every run; an op no module stack places belongs to its run's layer."""
+    main = _main_container(placed_runs, run_layers)
     for placed, own_layer in zip(placed_runs, run_layers):
         for op, layer, traffic in placed:
-            layer = layer if layer is not None or op.module is not None else own_layer
-            count.ops += 1
-            for category, nbytes in traffic.items():
-                count.traffic.add(category, nbytes)
-            if isinstance(layer, tuple) and layer[0] == main:
-                count.layer_ops[layer[1]] = count.layer_ops.get(layer[1], 0) + 1
-                layer_traffic = count.layer_traffic.setdefault(layer[1], Traffic())
-                for category, nbytes in traffic.items():
-                    layer_traffic.add(category, nbytes)
-            else:
-                count.ops_outside_layers += 1
-    return count
+            _add_op(count, traffic, layer if layer is not None or op.module is not None else own_layer, main)
+
+
+def _add_op(count: DecodeCount, traffic: dict[str, int], layer: Any, main: str | None) -> None:
+    """Count one op into the step's totals, and into its layer's when it is in one of the main container's."""
+    count.ops += 1
+    for category, nbytes in traffic.items():
+        count.traffic.add(category, nbytes)
+    if not (isinstance(layer, tuple) and layer[0] == main):
+        count.ops_outside_layers += 1
+        return
+    count.layer_ops[layer[1]] = count.layer_ops.get(layer[1], 0) + 1
+    layer_traffic = count.layer_traffic.setdefault(layer[1], Traffic())
+    for category, nbytes in traffic.items():
+        layer_traffic.add(category, nbytes)
 
 
 def storage_of(tensor: torch.Tensor) -> int:
