@@ -159,6 +159,18 @@ def _last_name(node: ast.expr) -> str | None:
 
 def _module_classes(trees: dict[str, ast.Module]) -> dict[str, _Class]:
     """Every top-level class of the files that is an nn.Module, directly or through other classes of the files."""
+    every = _every_class(trees)
+    modules: set[str] = set()
+    changed = True
+    while changed:  # a fixed point: a base defined after its subclass, or in another file, still counts
+        found = {cls.name for cls in every.values() if cls.name not in modules and _module_bases(cls, modules)}
+        modules |= found
+        changed = bool(found)
+    return {name: cls for name, cls in every.items() if name in modules}
+
+
+def _every_class(trees: dict[str, ast.Module]) -> dict[str, _Class]:
+    """Every top-level class of the files by name (a later one of the same name wins), numbered in file order."""
     every: dict[str, _Class] = {}
     order = 0
     for file, tree in trees.items():
@@ -167,16 +179,12 @@ def _module_classes(trees: dict[str, ast.Module]) -> dict[str, _Class]:
                 bases = tuple(n for n in (_last_name(b) for b in stmt.bases) if n)
                 every[stmt.name] = _Class(stmt.name, file, stmt, bases, order)
                 order += 1
-    modules: set[str] = set()
-    changed = True
-    while changed:  # a fixed point: a base defined after its subclass, or in another file, still counts
-        changed = False
-        for cls in every.values():
-            if cls.name not in modules and any(b in _MODULE_BASES or b in modules or b.endswith("PreTrainedModel")
-                                               for b in cls.bases):
-                modules.add(cls.name)
-                changed = True
-    return {name: cls for name, cls in every.items() if name in modules}
+    return every
+
+
+def _module_bases(cls: _Class, modules: set[str]) -> bool:
+    """Whether one of the class's bases is an nn.Module: torch's, a Hugging Face model's, or one already found."""
+    return any(b in _MODULE_BASES or b in modules or b.endswith("PreTrainedModel") for b in cls.bases)
 
 
 def _resolve(cls: _Class, method: str, classes: dict[str, _Class]) -> tuple[ast.FunctionDef | None, _Class | None]:
@@ -264,17 +272,35 @@ def _kv_cache_made(classes: dict[str, _Class]) -> tuple[str, _Class, ast.AST] | 
         if init is None:
             continue
         for node in ast.walk(init):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None \
-                    and not (isinstance(node.value, ast.Constant) and node.value.value is None):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                            and target.value.id == "self" and _KV_CACHE_ATTR.search(target.attr):
-                        return target.attr, cls, node
-            if isinstance(node, ast.Call) and _last_name(node.func) == "register_buffer" and node.args \
-                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
-                    and _KV_CACHE_ATTR.search(node.args[0].value):
-                return node.args[0].value, cls, node
+            name = _cache_assigned(node) or _cache_registered(node)
+            if name:
+                return name, cls, node
+    return None
+
+
+def _cache_assigned(node: ast.AST) -> str | None:
+    """The KV cache attribute `self.cache_k = <not None>` assigns, None for any other statement."""
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+        return None
+    if isinstance(node.value, ast.Constant) and node.value.value is None:
+        return None
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return next((target.attr for target in targets if _is_self_cache(target)), None)
+
+
+def _is_self_cache(target: ast.expr) -> bool:
+    """`self.<name>` where the name is a KV cache's (cache_k, k_cache, kv_cache...)."""
+    return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self" \
+        and bool(_KV_CACHE_ATTR.search(target.attr))
+
+
+def _cache_registered(node: ast.AST) -> str | None:
+    """The KV cache buffer `self.register_buffer("k_cache", ...)` registers, None for any other node."""
+    if not (isinstance(node, ast.Call) and _last_name(node.func) == "register_buffer" and node.args):
+        return None
+    name = node.args[0]
+    if isinstance(name, ast.Constant) and isinstance(name.value, str) and _KV_CACHE_ATTR.search(name.value):
+        return name.value
     return None
 
 
@@ -297,46 +323,73 @@ def _classify(cls: _Class, owner: _Class, forward: ast.FunctionDef | None, param
     names = [p.name for p in params]
     at = _where(owner, forward)
     signature = _signature(cls, params)
+    said = f"{signature} ({at})"
     hf = [n for n in _HF_PARAMS if n in names]
     if hf:
-        return "hf", (f"{signature} ({at}) takes {' and '.join(hf)}, so the cache goes in and out of forward "
-                      "Hugging Face style")
-    rest = names[1:]
-    if "start_pos" in rest:
-        carried = [n for n in rest if n != "start_pos" and re.search(r"cache|past|kv", n)]
-        if carried:
-            return UNKNOWN, (f"{signature} ({at}) takes start_pos but also carries {carried[0]} in and out, which "
-                             "is not a module-held cache")
-        if facts.module_cache is None:
-            return UNKNOWN, (f"{signature} ({at}) takes start_pos, but no __init__ in the files creates a key/value "
-                             "cache for it to index")
-        written = _written_at(classes, "start_pos")
-        written_text = f", written at start_pos ({_where(*written)})" if written else ""
-        return "start_pos", (f"{signature} ({at}) takes start_pos and the model holds its cache: "
-                             f"{facts.module_cache} is created in __init__{written_text}")
+        return "hf", (f"{said} takes {' and '.join(hf)}, so the cache goes in and out of forward Hugging Face style")
+    if "start_pos" in names[1:]:
+        return _classify_start_pos(said, names[1:], classes, facts)
     if "input_pos" in names:
-        setup, setup_owner = _resolve(cls, "setup_caches", classes)
-        if setup is None or setup_owner is None:
-            return UNKNOWN, (f"{signature} ({at}) takes input_pos, but {cls.name} has no setup_caches method to "
-                             "make its caches")
-        return "input_pos", (f"{signature} ({at}) takes input_pos and {cls.name}.setup_caches "
-                             f"({_where(setup_owner, setup)}) makes the caches, gpt-fast style")
-    stateful = [p.name for p in params[1:] if p.name not in _STATELESS_PARAMS
-                and (p.default is None or _STATEFUL_PARAM.search(p.name))]
-    if not params or stateful:
-        taken = f"takes {', '.join(stateful)}" if stateful else "takes no token argument"
-        return UNKNOWN, (f"{signature} ({at}) {taken}, and none of past_key_values/cache_position, start_pos "
-                         "or input_pos")
+        return _classify_input_pos(said, cls, classes)
+    return _classify_positionless(said, cls, params, classes, facts)
+
+
+def _classify_start_pos(said: str, rest: list[str], classes: dict[str, _Class], facts: ModelFacts) -> tuple[str, str]:
+    """A forward taking start_pos is the start_pos convention when the model holds the cache it indexes."""
+    carried = [n for n in rest if n != "start_pos" and re.search(r"cache|past|kv", n)]
+    if carried:
+        return UNKNOWN, (f"{said} takes start_pos but also carries {carried[0]} in and out, which is not a "
+                         "module-held cache")
+    if facts.module_cache is None:
+        return UNKNOWN, (f"{said} takes start_pos, but no __init__ in the files creates a key/value cache for it to "
+                         "index")
+    written = _written_at(classes, "start_pos")
+    written_text = f", written at start_pos ({_where(*written)})" if written else ""
+    return "start_pos", (f"{said} takes start_pos and the model holds its cache: {facts.module_cache} is created in "
+                         f"__init__{written_text}")
+
+
+def _classify_input_pos(said: str, cls: _Class, classes: dict[str, _Class]) -> tuple[str, str]:
+    """A forward taking input_pos is the gpt-fast convention when the class has setup_caches to make the caches."""
+    setup, setup_owner = _resolve(cls, "setup_caches", classes)
+    if setup is None or setup_owner is None:
+        return UNKNOWN, f"{said} takes input_pos, but {cls.name} has no setup_caches method to make its caches"
+    return "input_pos", (f"{said} takes input_pos and {cls.name}.setup_caches ({_where(setup_owner, setup)}) makes "
+                         "the caches, gpt-fast style")
+
+
+def _carries_state(param: Param) -> bool:
+    """A forward parameter after the tokens that may carry state between steps: required, or named like state."""
+    return param.name not in _STATELESS_PARAMS and (param.default is None or bool(_STATEFUL_PARAM.search(param.name)))
+
+
+def _unreached_caches(said: str, cls: _Class, classes: dict[str, _Class], facts: ModelFacts) -> str | None:
+    """Why a forward that takes no position is not recognized when the model makes caches anyway; None when not."""
     setup, setup_owner = _resolve(cls, "setup_caches", classes)
     if setup is not None and setup_owner is not None:
-        return UNKNOWN, (f"{signature} ({at}) takes no position, yet {cls.name}.setup_caches "
-                         f"({_where(setup_owner, setup)}) makes caches; how positions reach them is not recognized")
+        return (f"{said} takes no position, yet {cls.name}.setup_caches ({_where(setup_owner, setup)}) makes caches; "
+                "how positions reach them is not recognized")
     if facts.module_cache is not None:
-        return UNKNOWN, (f"{signature} ({at}) takes no position, yet {facts.module_cache} is a key/value cache "
-                         "created in __init__; how positions reach it is not recognized")
+        return (f"{said} takes no position, yet {facts.module_cache} is a key/value cache created in __init__; how "
+                "positions reach it is not recognized")
+    return None
+
+
+def _classify_positionless(said: str, cls: _Class, params: tuple[Param, ...], classes: dict[str, _Class],
+                           facts: ModelFacts) -> tuple[str, str]:
+    """A forward taking no position recomputes the whole sequence, unless it carries state or the model has caches
+    (then how positions reach them is not recognized)."""
+    stateful = [p.name for p in params[1:] if _carries_state(p)]
+    if not params or stateful:
+        taken = f"takes {', '.join(stateful)}" if stateful else "takes no token argument"
+        return UNKNOWN, f"{said} {taken}, and none of past_key_values/cache_position, start_pos or input_pos"
+    unreached = _unreached_caches(said, cls, classes, facts)
+    if unreached:
+        return UNKNOWN, unreached
+    rest = [p.name for p in params[1:]]
     extra = f" (besides {', '.join(rest)}, which hold no state)" if rest else ""
-    return "full-sequence", (f"{signature} ({at}) takes only the tokens{extra} and no class creates a key/value "
-                             "cache, so every step recomputes the whole sequence")
+    return "full-sequence", (f"{said} takes only the tokens{extra} and no class creates a key/value cache, so every "
+                             "step recomputes the whole sequence")
 
 
 def _annotation_name(annotation: ast.expr | None) -> str | None:
@@ -372,17 +425,26 @@ def _is_dataclass(node: ast.ClassDef) -> bool:
 def _config_fields(node: ast.ClassDef) -> tuple[str, tuple[Param, ...]]:
     """A config class's fields and how it takes them: "kwargs" (a dataclass or an __init__ with parameters), or
     "attributes" (plain class attributes, set on an instance)."""
-    init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+    init = _own_init(node)
     if init is not None and not _is_dataclass(node):
         return "kwargs", tuple(p for p in _params(init) if p.name not in ("args", "kwargs"))
-    fields: list[Param] = []
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
-                and _last_name(stmt.annotation) != "ClassVar":
-            fields.append(Param(stmt.target.id, ast.unparse(stmt.value) if stmt.value is not None else None, False))
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            fields.append(Param(stmt.targets[0].id, ast.unparse(stmt.value), False))
-    return ("kwargs" if _is_dataclass(node) else "attributes"), tuple(fields)
+    fields = tuple(field_ for field_ in map(_class_field, node.body) if field_ is not None)
+    return ("kwargs" if _is_dataclass(node) else "attributes"), fields
+
+
+def _own_init(node: ast.ClassDef) -> ast.FunctionDef | None:
+    """The __init__ the class body defines itself."""
+    return next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+
+
+def _class_field(stmt: ast.stmt) -> Param | None:
+    """A config class's field a statement of its body defines (`dim: int = 64`, `dim = 64`), with its default."""
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+            and _last_name(stmt.annotation) != "ClassVar":
+        return Param(stmt.target.id, ast.unparse(stmt.value) if stmt.value is not None else None, False)
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return Param(stmt.targets[0].id, ast.unparse(stmt.value), False)
+    return None
 
 
 def _facts(cls: _Class, classes: dict[str, _Class], trees: dict[str, ast.Module]) -> tuple[ModelFacts, str | None]:
@@ -392,27 +454,8 @@ def _facts(cls: _Class, classes: dict[str, _Class], trees: dict[str, ast.Module]
     imported = _imported_names(trees[cls.file])
     config_param = config_class = None
     if init_params and init is not None:
-        first = init_params[0]
-        arg = next(a for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs] if a.arg == first.name)
-        annotated = _annotation_name(arg.annotation)
-        if annotated and (annotated in defined or annotated in imported) and annotated not in classes:
-            config_param, config_class = first.name, annotated
-        elif _CONFIG_PARAM.search(first.name):
-            config_param = first.name
-            # The constructor takes a config object it does not name: the file's config-like class, if any.
-            local = [n for n, (f, node) in defined.items() if f == cls.file and n not in classes
-                     and (_CONFIG_CLASS.search(n) or (_is_dataclass(node) and not n.endswith("Output")))]
-            named = [n for n in local if _CONFIG_CLASS.search(n)]
-            outside = sorted(n for n in imported if _CONFIG_CLASS.search(n) and n not in defined)
-            choice = named or local or outside
-            config_class = choice[0] if choice else None
-    config_file = style = None
-    fields: tuple[Param, ...] = ()
-    if config_class in defined:
-        config_file, node = defined[config_class]
-        style, fields = _config_fields(node)
-    elif config_class is not None:
-        style = "kwargs"  # a library config class (transformers' PretrainedConfig takes keywords)
+        config_param, config_class = _config_of(cls, init, init_params[0].name, classes, defined, imported)
+    config_file, style, fields = _config_shape(config_class, defined)
     setup, _ = _resolve(cls, "setup_caches", classes)
     made = _kv_cache_made(classes)
     sources = tuple(sorted({c.file for c in classes.values()}))
@@ -421,6 +464,52 @@ def _facts(cls: _Class, classes: dict[str, _Class], trees: dict[str, ast.Module]
         config_style=style, config_fields=fields, setup_caches=_params(setup) if setup is not None else None,
         module_cache=f"{made[1].name}.{made[0]} ({_where(made[1], made[2])})" if made else None,
     ), config_class
+
+
+def _config_of(cls: _Class, init: ast.FunctionDef, first: str, classes: dict[str, _Class],
+               defined: dict[str, tuple[str, ast.ClassDef]], imported: set[str]) -> tuple[str | None, str | None]:
+    """The constructor's config parameter (its first, when annotated with a config class or named like a config)
+    and the config class it takes; None for either it does not have."""
+    arg = next(a for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs] if a.arg == first)
+    annotated = _annotation_name(arg.annotation)
+    if annotated and (annotated in defined or annotated in imported) and annotated not in classes:
+        return first, annotated
+    if _CONFIG_PARAM.search(first):
+        return first, _unnamed_config_class(cls, classes, defined, imported)
+    return None, None
+
+
+def _unnamed_config_class(cls: _Class, classes: dict[str, _Class], defined: dict[str, tuple[str, ast.ClassDef]],
+                          imported: set[str]) -> str | None:
+    """The constructor takes a config object it does not name: the file's config-like class, if any (one named
+    like a config first, then a dataclass), else an imported one named like a config."""
+    local = _local_config_classes(cls.file, classes, defined)
+    named = [n for n in local if _CONFIG_CLASS.search(n)]
+    outside = sorted(n for n in imported if _CONFIG_CLASS.search(n) and n not in defined)
+    choice = named or local or outside
+    return choice[0] if choice else None
+
+
+def _local_config_classes(file: str, classes: dict[str, _Class],
+                          defined: dict[str, tuple[str, ast.ClassDef]]) -> list[str]:
+    """The classes of `file` that are not modules and can hold a model's config."""
+    return [n for n, (f, node) in defined.items() if f == file and n not in classes and _config_like(n, node)]
+
+
+def _config_like(name: str, node: ast.ClassDef) -> bool:
+    """A class that can hold a model's config: named like one, or a dataclass that is not a model's output."""
+    return bool(_CONFIG_CLASS.search(name)) or (_is_dataclass(node) and not name.endswith("Output"))
+
+
+def _config_shape(config_class: str | None, defined: dict[str, tuple[str, ast.ClassDef]],
+                  ) -> tuple[str | None, str | None, tuple[Param, ...]]:
+    """Where the config class is defined, how it takes its fields, and its fields (none known for a library's)."""
+    if config_class in defined:
+        config_file, node = defined[config_class]
+        return (config_file, *_config_fields(node))
+    if config_class is not None:
+        return None, "kwargs", ()  # a library config class (transformers' PretrainedConfig takes keywords)
+    return None, None, ()
 
 
 # ---- What `graphmode init` writes: the template's context (templates/harness.py.j2) ----
@@ -464,18 +553,24 @@ def _config_entry(field_: Param) -> tuple[str, str, str | None] | None:
     if name in _BATCH_NAMES:
         return name, "1", None
     size = _size_kind(name)
-    default = _int_literal(field_.default)
     if size is not None:
-        tiny, largest = size
-        if field_.default is None or (name in _VOCAB_NAMES and (default is None or default <= 0)):
-            return name, str(tiny), f"a tiny {name} for the check (a guess: {name} has no usable default)"
-        if default is not None and default > largest:
-            return name, str(tiny), f"a tiny {name} for the check (the default, {default}, is full-size)"
-        if name in _VOCAB_NAMES:
-            return name, str(default if default is not None else field_.default), None  # make_prompt reads it
-        return None
+        return _size_entry(field_, *size)
     if field_.default is None:
         return name, "None", f"set {name} (required, and graphmode cannot guess it)"
+    return None
+
+
+def _size_entry(field_: Param, tiny: int, largest: int) -> tuple[str, str, str | None] | None:
+    """The CONFIG entry of a size field: tiny when its default is missing or full-size; a vocabulary size is always
+    written, since make_prompt reads it."""
+    name = field_.name
+    default = _int_literal(field_.default)
+    if field_.default is None or (name in _VOCAB_NAMES and (default is None or default <= 0)):
+        return name, str(tiny), f"a tiny {name} for the check (a guess: {name} has no usable default)"
+    if default is not None and default > largest:
+        return name, str(tiny), f"a tiny {name} for the check (the default, {default}, is full-size)"
+    if name in _VOCAB_NAMES:
+        return name, str(default if default is not None else field_.default), None  # make_prompt reads it
     return None
 
 
@@ -527,31 +622,109 @@ def _setup_args(params: tuple[Param, ...]) -> tuple[str, list[str]]:
     return ", ".join(args), unknown
 
 
+def _construction_from_config(d: Detection) -> tuple[list[str], list[tuple[str, str, str | None]], list[str]]:
+    """_construction for a model built from a config class: the config from CONFIG, then the model from it."""
+    facts = d.facts
+    entries = [e for e in map(_config_entry, facts.config_fields) if e is not None]
+    notes = [] if facts.config_file is not None else [
+        f"{TODO} tiny sizes for {d.config_class} (vocabulary, hidden size, layers, heads, positions): its "
+        "fields are not defined in these files"]
+    if facts.config_style == "attributes":
+        build = [f"config = {d.config_class}()",
+                 "for name, value in CONFIG.items():  # the config keeps its sizes as class attributes",
+                 "    setattr(config, name, value)"]
+    else:
+        build = [f"config = {d.config_class}(**CONFIG)"]
+    others = [p.name for p in facts.init_params[1:] if p.default is None]
+    build.append(f"model = {d.model_class}(config{''.join(f', {n}=None' for n in others)})")
+    if others:
+        build[-1] += f"  {TODO} pass {', '.join(others)} (required by {d.model_class}.__init__)"
+    return build, entries, notes
+
+
 def _construction(d: Detection) -> tuple[list[str], list[tuple[str, str, str | None]], list[str]]:
     """build_model()'s lines that construct the model, the CONFIG entries they read, and TODO lines for above
     CONFIG."""
     facts = d.facts
     if d.config_class is not None:
-        entries = [e for e in map(_config_entry, facts.config_fields) if e is not None]
-        notes = [] if facts.config_file is not None else [
-            f"{TODO} tiny sizes for {d.config_class} (vocabulary, hidden size, layers, heads, positions): its "
-            "fields are not defined in these files"]
-        if facts.config_style == "attributes":
-            build = [f"config = {d.config_class}()",
-                     "for name, value in CONFIG.items():  # the config keeps its sizes as class attributes",
-                     "    setattr(config, name, value)"]
-        else:
-            build = [f"config = {d.config_class}(**CONFIG)"]
-        others = [p.name for p in facts.init_params[1:] if p.default is None]
-        build.append(f"model = {d.model_class}(config{''.join(f', {n}=None' for n in others)})")
-        if others:
-            build[-1] += f"  {TODO} pass {', '.join(others)} (required by {d.model_class}.__init__)"
-        return build, entries, notes
+        return _construction_from_config(d)
     if facts.config_param is not None:
         return [f"config = None  {TODO} the {facts.config_param} object {d.model_class}.__init__ takes (no config "
                 f"class found in {d.file})", f"model = {d.model_class}(config)"], [], []
     entries = [e for e in map(_config_entry, facts.init_params) if e is not None]
     return [f"model = {d.model_class}(**CONFIG)" if entries else f"model = {d.model_class}()"], entries, []
+
+
+def _imports(d: Detection) -> dict[str, list[str]]:
+    """The harness's imports: the model class from its file, and the config class from its own."""
+    module = Path(d.file).stem
+    imports: dict[str, list[str]] = {module: [d.model_class]}
+    if d.config_class is not None:
+        config_file = d.facts.config_file
+        imports.setdefault(Path(config_file).stem if config_file else module, []).append(d.config_class)
+    return imports
+
+
+def _seq_len_notes(d: Detection, entries: list[tuple[str, str, str | None]]) -> list[str]:
+    """A start_pos model sizes its caches from its config: a TODO when no config field sets MAX_SEQ_LEN."""
+    if d.convention != "start_pos" or d.config_class is None or d.facts.config_file is None:
+        return []
+    if any(n in _SEQ_NAMES for n, _, _ in entries):
+        return []
+    return [f"{TODO} make the model's caches hold MAX_SEQ_LEN positions (no max_seq_len field found)"]
+
+
+def _call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
+    """prefill's and decode's model() arguments under the convention, and TODO lines for what graphmode could not
+    pass."""
+    if d.convention == "hf":
+        return _hf_call_args(d)
+    if d.convention == "start_pos":
+        return _start_pos_call_args(d)
+    if d.convention == "input_pos":
+        return _input_pos_call_args(d)
+    return [], [], []
+
+
+def _hf_call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
+    """Hugging Face style: the cache and the positions by keyword, as forward names them."""
+    params, names = d.forward_params, d.param_names
+    prefill_args = _hf_args(params, "tokens", "None", "0")
+    decode_args = _hf_args(params, "token", 'state["past_key_values"]', 'state["pos"]')
+    if "past_key_values" in names or "cache_position" in names:
+        return prefill_args, decode_args, []
+    return prefill_args, decode_args, [f"{TODO} {d.model_class}.forward takes neither past_key_values nor "
+                                       "cache_position: pass its cache and positions the way it expects"]
+
+
+def _start_pos_call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
+    """The tokens and the start position (0 for prefill, the step's position for decode)."""
+    prefill_pos, found = _pass_after_tokens(d.forward_params, "start_pos", "0")
+    decode_pos, _ = _pass_after_tokens(d.forward_params, "start_pos", 'state["pos"]')
+    todo = [] if found else [f"{TODO} {d.model_class}.forward has no start_pos: pass the start position its way"]
+    return ["tokens", prefill_pos], ["token", decode_pos], todo
+
+
+def _input_pos_call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
+    """gpt-fast style: the tokens and their positions; a mask parameter is the person's to fill."""
+    passed, found = _pass_after_tokens(d.forward_params, "input_pos", "input_pos")
+    todo = [] if found else [f"{TODO} {d.model_class}.forward has no input_pos: pass the positions its way"]
+    if "mask" in d.param_names:
+        todo.append(f"{TODO} forward also takes mask: torchtune-style models need the causal mask's rows at "
+                    "input_pos here")
+    return ["tokens", passed], ["token", passed], todo
+
+
+def _setup_line(d: Detection) -> str:
+    """The setup_caches call an input_pos model needs before prefill, or a TODO when it has none."""
+    if d.facts.setup_caches is None:
+        return (f"{TODO} {d.model_class} has no setup_caches method: make its caches for batch 1 and MAX_SEQ_LEN "
+                "positions here")
+    args, unknown = _setup_args(d.facts.setup_caches)
+    setup = f"model.setup_caches({args})"
+    if unknown:
+        setup += f"  {TODO} set {', '.join(unknown)} (required, and graphmode cannot guess them)"
+    return setup
 
 
 def harness_context(target: str, detection: Detection, max_seq_len: int = 64, prompt_len: int = 8) -> dict:
@@ -562,49 +735,11 @@ def harness_context(target: str, detection: Detection, max_seq_len: int = 64, pr
     d, facts = detection, detection.facts
     if d.model_class is None or d.file is None:
         raise ValueError("no model class to write a harness for")
-    module = Path(d.file).stem
-    imports: dict[str, list[str]] = {module: [d.model_class]}
-    if d.config_class is not None:
-        imports.setdefault(Path(facts.config_file).stem if facts.config_file else module, []).append(d.config_class)
     build, entries, notes = _construction(d)
-    if d.convention == "start_pos" and d.config_class is not None and facts.config_file is not None \
-            and not any(n in _SEQ_NAMES for n, _, _ in entries):
-        notes.append(f"{TODO} make the model's caches hold MAX_SEQ_LEN positions (no max_seq_len field found)")
+    notes += _seq_len_notes(d, entries)
     vocab = next((n for n, _, _ in entries if n in _VOCAB_NAMES), None)
-
-    params, names = d.forward_params, list(d.param_names)
-    call_todo: list[str] = []
-    setup = ""
-    prefill_args: list[str] = []
-    decode_args: list[str] = []
-    if d.convention == "hf":
-        prefill_args = _hf_args(params, "tokens", "None", "0")
-        decode_args = _hf_args(params, "token", 'state["past_key_values"]', 'state["pos"]')
-        if "past_key_values" not in names and "cache_position" not in names:
-            call_todo.append(f"{TODO} {d.model_class}.forward takes neither past_key_values nor cache_position: "
-                             "pass its cache and positions the way it expects")
-    elif d.convention == "start_pos":
-        prefill_pos, found = _pass_after_tokens(params, "start_pos", "0")
-        decode_pos, _ = _pass_after_tokens(params, "start_pos", 'state["pos"]')
-        prefill_args, decode_args = ["tokens", prefill_pos], ["token", decode_pos]
-        if not found:
-            call_todo.append(f"{TODO} {d.model_class}.forward has no start_pos: pass the start position its way")
-    elif d.convention == "input_pos":
-        passed, found = _pass_after_tokens(params, "input_pos", "input_pos")
-        prefill_args, decode_args = ["tokens", passed], ["token", passed]
-        if not found:
-            call_todo.append(f"{TODO} {d.model_class}.forward has no input_pos: pass the positions its way")
-        if "mask" in names:
-            call_todo.append(f"{TODO} forward also takes mask: torchtune-style models need the causal mask's rows "
-                             "at input_pos here")
-        if facts.setup_caches is None:
-            setup = (f"{TODO} {d.model_class} has no setup_caches method: make its caches for batch 1 and "
-                     "MAX_SEQ_LEN positions here")
-        else:
-            args, unknown = _setup_args(facts.setup_caches)
-            setup = f"model.setup_caches({args})"
-            if unknown:
-                setup += f"  {TODO} set {', '.join(unknown)} (required, and graphmode cannot guess them)"
+    names = list(d.param_names)
+    prefill_args, decode_args, call_todo = _call_args(d)
     return {
         "target": target,
         "prefill_call": _call_lines(prefill_args),
@@ -614,7 +749,7 @@ def harness_context(target: str, detection: Detection, max_seq_len: int = 64, pr
         "reason_lines": textwrap.wrap(d.reason.rstrip(".") + ".", 108, break_on_hyphens=False,
                                       break_long_words=False),
         "model_class": d.model_class,
-        "imports": sorted(imports.items()),
+        "imports": sorted(_imports(d).items()),
         "sources": list(facts.sources or (d.file,)),
         "max_seq_len": max_seq_len,
         "prompt_len": prompt_len,
@@ -623,7 +758,7 @@ def harness_context(target: str, detection: Detection, max_seq_len: int = 64, pr
         "define_config": any("CONFIG" in line for line in build),
         "build_lines": build,
         "vocab": vocab,
-        "setup_caches": setup,
+        "setup_caches": _setup_line(d) if d.convention == "input_pos" else "",
         "carries_cache": "past_key_values" in names,
         "positions": d.convention == "hf" and ("position_ids" in names or "cache_position" in names),
         "call_todo": call_todo,
