@@ -71,24 +71,39 @@ def _fixers() -> dict[str, tuple[str, ...]]:
     literal `NAME` and `FIXES` of each class `CHAIN` lists) rather than imported: importing them loads libcst,
     which a scan without `check_fixes` never does. tests/test_rules.py checks this against the imported CHAIN."""
     package = ast.parse((_CODEMODS_FOLDER / "__init__.py").read_text(encoding="utf-8"))
-    # graphmode.transforms.codemods.<idiom>.<module> -> <idiom>/<module>.py under the package
-    modules = {alias.asname or alias.name: Path(*stmt.module.split(".")[3:]).with_suffix(".py")
-               for stmt in package.body if isinstance(stmt, ast.ImportFrom)
-               and (stmt.module or "").startswith("graphmode.transforms.codemods.") for alias in stmt.names}
+    modules = _codemod_modules(package)
     chain = next(stmt.value for stmt in package.body
                  if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "CHAIN")
     found: dict[str, list[str]] = {}
     for element in chain.elts:
-        module = ast.parse((_CODEMODS_FOLDER / modules[element.id]).read_text(encoding="utf-8"))
-        codemod = next(s for s in module.body if isinstance(s, ast.ClassDef) and s.name == element.id)
-        values = {target.id: stmt.value for stmt in codemod.body if isinstance(stmt, ast.Assign)
-                  for target in stmt.targets if isinstance(target, ast.Name)}
-        fixes = values["FIXES"]  # `frozenset({"GM101", ...})`, or `frozenset()` for a fusion, which fixes none
-        if not (isinstance(fixes, ast.Call) and len(fixes.args) <= 1 and not fixes.keywords):
-            raise ValueError(f"{element.id}.FIXES is not written `frozenset({{...}})`")
-        for code in ast.literal_eval(fixes.args[0]) if fixes.args else ():
+        values = _class_assignments(element.id, modules[element.id])
+        for code in _literal_fixes(element.id, values["FIXES"]):
             found.setdefault(code, []).append(ast.literal_eval(values["NAME"]))
     return {code: tuple(names) for code, names in found.items()}
+
+
+def _codemod_modules(package: ast.Module) -> dict[str, Path]:
+    """Each codemod class the package imports -> its file under the package:
+    graphmode.transforms.codemods.<idiom>.<module> -> <idiom>/<module>.py."""
+    return {alias.asname or alias.name: Path(*stmt.module.split(".")[3:]).with_suffix(".py")
+            for stmt in package.body if isinstance(stmt, ast.ImportFrom)
+            and (stmt.module or "").startswith("graphmode.transforms.codemods.") for alias in stmt.names}
+
+
+def _class_assignments(class_name: str, file: Path) -> dict[str, ast.expr]:
+    """The names a codemod class's body assigns (NAME, FIXES...) -> their value's expression, from its source."""
+    module = ast.parse((_CODEMODS_FOLDER / file).read_text(encoding="utf-8"))
+    codemod = next(s for s in module.body if isinstance(s, ast.ClassDef) and s.name == class_name)
+    return {target.id: stmt.value for stmt in codemod.body if isinstance(stmt, ast.Assign)
+            for target in stmt.targets if isinstance(target, ast.Name)}
+
+
+def _literal_fixes(class_name: str, fixes: ast.expr) -> Iterable[str]:
+    """The rule codes a FIXES expression names: `frozenset({"GM101", ...})`, or `frozenset()` for a fusion, which
+    fixes none."""
+    if not (isinstance(fixes, ast.Call) and len(fixes.args) <= 1 and not fixes.keywords):
+        raise ValueError(f"{class_name}.FIXES is not written `frozenset({{...}})`")
+    return ast.literal_eval(fixes.args[0]) if fixes.args else ()
 
 
 def fix_note(finding: Finding, result: ScanResult) -> str:
@@ -164,34 +179,46 @@ def decode_source(data: bytes) -> str:
 
 def _scan_file(path: Path) -> tuple[list[Finding], FileError | None, bool]:
     """Findings of one file, or the reason it could not be scanned; and whether the rules ran over it."""
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return [], FileError(str(path), "not a regular file (a FIFO, socket or device); skipped unread"), False
-        data = path.read_bytes()
-    except OSError as error:
-        return [], FileError(str(path), f"cannot read: {error.strerror}"), False
-    try:
-        text = decode_source(data)
-    except SyntaxError as error:  # detect_encoding: an unknown coding name
-        return [], FileError(str(path), f"cannot decode: {error.msg}"), False
-    except UnicodeDecodeError as error:
-        return [], FileError(str(path), f"not {error.encoding} text ({error.reason} at byte {error.start})"), False
+    read = _read_source(path)
+    if isinstance(read, FileError):
+        return [], read, False
+    data, text = read
     if not any(marker in data for marker in _MUST_CONTAIN):
         # No model step: no rule can fire, but a file that does not parse is still an error, not clean.
-        try:
-            ast.parse(text, str(path))
-        except SyntaxError as error:
-            return [], FileError(str(path),
-                                 f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), False
-        except (RecursionError, ValueError, MemoryError) as error:
-            return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), False
-        return [], None, False
+        return [], _parse_error(path, text), False
     try:
         return scan_source(text, str(path)), None, True
     except SyntaxError as error:
         return [], FileError(str(path), f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}"), True
     except (RecursionError, ValueError) as error:  # absurdly nested code; a NUL byte
         return [], FileError(str(path), f"cannot parse: {type(error).__name__}: {error}"), True
+
+
+def _read_source(path: Path) -> tuple[bytes, str] | FileError:
+    """A regular file's bytes and its text, or why they cannot be had."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return FileError(str(path), "not a regular file (a FIFO, socket or device); skipped unread")
+        data = path.read_bytes()
+    except OSError as error:
+        return FileError(str(path), f"cannot read: {error.strerror}")
+    try:
+        return data, decode_source(data)
+    except SyntaxError as error:  # detect_encoding: an unknown coding name
+        return FileError(str(path), f"cannot decode: {error.msg}")
+    except UnicodeDecodeError as error:
+        return FileError(str(path), f"not {error.encoding} text ({error.reason} at byte {error.start})")
+
+
+def _parse_error(path: Path, text: str) -> FileError | None:
+    """Why the file's text does not parse, None when it does."""
+    try:
+        ast.parse(text, str(path))
+    except SyntaxError as error:
+        return FileError(str(path), f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}")
+    except (RecursionError, ValueError, MemoryError) as error:
+        return FileError(str(path), f"cannot parse: {type(error).__name__}: {error}")
+    return None
 
 
 def scan_paths(paths: Iterable[Path], jobs: int | None = None, check_fixes: bool = False,
