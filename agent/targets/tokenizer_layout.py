@@ -49,19 +49,32 @@ def special_layout(folder: Path, tokenizer_config: dict) -> Layout | None:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
-        for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
-            methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
-            if METHOD not in methods:
-                continue
-            try:
-                ids = _Reader(methods, tokenizer_config).prompt(methods[METHOD])
-            except _Unreadable:
-                return None
-            if ids.count(_TEXT) != 1:
-                return None
-            at = ids.index(_TEXT)
-            return Layout(prefix=ids[:at], suffix=ids[at + 1:], where=f"{path.name}:{methods[METHOD].lineno}")
+        methods = _tokenizer_methods(tree)
+        if methods is not None:
+            return _layout(methods, tokenizer_config, path)
     return None
+
+
+def _tokenizer_methods(tree: ast.Module) -> dict[str, ast.FunctionDef] | None:
+    """The methods of the file's first class that defines build_inputs_with_special_tokens; None when none does."""
+    for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+        if METHOD in methods:
+            return methods
+    return None
+
+
+def _layout(methods: dict[str, ast.FunctionDef], tokenizer_config: dict, path: Path) -> Layout | None:
+    """The layout build_inputs_with_special_tokens gives one prompt: the ids around the text, where the text comes
+    once; None when the method is not read here."""
+    try:
+        ids = _Reader(methods, tokenizer_config).prompt(methods[METHOD])
+    except _Unreadable:
+        return None
+    if ids.count(_TEXT) != 1:
+        return None
+    at = ids.index(_TEXT)
+    return Layout(prefix=ids[:at], suffix=ids[at + 1:], where=f"{path.name}:{methods[METHOD].lineno}")
 
 
 class _Reader:
@@ -85,7 +98,7 @@ class _Reader:
                 continue  # a docstring
             if isinstance(stmt, ast.Return):
                 return self._value(stmt.value, scope)
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            if _assigns_one_name(stmt):
                 scope[stmt.targets[0].id] = self._value(stmt.value, scope)
             elif isinstance(stmt, ast.If):
                 taken = stmt.body if self._truth(stmt.test, scope) else stmt.orelse
@@ -97,16 +110,25 @@ class _Reader:
         return None
 
     def _value(self, node: ast.expr | None, scope: dict):
+        """An expression's value: a list of ids, one id, a TokenRef or None."""
         if isinstance(node, ast.List):
             return [item for element in node.elts for item in self._as_list(self._value(element, scope))]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             return self._as_list(self._value(node.left, scope)) + self._as_list(self._value(node.right, scope))
+        if isinstance(node, ast.IfExp):
+            return self._value(node.body if self._truth(node.test, scope) else node.orelse, scope)
+        return self._leaf(node, scope)
+
+    def _leaf(self, node: ast.expr | None, scope: dict):
+        """A name the method assigned, an id or None written out, or a token the tokenizer holds."""
         if isinstance(node, ast.Name) and node.id in scope:
             return scope[node.id]
         if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, int)):
             return node.value
-        if isinstance(node, ast.IfExp):
-            return self._value(node.body if self._truth(node.test, scope) else node.orelse, scope)
+        return self._held_by_self(node, scope)
+
+    def _held_by_self(self, node: ast.expr | None, scope: dict):
+        """A token the tokenizer itself holds or looks up: an attribute, an item of one, or a method's result."""
         if _on_self(node):  # self.bos_token_id
             return TokenRef(node.attr)
         if isinstance(node, ast.Subscript) and _on_self(node.value):  # self.sp_tokenizer[self.gmask_token]
@@ -146,18 +168,33 @@ class _Reader:
     def _truth(self, test: ast.expr, scope: dict) -> bool:
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             return not self._truth(test.operand, scope)
-        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
-                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        if _is_none_test(test):
             same = self._value(test.left, scope) is None
             return same if isinstance(test.ops[0], ast.Is) else not same
         if isinstance(test, ast.Name) and test.id in scope:
             return bool(scope[test.id])
         if _on_self(test) and test.attr.startswith("add_"):  # self.add_bos_token: a switch of the tokenizer's
-            if isinstance(self.tokenizer_config.get(test.attr), bool):
-                return self.tokenizer_config[test.attr]
-            if isinstance(self.defaults.get(test.attr), bool):
-                return self.defaults[test.attr]
+            return self._switch(test.attr)
         raise _Unreadable
+
+    def _switch(self, name: str) -> bool:
+        """A tokenizer switch (add_bos_token...): tokenizer_config.json's value, else __init__'s default."""
+        if isinstance(self.tokenizer_config.get(name), bool):
+            return self.tokenizer_config[name]
+        if isinstance(self.defaults.get(name), bool):
+            return self.defaults[name]
+        raise _Unreadable
+
+
+def _assigns_one_name(stmt: ast.stmt) -> bool:
+    """`name = value`: one plain name assigned."""
+    return isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+
+
+def _is_none_test(test: ast.expr) -> bool:
+    """`x is None` or `x is not None`."""
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+        and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
 
 
 def _on_self(node: ast.expr) -> bool:
