@@ -68,16 +68,37 @@ def prompt_tokens(config: dict, folder: Path | None) -> PromptTokens:
     generation = _read_json(folder / "generation_config.json") if folder else {}
     tokenizer = _read_json(folder / "tokenizer_config.json") if folder else {}
     fields = {**special_fields(generation), **special_fields(config)}  # the config's own value wins
-    added = tokenizer.get("added_tokens_decoder") if isinstance(tokenizer.get("added_tokens_decoder"), dict) else {}
-    by_content = {entry.get("content"): int(key) for key, entry in added.items()
-                  if isinstance(entry, dict) and key.isdigit()}
-    special = {i for ids in fields.values() for i in ids}
-    special |= {int(key) for key, entry in added.items() if key.isdigit() and isinstance(entry, dict)
-                and entry.get("special")}
-    result = PromptTokens(special=sorted(special))
+    added = _added_tokens(tokenizer)
+    by_content = {entry.get("content"): int(key) for key, entry in added.items()}
+    result = PromptTokens(special=_special_ids(fields, added))
     if folder and _laid_out_by_tokenizer(result, folder, tokenizer, fields, by_content, config):
         return result
-    for name, contents in GLM_PREFIX_TOKENS:  # [gMASK], then sop after it
+    _glm_prefix(result, fields, by_content, config)
+    if not result.prefix:
+        _bos_prefix(result, fields, tokenizer.get("add_bos_token"))
+    return result
+
+
+def _added_tokens(tokenizer: dict) -> dict[str, dict]:
+    """tokenizer_config.json's added tokens, id (as written, a string of digits) -> its entry; malformed ones left
+    out."""
+    added = tokenizer.get("added_tokens_decoder")
+    if not isinstance(added, dict):
+        return {}
+    return {key: entry for key, entry in added.items() if key.isdigit() and isinstance(entry, dict)}
+
+
+def _special_ids(fields: dict[str, list[int]], added: dict[str, dict]) -> list[int]:
+    """The ids a prompt's random part never draws: every special field's, and the added tokens marked special."""
+    special = {i for ids in fields.values() for i in ids}
+    special |= {int(key) for key, entry in added.items() if entry.get("special")}
+    return sorted(special)
+
+
+def _glm_prefix(result: PromptTokens, fields: dict[str, list[int]], by_content: dict[str, int], config: dict) -> None:
+    """GLM's prompt prefix: [gMASK], then sop after it, each from its config field or its added token; it stops at
+    the first one the model has neither of."""
+    for name, contents in GLM_PREFIX_TOKENS:
         if fields.get(name):
             where = "config.json" if name in special_fields(config) else "generation_config.json"
             token, evidence = fields[name][0], f"{name} {fields[name][0]} ({where})"
@@ -88,15 +109,16 @@ def prompt_tokens(config: dict, folder: Path | None) -> PromptTokens:
             token, evidence = by_content[content], f"{content} {by_content[content]} (tokenizer_config.json)"
         result.prefix.append(token)
         result.evidence.append(evidence)
-    if result.prefix:
-        return result
+
+
+def _bos_prefix(result: PromptTokens, fields: dict[str, list[int]], add_bos: object) -> None:
+    """The bos token as the prefix: when the tokenizer says it adds one, or, unless it says it does not, when bos
+    is not also the eos token."""
     bos, eos = fields.get("bos_token_id", []), fields.get("eos_token_id", [])
-    add_bos = tokenizer.get("add_bos_token")
     if bos and add_bos is not False and (add_bos is True or bos[0] not in eos):
         result.prefix.append(bos[0])
         why = "tokenizer_config.json add_bos_token" if add_bos is True else "bos_token_id"
         result.evidence.append(f"bos {bos[0]} ({why})")
-    return result
 
 
 def _laid_out_by_tokenizer(result: PromptTokens, folder: Path, tokenizer: dict, fields: dict[str, list[int]],
@@ -140,21 +162,31 @@ def tiny_special_ids(config: dict, vocab: int, tokens: PromptTokens) -> dict:
     from its top down (one new id per old id, lists kept as lists), so none collapse onto another; `tokens` (read
     from the full-size folder) take the same moves, and its prefix ids that no config field names move too."""
     fields = special_fields(config)
-    kept = {i for ids in fields.values() for i in ids if i < vocab} | {i for i in [*tokens.prefix, *tokens.suffix]
-                                                                      if i < vocab}
-    free = (i for i in range(vocab - 1, -1, -1) if i not in kept)
-    moved: dict[int, int] = {}
-    for i in [*(i for ids in fields.values() for i in ids), *tokens.prefix, *tokens.suffix]:
-        if i >= vocab and i not in moved:
-            moved[i] = next(free)
+    moved = _moved_ids([*(i for ids in fields.values() for i in ids), *tokens.prefix, *tokens.suffix], vocab)
     overrides = {}
     for key, ids in fields.items():
         if any(i in moved for i in ids):
             new = [moved.get(i, i) for i in ids]
             overrides[key] = new if isinstance(config[key], list) else new[0]
+    _move_tokens(tokens, moved, vocab)
+    return overrides
+
+
+def _moved_ids(ids: list[int], vocab: int) -> dict[int, int]:
+    """Each id at or beyond `vocab` -> a distinct free id, from the vocabulary's top down (skipping the ids kept)."""
+    kept = {i for i in ids if i < vocab}
+    free = (i for i in range(vocab - 1, -1, -1) if i not in kept)
+    moved: dict[int, int] = {}
+    for i in ids:
+        if i >= vocab and i not in moved:
+            moved[i] = next(free)
+    return moved
+
+
+def _move_tokens(tokens: PromptTokens, moved: dict[int, int], vocab: int) -> None:
+    """The prompt's prefix, suffix and special ids, and the evidence for them, after the moves."""
     tokens.evidence = [f"{text}, moved to {moved[i]} by --tiny" if i in moved else text
                        for text, i in zip(tokens.evidence, [*tokens.prefix, *tokens.suffix])]
     tokens.prefix = [moved.get(i, i) for i in tokens.prefix]
     tokens.suffix = [moved.get(i, i) for i in tokens.suffix]
     tokens.special = sorted({moved.get(i, i) for i in tokens.special if i < vocab or i in moved})
-    return overrides
