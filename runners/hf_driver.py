@@ -169,39 +169,57 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
     def has(name: str) -> bool:
         return name in aliases or hasattr(default, name)
 
-    overrides: dict[str, int] = {}
-    for name, value in sizes.items():
-        if has(name):
-            overrides[aliases.get(name, name)] = value
+    overrides: dict[str, int] = {aliases.get(name, name): value for name, value in sizes.items() if has(name)}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
-    for name in ("head_dim", "attention_head_dim"):
-        # Falcon derives head_dim in a read-only property: it follows by itself. A head_dim left None is set too:
-        # some models read it as it is (HunYuan's `self.head_dim**-0.5`).
-        value = getattr(default, name, 0)
-        if (value is None or (isinstance(value, int) and value > 0)) \
-                and not isinstance(getattr(config_class, name, None), property):
-            overrides[name] = hidden // heads
-    # A rotary part of the head (GPT-J, CodeGen) no larger than the tiny head.
-    if isinstance(getattr(default, "rotary_dim", None), int):
-        overrides["rotary_dim"] = min(default.rotary_dim, hidden // heads)
-    # The feed-forward width goes by other names, and some configs default it to None (4 * hidden).
-    for name in ("ffn_dim", "n_inner", "intermediate_size", "ffn_hidden_size"):
-        if has(name) and aliases.get(name, name) not in overrides and getattr(default, name, None) is not None:
-            overrides[aliases.get(name, name)] = sizes["intermediate_size"]
+    overrides.update(_tiny_head_overrides(config_class, default, hidden // heads))
+    _set_tiny_ffn(overrides, default, aliases, sizes["intermediate_size"])
     if has("word_embed_proj_dim"):  # OPT projects embeddings when this differs from the hidden size
         overrides["word_embed_proj_dim"] = hidden
     if has("tie_word_embeddings"):
         # A tiny model whose head is its embedding repeats one token forever (the residual keeps the input
         # embedding, which scores highest against itself), and identical tokens would then prove nothing.
         overrides["tie_word_embeddings"] = False
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
-        value = getattr(default, name, None)
-        if isinstance(value, int) and value >= sizes["vocab_size"]:  # an embedding's padding_idx must exist
-            overrides[name] = sizes["vocab_size"] - 1
+    overrides.update(_tiny_token_id_overrides(default, sizes["vocab_size"]))
     overrides.update(tiny_moe_mla_overrides({**default.to_dict(), **(values or {})}, sizes["num_hidden_layers"]))
     if "kv_lora_rank" in overrides and has("num_key_value_heads"):
         # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
         overrides[aliases.get("num_key_value_heads", "num_key_value_heads")] = heads
+    return overrides
+
+
+def _tiny_head_overrides(config_class, default, head: int) -> dict[str, int]:
+    """The head size fields the config has, set to the tiny head (`head`: hidden size // heads), and a rotary part
+    (GPT-J, CodeGen) no larger than it."""
+    overrides = {}
+    for name in ("head_dim", "attention_head_dim"):
+        # Falcon derives head_dim in a read-only property: it follows by itself. A head_dim left None is set too:
+        # some models read it as it is (HunYuan's `self.head_dim**-0.5`).
+        value = getattr(default, name, 0)
+        if (value is None or (isinstance(value, int) and value > 0)) \
+                and not isinstance(getattr(config_class, name, None), property):
+            overrides[name] = head
+    if isinstance(getattr(default, "rotary_dim", None), int):
+        overrides["rotary_dim"] = min(default.rotary_dim, head)
+    return overrides
+
+
+def _set_tiny_ffn(overrides: dict[str, int], default, aliases: dict[str, str], width: int) -> None:
+    """The feed-forward width under the other names it goes by, where no earlier name set it and the class does not
+    default it to None (4 * hidden). A value that is not None is one the config has (directly or by its alias)."""
+    for name in ("ffn_dim", "n_inner", "intermediate_size", "ffn_hidden_size"):
+        key = aliases.get(name, name)
+        if key not in overrides and getattr(default, name, None) is not None:
+            overrides[key] = width
+
+
+def _tiny_token_id_overrides(default, vocab: int) -> dict[str, int]:
+    """Special token ids the class's defaults put at or beyond the tiny vocabulary, moved to its last id (an
+    embedding's padding_idx must exist)."""
+    overrides = {}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        value = getattr(default, name, None)
+        if isinstance(value, int) and value >= vocab:
+            overrides[name] = vocab - 1
     return overrides
 
 
@@ -226,34 +244,52 @@ def tiny_moe_mla_overrides(values: dict, layers: int) -> dict:
     routing (n_group, topk_group) stays consistent: the groups divide the experts and the chosen groups hold at
     least the experts each token picks. A field the config lacks, or leaves None (q_lora_rank in V2-Lite, no
     groups), is left as it is."""
-    overrides: dict = {}
+    experts = next((name for name in _EXPERT_COUNTS if isinstance(values.get(name), int) and values[name] > 0), None)
+    overrides = _tiny_expert_overrides(values, experts, layers) if experts is not None else {}
+    overrides.update(_tiny_mla_overrides(values))
+    return overrides
 
+
+def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
+    """tiny_moe_mla_overrides' expert part: TINY_EXPERTS experts (`experts`: the field that counts them), the
+    layers' MoE pattern, and the expert groups."""
+    overrides: dict = {experts: TINY_EXPERTS}
+    if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
+        overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+    if isinstance(values.get("n_shared_experts"), int) and values["n_shared_experts"] > 0:
+        overrides["n_shared_experts"] = 1
+    overrides.update({name: size for name, size in TINY_MOE_SIZES.items() if values.get(name) is not None})
+    overrides.update(_tiny_moe_layers(values, layers))
+    if isinstance(values.get("n_group"), int) and values["n_group"] > 1:
+        overrides["n_group"] = 2
+        # one chosen group holds TINY_EXPERTS / 2 experts: every token can still pick its experts there
+        overrides["num_experts_per_tok"] = min(overrides.get("num_experts_per_tok", TINY_EXPERTS_PER_TOKEN),
+                                               TINY_EXPERTS // 2)
+    if values.get("topk_group") is not None:
+        overrides["topk_group"] = 1
+    return overrides
+
+
+def _tiny_moe_layers(values: dict, layers: int) -> dict:
+    """The fields that say which layers are MoE, set so a model of `layers` layers keeps at least one (the last)."""
+    overrides: dict = {}
+    if isinstance(values.get("first_k_dense_replace"), int):
+        overrides["first_k_dense_replace"] = min(values["first_k_dense_replace"], layers - 1)
+    for name in ("moe_layer_freq", "decoder_sparse_step"):
+        if isinstance(values.get(name), int):
+            overrides[name] = 1
+    if isinstance(values.get("mlp_only_layers"), list):
+        overrides["mlp_only_layers"] = [i for i in values["mlp_only_layers"] if i < layers - 1]
+    return overrides
+
+
+def _tiny_mla_overrides(values: dict) -> dict:
+    """tiny_moe_mla_overrides' MLA part: TINY_MLA_SIZES for the MLA fields the config sets, and the head sizes made
+    of them."""
     def has(name: str) -> bool:
         return values.get(name) is not None
 
-    experts = next((name for name in _EXPERT_COUNTS if isinstance(values.get(name), int) and values[name] > 0), None)
-    if experts is not None:
-        overrides[experts] = TINY_EXPERTS
-        if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
-            overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
-        if isinstance(values.get("n_shared_experts"), int) and values["n_shared_experts"] > 0:
-            overrides["n_shared_experts"] = 1
-        overrides.update({name: size for name, size in TINY_MOE_SIZES.items() if has(name)})
-        if isinstance(values.get("first_k_dense_replace"), int):
-            overrides["first_k_dense_replace"] = min(values["first_k_dense_replace"], layers - 1)
-        for name in ("moe_layer_freq", "decoder_sparse_step"):
-            if isinstance(values.get(name), int):
-                overrides[name] = 1
-        if isinstance(values.get("mlp_only_layers"), list):
-            overrides["mlp_only_layers"] = [i for i in values["mlp_only_layers"] if i < layers - 1]
-        if isinstance(values.get("n_group"), int) and values["n_group"] > 1:
-            overrides["n_group"] = 2
-            # one chosen group holds TINY_EXPERTS / 2 experts: every token can still pick its experts there
-            overrides["num_experts_per_tok"] = min(overrides.get("num_experts_per_tok", TINY_EXPERTS_PER_TOKEN),
-                                                   TINY_EXPERTS // 2)
-        if has("topk_group"):
-            overrides["topk_group"] = 1
-    overrides.update({name: size for name, size in TINY_MLA_SIZES.items() if has(name)})
+    overrides = {name: size for name, size in TINY_MLA_SIZES.items() if has(name)}
     if has("qk_rope_head_dim") and isinstance(values.get("head_dim"), int):
         overrides["head_dim"] = TINY_MLA_SIZES["qk_rope_head_dim"]  # 5.x's DeepSeek config: the rotary part's size
     if has("qk_rope_head_dim") and has("qk_head_dim"):
