@@ -677,13 +677,8 @@ def _seq_len_notes(d: Detection, entries: list[tuple[str, str, str | None]]) -> 
 def _call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
     """prefill's and decode's model() arguments under the convention, and TODO lines for what graphmode could not
     pass."""
-    if d.convention == "hf":
-        return _hf_call_args(d)
-    if d.convention == "start_pos":
-        return _start_pos_call_args(d)
-    if d.convention == "input_pos":
-        return _input_pos_call_args(d)
-    return [], [], []
+    build = _CALL_ARGS.get(d.convention)
+    return build(d) if build is not None else ([], [], [])
 
 
 def _hf_call_args(d: Detection) -> tuple[list[str], list[str], list[str]]:
@@ -713,6 +708,9 @@ def _input_pos_call_args(d: Detection) -> tuple[list[str], list[str], list[str]]
         todo.append(f"{TODO} forward also takes mask: torchtune-style models need the causal mask's rows at "
                     "input_pos here")
     return ["tokens", passed], ["token", passed], todo
+
+
+_CALL_ARGS = {"hf": _hf_call_args, "start_pos": _start_pos_call_args, "input_pos": _input_pos_call_args}
 
 
 def _setup_line(d: Detection) -> str:
