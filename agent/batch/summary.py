@@ -47,26 +47,31 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
     report = outcome.report or {}
     folder = out / target.name
     run_folder = Path(outcome.report_path).parent if outcome.report_path else None
-
-    def beside_report(name: str) -> str | None:
-        return _relative(run_folder / name, out) if run_folder is not None and (run_folder / name).exists() else None
-
-    problems = report.get("problems") or []
-    fusion = report.get("fusion") or {}
-    if status == "timeout":
-        problem = f"stopped after {target.target_timeout:g} s (target_timeout, or --timeout)"
-    elif status == "stopped":
-        problem = f"stopped for confirmation (yes = false): graphmode resume {outcome.session}"
-    elif status == VERIFIED:
-        problem = None
-    else:
-        problem = problems[0] if problems else outcome.error
     return {
         "name": target.name,
         "target": target.shown_as,
         "backend": report.get("backend") or target.run.get("backend", "auto"),
         "status": status,
         "exit_code": outcome.exit_code,
+        **_report_figures(report),
+        "seconds": round(outcome.seconds, 1),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "problem": _problem(target, outcome, status, report.get("problems") or []),
+        "report": _beside_report(run_folder, "report.md", out),
+        "report_json": _beside_report(run_folder, "report.json", out),
+        "design": _beside_report(run_folder, "design.md", out),
+        "diff": _beside_report(run_folder, "planned.diff", out),
+        "log": _relative(folder / LOG_NAME, out),
+        "session": outcome.session,
+        "executor": executor,
+        "host": outcome.host,
+    }
+
+
+def _report_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """The row's figures read from the target's report.json (None where it has none)."""
+    fusion = report.get("fusion") or {}
+    return {
         "findings": report.get("findings"),
         "fixed_automatically": report.get("findings_fixed"),
         "changes_applied": len(report["changes_applied"]) if "changes_applied" in report else None,
@@ -86,18 +91,24 @@ def make_row(target: BatchTarget, outcome: JobOutcome, status: str, out: Path, e
         "fusion_speedup": fusion.get("speedup", {}).get("median"),
         "fusion_speedup_unstable": fusion.get("unstable") if fusion else None,
         "warmup_s": report.get("warmup_s"),
-        "seconds": round(outcome.seconds, 1),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "problem": problem,
-        "report": beside_report("report.md"),
-        "report_json": beside_report("report.json"),
-        "design": beside_report("design.md"),
-        "diff": beside_report("planned.diff"),
-        "log": _relative(folder / LOG_NAME, out),
-        "session": outcome.session,
-        "executor": executor,
-        "host": outcome.host,
     }
+
+
+def _beside_report(run_folder: Path | None, name: str, out: Path) -> str | None:
+    """A file the run wrote beside its report.json, relative to the batch folder; None when it has none."""
+    return _relative(run_folder / name, out) if run_folder is not None and (run_folder / name).exists() else None
+
+
+def _problem(target: BatchTarget, outcome: JobOutcome, status: str, problems: list[str]) -> str | None:
+    """What the summary says went wrong with a target: why it stopped, else its report's first problem, else the
+    job's error; None for a verified one."""
+    if status == "timeout":
+        return f"stopped after {target.target_timeout:g} s (target_timeout, or --timeout)"
+    if status == "stopped":
+        return f"stopped for confirmation (yes = false): graphmode resume {outcome.session}"
+    if status == VERIFIED:
+        return None
+    return problems[0] if problems else outcome.error
 
 
 def _relative(path: Path, out: Path) -> str:
@@ -219,30 +230,64 @@ def _markdown(summary: dict[str, Any]) -> str:
              f"Manifest `{summary['manifest']}`, written {summary['written_at']}. "
              + ", ".join(f"{n} {status.replace('_', ' ')}" for status, n in sorted(summary["counts"].items())) + ".",
              "", "| " + " | ".join(COLUMNS) + " | report |", "|" + "---|" * (len(COLUMNS) + 1)]
-    for row in rows:
-        link = f"[report]({row['report']})" if row.get("report") else (f"[log]({row['log']})" if row.get("log") else "")
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells(row)) + f" | {link} |")
+    lines += [_table_line(row) for row in rows]
     if any(row.get("decode_speedup_unstable") for row in rows):
         lines += ["", UNSTABLE_NOTE]
-    fused = [row for row in rows if row.get("fusion_speedup") is not None]
-    if fused:
-        lines += ["", "Fusions: Decode without them over Decode with them, timed in the same runs: " + ", ".join(
-            f"{row['name']} {qualified(format(row['fusion_speedup'], '.2f') + 'x', row.get('fusion_speedup_unstable'))}"
-            for row in fused) + "."]
-    dropped = [row for row in rows if row.get("dropped")]
-    if dropped:
-        lines += ["", "Left out after a bisection found they change the tokens: " + ", ".join(
-            f"{row['name']} ({', '.join(f'`{name}`' for name in row['dropped'])})" for row in dropped) + "."]
+    lines += _fusions_paragraph(rows) + _dropped_paragraph(rows)
     if summary["chart"]:
         lines += ["", f"![Decode speed-up per target]({summary['chart']})"]
-    problems = [row for row in rows if row.get("problem")]
-    if problems:
-        lines += ["", "## Problems", ""] + [f"- **{row['name']}** ({row['status'].replace('_', ' ')}): "
-                                            f"{row['problem']}" for row in problems]
-    if summary["fail_on"]:
-        lines += ["", f"## --fail-on {','.join(summary['fail_on'])}", ""]
-        lines += [f"- {breach}" for breach in summary["fail_on_breaches"]] or ["- no target breaches it"]
+    lines += _problems_section(rows) + _fail_on_section(summary)
     return "\n".join(lines) + "\n"
+
+
+def _table_line(row: dict[str, Any]) -> str:
+    """A target's row of the Markdown table, linking its report (else its log)."""
+    link = f"[report]({row['report']})" if row.get("report") else (f"[log]({row['log']})" if row.get("log") else "")
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells(row)) + f" | {link} |"
+
+
+def _fusions_paragraph(rows: list[dict[str, Any]]) -> list[str]:
+    """The fusion speed-up of each target that applied fusions; nothing when none did."""
+    fused = [row for row in rows if row.get("fusion_speedup") is not None]
+    if not fused:
+        return []
+    return ["", "Fusions: Decode without them over Decode with them, timed in the same runs: " + ", ".join(
+        f"{row['name']} {qualified(format(row['fusion_speedup'], '.2f') + 'x', row.get('fusion_speedup_unstable'))}"
+        for row in fused) + "."]
+
+
+def _dropped_paragraph(rows: list[dict[str, Any]]) -> list[str]:
+    """The codemods a bisection left out, per target; nothing when none was."""
+    dropped = [row for row in rows if row.get("dropped")]
+    if not dropped:
+        return []
+    return ["", "Left out after a bisection found they change the tokens: " + ", ".join(
+        f"{row['name']} ({', '.join(f'`{name}`' for name in row['dropped'])})" for row in dropped) + "."]
+
+
+def _problems_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Each target's problem, under a heading; nothing when no target has one."""
+    problems = [row for row in rows if row.get("problem")]
+    if not problems:
+        return []
+    return ["", "## Problems", ""] + [f"- **{row['name']}** ({row['status'].replace('_', ' ')}): {row['problem']}"
+                                      for row in problems]
+
+
+def _fail_on_section(summary: dict[str, Any]) -> list[str]:
+    """The --fail-on limits and what breaches them; nothing without --fail-on."""
+    if not summary["fail_on"]:
+        return []
+    return (["", f"## --fail-on {','.join(summary['fail_on'])}", ""]
+            + ([f"- {breach}" for breach in summary["fail_on_breaches"]] or ["- no target breaches it"]))
+
+
+def _mark_unstable(bars: Any, rows: list[dict[str, Any]]) -> None:
+    """Pale, hatched bars for unstable speed-ups: a figure that must not be read as measured."""
+    for bar, row in zip(bars, rows):
+        if row.get("decode_speedup_unstable"):
+            bar.set_alpha(0.35)
+            bar.set_hatch("//")
 
 
 def speedup_chart(rows: list[dict[str, Any]], path: Path) -> str | None:
@@ -262,10 +307,7 @@ def speedup_chart(rows: list[dict[str, Any]], path: Path) -> str | None:
     colors = ["tab:green" if row["status"] == VERIFIED else "tab:red" for row in shown]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.4 * len(shown)), dpi=110)
     bars = ax.barh(range(len(shown)), speedups, color=colors)
-    for bar, row in zip(bars, shown):
-        if row.get("decode_speedup_unstable"):  # pale and hatched: a figure that must not be read as measured
-            bar.set_alpha(0.35)
-            bar.set_hatch("//")
+    _mark_unstable(bars, shown)
     ax.bar_label(bars, labels=[speedup_text(row) for row in shown], padding=3, fontsize=8)
     ax.axvline(1.0, color="gray", linewidth=1, linestyle="--")
     ax.set_yticks(range(len(shown)), names, fontsize=8)
