@@ -50,12 +50,7 @@ def run(manifest: Manifest, options: BatchOptions, console: Console) -> int:
     with run_folder_lock(out, f"batch {manifest.path} (pid {os.getpid()})"):
         batch_store.forget_running(out)  # a killed batch's leftovers: under this lock, no other batch runs them
         done = batch_store.finished_rows(out)
-        todo, skipped = [], []
-        for target in manifest.targets:
-            key, status, _ = done.get(target.name, (None, None, None))
-            fresh = key == target.key
-            again = not fresh or (status != batch_store.VERIFIED and options.retry_failed)
-            (todo if again else skipped).append(target)
+        todo, skipped = _todo_and_skipped(manifest.targets, done, options.retry_failed)
         console.print(f"graphmode batch: {len(manifest.targets)} target(s), {len(skipped)} done earlier, "
                       f"{len(todo)} to run -> {out}", soft_wrap=True)
         for target in skipped:
@@ -67,16 +62,32 @@ def run(manifest: Manifest, options: BatchOptions, console: Console) -> int:
             interrupted = _run_targets(manifest, todo, options, console, conditions)
         rows = _rows(manifest)
         summary = write_summary(manifest, rows, conditions, chart=bool(todo) or not (out / "speedups.png").exists())
-    _print_table(console, rows)
-    console.print(f"Summary: [bold]{out / 'summary.md'}[/]" + (f" (chart: {out / summary['chart']})"
-                                                                 if summary["chart"] else ""), soft_wrap=True)
-    for breach in summary["fail_on_breaches"]:
-        console.print(f"[red]fail-on:[/] {escape(breach)}", soft_wrap=True)
+    _print_summary(console, out, rows, summary)
     if interrupted:
         console.print("[yellow]graphmode batch: interrupted.[/] Finished targets are kept; run the same command to "
                       "carry on.", soft_wrap=True)
         return EXIT_INTERRUPTED
     return 1 if any(failed(row) for row in rows) or summary["fail_on_breaches"] else 0
+
+
+def _todo_and_skipped(targets: list[BatchTarget], done: dict[str, tuple[Any, Any, Any]],
+                      retry_failed: bool) -> tuple[list[BatchTarget], list[BatchTarget]]:
+    """The targets to run (never finished with their present key, or failed and --retry-failed) and those done."""
+    todo, skipped = [], []
+    for target in targets:
+        key, status, _ = done.get(target.name, (None, None, None))
+        again = key != target.key or (status != batch_store.VERIFIED and retry_failed)
+        (todo if again else skipped).append(target)
+    return todo, skipped
+
+
+def _print_summary(console: Console, out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """The table of every target, where the summary (and its chart) went, and the --fail-on breaches."""
+    _print_table(console, rows)
+    console.print(f"Summary: [bold]{out / 'summary.md'}[/]" + (f" (chart: {out / summary['chart']})"
+                                                                 if summary["chart"] else ""), soft_wrap=True)
+    for breach in summary["fail_on_breaches"]:
+        console.print(f"[red]fail-on:[/] {escape(breach)}", soft_wrap=True)
 
 
 def _rows(manifest: Manifest) -> list[dict[str, Any]]:
@@ -161,15 +172,9 @@ def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: C
     share the cores (no devices), every target's timing runs wait for the cores alone (runners.measure.shared_cores):
     the other work overlaps, the figures the reports quote do not. Ctrl-C (or SIGTERM, which the command line raises as
     Ctrl-C) stops every running target's processes before it returns."""
-    slots = job_slots(count)
-    if slots.note:
-        console.print(f"[yellow]note:[/] {slots.note}", soft_wrap=True)
-    if slots.shared_cores and len(slots.envs) > 1 and len(jobs) > 1:
-        console.print(f"{len(slots.envs)} targets at a time share this machine's cores: each one's timing runs "
-                      "wait until they have the cores to themselves", soft_wrap=True)
-        slots.envs = [{**env, LOCK_ENV: str(cores_lock)} for env in slots.envs]
+    envs = _slot_envs(len(jobs), count, console, cores_lock)
     free: SimpleQueue[dict[str, str]] = SimpleQueue()
-    for env in slots.envs:
+    for env in envs:
         free.put(env)
     stop = threading.Event()
 
@@ -186,7 +191,7 @@ def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: C
         finally:
             free.put(env)
 
-    pool = ThreadPoolExecutor(max_workers=len(slots.envs), thread_name_prefix="graphmode-batch")
+    pool = ThreadPoolExecutor(max_workers=len(envs), thread_name_prefix="graphmode-batch")
     futures: set[Future] = {pool.submit(work, job) for job in jobs}
     try:
         while futures:
@@ -200,10 +205,28 @@ def _here(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: C
         stop.set()  # the running jobs stop their processes (SIGTERM, then SIGKILL) and return as interrupted
         pool.shutdown(wait=True, cancel_futures=True)
         for future in futures:  # any that finished by itself meanwhile is a result like any other
-            if future.done() and not future.cancelled() and future.exception() is None and future.result():
+            if _finished_with_outcome(future):
                 on_done(future.result())
         raise
     pool.shutdown(wait=True)
+
+
+def _slot_envs(jobs: int, count: int, console: Console, cores_lock: Path) -> list[dict[str, str]]:
+    """What each of the `count` slots adds to its job's environment: its device, or, where the slots share the cores
+    and more than one job runs at once, the lock their timing runs take."""
+    slots = job_slots(count)
+    if slots.note:
+        console.print(f"[yellow]note:[/] {slots.note}", soft_wrap=True)
+    if slots.shared_cores and len(slots.envs) > 1 and jobs > 1:
+        console.print(f"{len(slots.envs)} targets at a time share this machine's cores: each one's timing runs "
+                      "wait until they have the cores to themselves", soft_wrap=True)
+        return [{**env, LOCK_ENV: str(cores_lock)} for env in slots.envs]
+    return slots.envs
+
+
+def _finished_with_outcome(future: Future) -> bool:
+    """A job's future that finished by itself, with an outcome (not one the stop kept from starting)."""
+    return future.done() and not future.cancelled() and future.exception() is None and bool(future.result())
 
 
 def step_line(line: str) -> str | None:
