@@ -67,42 +67,21 @@ def run_job(job: BatchJob, stop: threading.Event | None = None,
         (folder / name).write_text(text, encoding="utf-8")
     log = folder / LOG_NAME
     started = time.perf_counter()
-    timed_out = interrupted = False
     with open(log, "w", encoding="utf-8") as handle:
         # Its own session, so the whole group can be stopped (start_new_session), and it dies with us if we are
         # killed outright (die_with_parent); cwd is its folder, which exists wherever the job runs.
         proc = subprocess.Popen([sys.executable, *job.args], stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=folder, env={**os.environ, **job.env},
                                 start_new_session=True, preexec_fn=die_with_parent)
-        lines = _LogLines(log, progress)
         try:
-            while True:
-                try:
-                    proc.wait(timeout=_POLL_S)
-                    lines.read()
-                    break
-                except subprocess.TimeoutExpired:
-                    lines.read()
-                if time.perf_counter() - started > job.timeout_s:
-                    timed_out = True
-                elif stop is not None and stop.is_set():
-                    interrupted = True
-                else:
-                    continue
-                _stop(proc, _GRACE_S)
-                break
+            timed_out, interrupted = _watch(proc, _LogLines(log, progress), started, job.timeout_s, stop)
         except BaseException:
             _stop(proc, 0.0)
             raise
     seconds = time.perf_counter() - started
     text = log.read_text(encoding="utf-8", errors="replace")
     report_path = _report(folder)
-    report = None
-    if report_path is not None:
-        try:
-            report = json.loads(report_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            report = None
+    report = _read_report(report_path) if report_path is not None else None
     stopped = timed_out or interrupted
     session = _SESSION.search(text)
     return JobOutcome(name=job.name, exit_code=None if stopped else proc.returncode, timed_out=timed_out,
@@ -110,6 +89,32 @@ def run_job(job: BatchJob, stop: threading.Event | None = None,
                       report_path=str(report_path) if report_path else None,
                       error=None if proc.returncode == 0 and not stopped else _error(text),
                       session=session.group(1) if session else None, host=socket.gethostname())
+
+
+def _watch(proc: subprocess.Popen, lines: _LogLines, started: float, timeout_s: float,
+           stop: threading.Event | None) -> tuple[bool, bool]:
+    """(timed out, interrupted): polls the run, reading its log, until it exits, passes its time limit or `stop` is
+    set; a run stopped either way has its process group stopped here."""
+    while True:
+        try:
+            proc.wait(timeout=_POLL_S)
+            lines.read()
+            return False, False
+        except subprocess.TimeoutExpired:
+            lines.read()
+        timed_out = time.perf_counter() - started > timeout_s
+        interrupted = not timed_out and stop is not None and stop.is_set()
+        if timed_out or interrupted:
+            _stop(proc, _GRACE_S)
+            return timed_out, interrupted
+
+
+def _read_report(path: Path) -> dict | None:
+    """The run's report.json, None when it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 class _LogLines:
