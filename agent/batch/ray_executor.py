@@ -37,6 +37,24 @@ def task_options(cluster: dict[str, float]) -> dict[str, Any]:
     return {"num_cpus": 1, "max_retries": 0}
 
 
+def _start_more(waiting: list[BatchJob], in_flight: dict[Any, BatchJob], remote, on_start: Callable[[BatchJob], None],
+                max_in_flight: int | None) -> None:
+    """Starts waiting jobs, in order, until `max_in_flight` are running (None: every one)."""
+    while waiting and (max_in_flight is None or len(in_flight) < max_in_flight):
+        job = waiting.pop(0)
+        on_start(job)
+        in_flight[remote.remote(job)] = job
+
+
+def _outcome(ray, ref, job: BatchJob) -> JobOutcome:
+    """A finished task's outcome; where the task itself failed (its node went away, ...), that target's error."""
+    try:
+        return ray.get(ref)
+    except Exception as error:
+        return JobOutcome(name=job.name, exit_code=None,
+                          error=f"the Ray task failed: {type(error).__name__}: {str(error)[:300]}")
+
+
 def run_on_ray(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_done: Callable[[JobOutcome], None],
                max_in_flight: int | None = None) -> str:
     """Runs every job as a Ray task, at most `max_in_flight` at a time (None: as many as the cluster takes), and
@@ -51,19 +69,10 @@ def run_on_ray(jobs: list[BatchJob], on_start: Callable[[BatchJob], None], on_do
     waiting, in_flight = list(jobs), {}
     try:
         while waiting or in_flight:
-            while waiting and (max_in_flight is None or len(in_flight) < max_in_flight):
-                job = waiting.pop(0)
-                on_start(job)
-                in_flight[remote.remote(job)] = job
+            _start_more(waiting, in_flight, remote, on_start, max_in_flight)
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
             for ref in ready:
-                job = in_flight.pop(ref)
-                try:
-                    outcome = ray.get(ref)
-                except Exception as error:  # the task itself failed (its node went away, ...): that target's error
-                    outcome = JobOutcome(name=job.name, exit_code=None,
-                                         error=f"the Ray task failed: {type(error).__name__}: {str(error)[:300]}")
-                on_done(outcome)
+                on_done(_outcome(ray, ref, in_flight.pop(ref)))
     except KeyboardInterrupt:
         for ref in in_flight:
             ray.cancel(ref, force=True)
