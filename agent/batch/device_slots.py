@@ -29,16 +29,20 @@ def visible_devices(dev: Path = Path("/dev")) -> tuple[str, list[str]] | None:
         given = os.environ.get(variable)
         if given is not None:  # set, even empty (which hides every device of the kind): the files do not count
             ids = [part.strip() for part in given.split(",") if part.strip()]
-            if ids:
-                return variable, ids
-            continue
-        try:
-            found = sorted(int(m.group(1)) for entry in os.listdir(dev) if (m := pattern.match(entry)))
-        except OSError:
-            found = []
-        if found:
-            return variable, [str(n) for n in found]
+        else:
+            ids = _device_files(dev, pattern)
+        if ids:
+            return variable, ids
     return None
+
+
+def _device_files(dev: Path, pattern: re.Pattern[str]) -> list[str]:
+    """The ids of the device files of one kind under `dev` (/dev/nvidia0 -> "0"), in numeric order."""
+    try:
+        found = sorted(int(m.group(1)) for entry in os.listdir(dev) if (m := pattern.match(entry)))
+    except OSError:
+        found = []
+    return [str(n) for n in found]
 
 
 def job_slots(jobs: int, dev: Path = Path("/dev")) -> Slots:
