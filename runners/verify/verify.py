@@ -637,48 +637,69 @@ def fusion_figures(result: Verification, fusions: list[str], unfused: list[tuple
     runs = [r for r, _, _ in unfused]
     graphs = {"original": result.original["decode_graph"], "before": runs[0].decode_graph if runs else {},
               "after": result.adapted["decode_graph"]}
-    fusion: dict[str, Any] = {"applied": fusions}
-    for key, name in (("ops_per_step", "ops"), ("ops_per_layer", "ops_per_layer"), ("layers", "layers")):
-        fusion[key] = {side: graph.get(name) for side, graph in graphs.items()}
-    fusion["bytes_per_layer"] = {side: (graph.get("bytes_per_layer") or {}).get("total")
-                                 for side, graph in graphs.items()}
-    fusion["inductor_kernels"] = {side: graphs[side].get("inductor_kernels") for side in ("before", "after")}
-    with_tpots = result.figures["graph"]["tpot_ms"]["runs"]
-    without_tpots = [statistics.median(_steady(r)) for r in runs]
-    fusion["decode_ms"] = {
-        "with": statistics.median(with_tpots), "without": statistics.median(without_tpots) if runs else None,
-        "with_range": [min(with_tpots), max(with_tpots)],
-        "without_range": [min(without_tpots), max(without_tpots)] if runs else None}
-    fusion["speedup"] = {"median": fusion["decode_ms"]["without"] / fusion["decode_ms"]["with"],
-                         "min": min(without_tpots) / max(with_tpots),
-                         "max": max(without_tpots) / min(with_tpots)} if runs else {}
-    spread = [f for f in result.unstable_figures if f == "graph.tpot_ms"]
-    if runs and max(without_tpots) > SPREAD * min(without_tpots):
-        spread.append(f"{UNFUSED}.tpot_ms")
-    fusion["unstable"] = bool(runs) and (speedup_unstable(fusion["speedup"], spread) or timed_beside_others > 0)
+    fusion: dict[str, Any] = {"applied": fusions, **_fusion_counts(graphs)}
+    fusion.update(_fusion_timing(result, runs, timed_beside_others))
     fusion["runs"] = len(runs)
-    fusion["tokens"], fusion["logits_max_abs_diff"], fusion["unfused"] = {}, {}, {}
-    fusion["problems"] = []
-    if runs:
-        first, unfused_logits = runs[0], unfused[0][1]
-        fused_vs_unfused = _first_divergence(first.tokens, result.adapted["tokens"])
-        unfused_vs_eager = _first_divergence(result.original["tokens"], first.tokens)
-        fusion["tokens"] = {"unfused_equal_eager": unfused_vs_eager is None,
-                            "fused_equal_unfused": fused_vs_unfused is None,
-                            "first_divergent_step": fused_vs_unfused}
-        fusion["logits_max_abs_diff"] = {"fused_vs_unfused": _max_diff(graph_logits, unfused_logits),
-                                         "unfused_vs_eager": _max_diff(eager_logits, unfused_logits)}
-        fusion["unfused"] = {"graph_breaks": max(r.graph_breaks for r in runs),
-                             "recompiles": max(r.recompiles for r in runs),
-                             "graphs_after_warmup": max(r.graphs_after_warmup for r in runs),
-                             "warmup_s": statistics.median(r.warmup_s for r in runs)}
-        # The verdict is the fused side's: only when it already fails is a difference laid at the fusions' door.
-        if not result.tokens_equal and unfused_vs_eager is None:
-            fusion["problems"].append(f"the fusions change the tokens: without them the tokens equal eager's, with "
-                                      f"them they differ from Decode step {result.first_divergent_step}")
+    fusion.update(_unfused_against_sides(result, unfused, eager_logits, graph_logits))
     fusion["missing"] = _fusion_missing(fusion, graphs, result.backend, error, result.runs)
     fusion["error"] = error
     return fusion
+
+
+def _fusion_counts(graphs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fusion table's counted figures, per side: ops per step and per layer, layers, bytes per layer, and
+    Inductor's kernels (adapted sides only)."""
+    counts = {key: {side: graph.get(name) for side, graph in graphs.items()}
+              for key, name in (("ops_per_step", "ops"), ("ops_per_layer", "ops_per_layer"), ("layers", "layers"))}
+    counts["bytes_per_layer"] = {side: (graph.get("bytes_per_layer") or {}).get("total")
+                                 for side, graph in graphs.items()}
+    counts["inductor_kernels"] = {side: graphs[side].get("inductor_kernels") for side in ("before", "after")}
+    return counts
+
+
+def _fusion_timing(result: Verification, runs: list[WorkerResult], timed_beside_others: int) -> dict[str, Any]:
+    """Decode's time per token with the fusions and without them (None without a run of that side), the speed-up
+    they give, and whether it is too spread to quote."""
+    with_tpots = result.figures["graph"]["tpot_ms"]["runs"]
+    decode_ms = {"with": statistics.median(with_tpots), "without": None,
+                 "with_range": [min(with_tpots), max(with_tpots)], "without_range": None}
+    if not runs:
+        return {"decode_ms": decode_ms, "speedup": {}, "unstable": False}
+    without_tpots = [statistics.median(_steady(r)) for r in runs]
+    decode_ms.update(without=statistics.median(without_tpots), without_range=[min(without_tpots), max(without_tpots)])
+    speedup = {"median": decode_ms["without"] / decode_ms["with"], "min": min(without_tpots) / max(with_tpots),
+               "max": max(without_tpots) / min(with_tpots)}
+    spread = [f for f in result.unstable_figures if f == "graph.tpot_ms"]
+    if max(without_tpots) > SPREAD * min(without_tpots):
+        spread.append(f"{UNFUSED}.tpot_ms")
+    unstable = speedup_unstable(speedup, spread) or timed_beside_others > 0
+    return {"decode_ms": decode_ms, "speedup": speedup, "unstable": unstable}
+
+
+def _unfused_against_sides(result: Verification, unfused: list[tuple[WorkerResult, torch.Tensor, float]],
+                           eager_logits: torch.Tensor, graph_logits: torch.Tensor) -> dict[str, Any]:
+    """The side without the fusions against eager and against the fused side: tokens, logits, its Dynamo counts,
+    and the problems that lays at the fusions' door (all empty without a run of it)."""
+    if not unfused:
+        return {"tokens": {}, "logits_max_abs_diff": {}, "unfused": {}, "problems": []}
+    runs = [r for r, _, _ in unfused]
+    first, unfused_logits = runs[0], unfused[0][1]
+    fused_vs_unfused = _first_divergence(first.tokens, result.adapted["tokens"])
+    unfused_vs_eager = _first_divergence(result.original["tokens"], first.tokens)
+    problems = []
+    # The verdict is the fused side's: only when it already fails is a difference laid at the fusions' door.
+    if not result.tokens_equal and unfused_vs_eager is None:
+        problems.append(f"the fusions change the tokens: without them the tokens equal eager's, with them they differ "
+                        f"from Decode step {result.first_divergent_step}")
+    return {"tokens": {"unfused_equal_eager": unfused_vs_eager is None, "fused_equal_unfused": fused_vs_unfused is None,
+                       "first_divergent_step": fused_vs_unfused},
+            "logits_max_abs_diff": {"fused_vs_unfused": _max_diff(graph_logits, unfused_logits),
+                                    "unfused_vs_eager": _max_diff(eager_logits, unfused_logits)},
+            "unfused": {"graph_breaks": max(r.graph_breaks for r in runs),
+                        "recompiles": max(r.recompiles for r in runs),
+                        "graphs_after_warmup": max(r.graphs_after_warmup for r in runs),
+                        "warmup_s": statistics.median(r.warmup_s for r in runs)},
+            "problems": problems}
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float | None:
