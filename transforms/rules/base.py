@@ -134,21 +134,30 @@ class SourceFile:
         start = self.offset(node.lineno, node.col_offset)
         end = self.offset(node.end_lineno, node.end_col_offset)
         floor = 0 if within is None else self.offset(within.lineno, within.col_offset)
-        source = self.source
         while True:
             before = self._skip_back(start, floor)
             after = self._skip_forward(end)
-            if not (before > floor and source[before - 1] == "(" and after < len(source) and source[after] == ")"):
+            if not self._in_parentheses(before, after, floor) or self._opens_call(before - 1, floor):
                 return start, end
-            prior = self._skip_back(before - 1, floor)
-            char = source[prior - 1] if prior > floor else ""
-            if char and char in ")]'\"":
-                return start, end  # `f(x)`, `a[0](x)`, `"..."(x)`: the call's parentheses
-            if char.isidentifier() or char.isdigit():
-                word = _IDENTIFIER_END.search(source[max(0, prior - 12):prior])
-                if word is None or not keyword.iskeyword(word.group()):
-                    return start, end  # `print(x)`; but `if (x)`, `not (x)` are the node's own
             start, end = before - 1, after + 1
+
+    def _in_parentheses(self, before: int, after: int, floor: int) -> bool:
+        """Whether a `(` ends at `before` (not back past `floor`) and a `)` starts at `after`."""
+        source = self.source
+        return before > floor and source[before - 1] == "(" and after < len(source) and source[after] == ")"
+
+    def _opens_call(self, paren: int, floor: int) -> bool:
+        """Whether the `(` at `paren` is a call's own: after `f`, `a[0]`, `"..."` (but `if (x)`, `not (x)` are the
+        node's own)."""
+        source = self.source
+        prior = self._skip_back(paren, floor)
+        char = source[prior - 1] if prior > floor else ""
+        if char and char in ")]'\"":
+            return True
+        if char.isidentifier() or char.isdigit():
+            word = _IDENTIFIER_END.search(source[max(0, prior - 12):prior])
+            return word is None or not keyword.iskeyword(word.group())
+        return False
 
     def code_of(self, node: ast.AST, within: ast.AST | None = None) -> str:
         """node's source text as libcst prints it: verbatim, with its own parentheses (see own_range)."""
@@ -179,8 +188,7 @@ class SourceFile:
         if not (test.__class__ is ast.UnaryOp and test.op.__class__ is ast.Not):
             return False
         call = test.operand
-        if call.__class__ is ast.Call and ast_dotted_name(call.func) == "isinstance" and len(call.args) == 2 \
-                and call.args[0].__class__ is ast.Name and ast_dotted_name(call.args[1]) == "torch.Tensor":
+        if _is_tensor_check(call):
             return True
         if not (call.__class__ is ast.Call and not call.args and not call.keywords
                 and ast_dotted_name(call.func) in _GUARD_CALLS):
@@ -274,6 +282,12 @@ class SourceFile:
 
         walk(self.tree)
         self.current = None
+
+
+def _is_tensor_check(call: ast.expr) -> bool:
+    """`isinstance(NAME, torch.Tensor)`."""
+    return call.__class__ is ast.Call and ast_dotted_name(call.func) == "isinstance" and len(call.args) == 2 \
+        and call.args[0].__class__ is ast.Name and ast_dotted_name(call.args[1]) == "torch.Tensor"
 
 
 def _dispatch_table(rules: Sequence[Rule]) -> dict[type, tuple[Callable[[ast.AST], None], ...]]:
