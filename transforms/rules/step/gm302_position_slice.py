@@ -15,9 +15,16 @@ def _int_arithmetic(node: ast.expr) -> bool:
         return True
     if cls is ast.BinOp:
         return _int_arithmetic(node.left) and _int_arithmetic(node.right)
-    if cls is ast.Call and node.func.__class__ is ast.Name and node.func.id in {"min", "max"}:
-        return not node.keywords and all(a.__class__ is not ast.Starred and _int_arithmetic(a) for a in node.args)
+    if cls is ast.Call:
+        return _min_max_of_ints(node)
     return False
+
+
+def _min_max_of_ints(call: ast.Call) -> bool:
+    """`min(...)` or `max(...)` of int arithmetic, every argument written out."""
+    if not (call.func.__class__ is ast.Name and call.func.id in {"min", "max"}):
+        return False
+    return not call.keywords and all(a.__class__ is not ast.Starred and _int_arithmetic(a) for a in call.args)
 
 
 @per_function
@@ -112,15 +119,7 @@ class PositionSlice(Rule):
     )
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
-        index = node.slice
-        elements = index.elts if index.__class__ is ast.Tuple else (index,)
-        bounds = [
-            part
-            for element in elements
-            if element.__class__ is ast.Slice
-            for part in (element.lower, element.upper, element.step)
-            if part is not None
-        ]
+        bounds = _slice_bounds(node.slice)
         if not bounds:
             return
         scope = self.enclosing_function(node)
@@ -132,3 +131,15 @@ class PositionSlice(Rule):
         hits = sorted({positions[n] for bound in bounds for n in ast_names_in(bound) if n in positions})
         if hits and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=hits[0]))
+
+
+def _slice_bounds(index: ast.expr) -> list[ast.expr]:
+    """The lower, upper and step expressions written in the slices of a subscript's index (`x[a:b, :c]`)."""
+    elements = index.elts if index.__class__ is ast.Tuple else (index,)
+    return [
+        part
+        for element in elements
+        if element.__class__ is ast.Slice
+        for part in (element.lower, element.upper, element.step)
+        if part is not None
+    ]
