@@ -23,6 +23,14 @@ def _op_name(func: ast.expr) -> str | None:
     return name_of(func)
 
 
+def _length_arguments(call: ast.Call) -> list[ast.keyword]:
+    """The length keywords of a call to Ascend fused attention; none for any other call."""
+    op = _op_name(call.func)
+    if op is None or not op.endswith(FUSED_ATTENTION_OPS):
+        return []
+    return [a for a in call.keywords if a.arg in LENGTH_KEYWORDS]
+
+
 def _is_list(node: ast.expr, lists: set[str]) -> bool:
     cls = node.__class__
     if cls is ast.List or cls is ast.ListComp:
@@ -106,10 +114,7 @@ class FusedAttentionLengths(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        op = _op_name(node.func)
-        if op is None or not op.endswith(FUSED_ATTENTION_OPS):
-            return
-        lengths = [a for a in node.keywords if a.arg in LENGTH_KEYWORDS]
+        lengths = _length_arguments(node)
         if not lengths or not self.in_step_code(node):
             return
         scope = self.enclosing_function(node)
