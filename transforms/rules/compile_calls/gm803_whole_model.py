@@ -100,17 +100,7 @@ class WholeModelCompiled(Rule):
         if func.__class__ is not ast.Attribute or func.attr != "compile":
             return
         if is_torch_compile(node):
-            model = keyword(node, "model")
-            if model is None:
-                first = first_arg(node)
-                if first is not None and is_positional(first) and not is_starred(first):
-                    model = first
-            if model is None:
-                return
-            functions = self.file.fact("function_names", _function_names)
-            if _whole_model(arg_value(model), functions):
-                self.report(node,
-                            self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
+            self._check_torch_compile(node)
         elif (
             ast_dotted_name(func.value) != "torch"
             and not any(h in self.file.code_of(func.value, node).lower() for h in _ENTRY_HINTS)
@@ -118,9 +108,29 @@ class WholeModelCompiled(Rule):
         ):
             self.report(node, self.MESSAGE.format(name=f"{self.file.code_of(func, node)}()"))
 
+    def _check_torch_compile(self, node: ast.Call) -> None:
+        """`torch.compile(model)`: reported when what it compiles is the whole model."""
+        model = _compiled(node)
+        if model is None:
+            return
+        functions = self.file.fact("function_names", _function_names)
+        if _whole_model(arg_value(model), functions):
+            self.report(node, self.MESSAGE.format(name=f"torch.compile({self.file.code_of(arg_value(model), node)})"))
+
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         if node.name != "forward":
             return
         for decorator in node.decorator_list:
             if _is_compile_decorator(decorator):
                 self.report(self.file.decorator_start(decorator), self.MESSAGE.format(name="@torch.compile"))
+
+
+def _compiled(call: ast.Call) -> ast.expr | ast.keyword | None:
+    """What a torch.compile call compiles: its `model=` keyword, else its first positional argument (not `*args`)."""
+    model = keyword(call, "model")
+    if model is not None:
+        return model
+    first = first_arg(call)
+    if first is not None and is_positional(first) and not is_starred(first):
+        return first
+    return None
