@@ -14,16 +14,24 @@ def declared_sources(target: Path) -> list[str]:
     harness = target / "harness.py"
     module = cst.parse_module(read_source(target, "harness.py"))
     for stmt in module.body:
-        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-            assign = stmt.body[0]
-            if getattr(assign.targets[0].target, "value", None) == "SOURCES" and isinstance(assign.value, cst.List):
-                names = [e.value.evaluated_value for e in assign.value.elements
-                         if isinstance(e.value, cst.SimpleString)]
-                missing = [n for n in names if not (target / n).is_file()]
-                if missing:
-                    raise UserError(f"{harness}: SOURCES names {', '.join(missing)}, which does not exist")
-                return names
+        names = _sources_assigned(stmt)
+        if names is None:
+            continue
+        missing = [n for n in names if not (target / n).is_file()]
+        if missing:
+            raise UserError(f"{harness}: SOURCES names {', '.join(missing)}, which does not exist")
+        return names
     return sorted(p.name for p in target.glob("*.py") if p.name != "harness.py")
+
+
+def _sources_assigned(stmt: cst.CSTNode) -> list[str] | None:
+    """The file names a `SOURCES = [...]` statement lists (its string literals); None for any other statement."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    if getattr(assign.targets[0].target, "value", None) != "SOURCES" or not isinstance(assign.value, cst.List):
+        return None
+    return [e.value.evaluated_value for e in assign.value.elements if isinstance(e.value, cst.SimpleString)]
 
 
 def read_source(target: Path, relative: str) -> str:

@@ -128,13 +128,18 @@ def check_table(path: Path, label: str, values: Any, keys: dict[str, tuple[type 
         if key not in keys:
             raise UserError(f"{path}: {label} has no key {key!r} (known: {', '.join(keys)})")
         kind, what = keys[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        if not _is_kind(value, kind):
             raise UserError(f"{path}: {label} {key} must be {what}, got {value!r}")
     buckets = values.get("batch_buckets")
     if buckets is not None and not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
         raise UserError(f"{path}: {label} batch_buckets must be a list of whole numbers, got {buckets!r}")
     return dict(values)
+
+
+def _is_kind(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """Whether the value is of the kind; true or false is a number only where the kind names bool."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
 
 
 def checked(path: Path, target: Any, run: Any, *, labels: tuple[str, str] = ("[target]", "[run]"),
