@@ -4,6 +4,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _run_style(color: str, label: str, n: int, runs: int) -> dict:
+    """How run `n` (from 0) of a side's `runs` is drawn. The legend names both line weights: run 1 bold, later runs
+    faint (run 1 of the graph side compiles cold; the others read the compile cache)."""
+    if n == 0:
+        first = f"{label}: run 1" + (" (bold)" if runs > 1 else "")
+        return {"color": color, "alpha": 0.85, "linewidth": 1.4, "label": first}
+    return {"color": color, "alpha": 0.45, "linewidth": 0.9,
+            "label": f"{label}: runs 2-{runs} (faint)" if n == 1 else None}
+
+
 def decode_chart(verification: dict, path: Path) -> str | None:
     """A PNG of Decode ms per step, every run of each side; the file name, or None without data."""
     per_step = verification.get("decode_ms_per_step") or {}
@@ -19,11 +29,7 @@ def decode_chart(verification: dict, path: Path) -> str | None:
     for side, runs in per_step.items():
         color, label = styles.get(side, ("tab:gray", side))
         for n, steps in enumerate(runs):
-            # The legend names both line weights: run 1 bold, later runs faint (run 1 of the graph side compiles
-            # cold; the others read the compile cache).
-            first = f"{label}: run 1" + (" (bold)" if len(runs) > 1 else "")
-            kwargs = {"color": color, "alpha": 0.85 if n == 0 else 0.45, "linewidth": 1.4 if n == 0 else 0.9,
-                      "label": first if n == 0 else (f"{label}: runs 2-{len(runs)} (faint)" if n == 1 else None)}
+            kwargs = _run_style(color, label, n, len(runs))
             whole.plot(range(1, len(steps) + 1), steps, marker="o", markersize=2.5, **kwargs)
             steady.plot(range(2, len(steps) + 1), steps[1:], marker="o", markersize=2.5, **kwargs)
     whole.set_yscale("log")
