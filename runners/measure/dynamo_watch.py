@@ -86,22 +86,26 @@ def parse_recompile_message(message: str, root: Path | None = None) -> SourceRea
     reason = ""
     for index, text in enumerate(lines[1:], start=1):
         failure = _FAILURE.match(text)
-        if failure and not reason:
+        if failure:  # the first one: the newest
             # Dynamo appends "  # <source line>  # <path>:<line> in <fn>"; keep the guard itself.
             reason = re.split(r"\s{2,}#", failure["reason"], maxsplit=1)[0].strip()
-            # Its user stack runs outermost first, up to the next entry's failure line.
-            frames = []
-            for follow in lines[index + 1:]:
-                if _FAILURE.match(follow):
-                    break
-                frame = _USER_FRAME.search(follow)
-                if frame:
-                    frames.append((frame["file"], int(frame["line"]), ""))
-            picked = pick_frame(frames, root)
+            picked = pick_frame(_user_frames(lines[index + 1:]), root)
             if picked is not None:
                 file, line = picked[0], picked[1]
             break
     return SourceReason(reason or message.strip(), _relative(file, root), line, func)
+
+
+def _user_frames(lines: list[str]) -> list[tuple[str, int, str]]:
+    """A guard failure's user stack, from the lines after it: outermost first, up to the next entry's failure."""
+    frames = []
+    for follow in lines:
+        if _FAILURE.match(follow):
+            break
+        frame = _USER_FRAME.search(follow)
+        if frame:
+            frames.append((frame["file"], int(frame["line"]), ""))
+    return frames
 
 
 class _Collector(logging.Handler):
@@ -179,18 +183,16 @@ def explain_breaks(fn: Callable[..., Any], *args: Any,
     """
     out = torch._dynamo.explain(fn)(*args)
     torch._dynamo.reset()
-    reasons = []
-    for item in out.break_reasons:
-        stack = list(getattr(item, "user_stack", None) or [])
-        # The innermost frame in the user's folder: the line to change (a break inside
-        # torch.nn code is reached from a user line, which is the one to report).
-        picked = pick_frame([(f.filename, f.lineno, f.name) for f in stack], root)
-        frame = next(f for f in stack if (f.filename, f.lineno, f.name) == picked) if picked else None
-        first_line = str(item.reason).strip().splitlines()[0] if str(item.reason).strip() else "unknown"
-        reasons.append(SourceReason(
-            first_line,
-            _relative(frame.filename, root) if frame else "",
-            frame.lineno if frame else None,
-            frame.name if frame else "",
-        ))
-    return out.graph_break_count, reasons
+    return out.graph_break_count, [_break_reason(item, root) for item in out.break_reasons]
+
+
+def _break_reason(item: Any, root: Path | None) -> SourceReason:
+    """One graph break: the first line of its reason, at the innermost frame in the user's folder (the line to
+    change: a break inside torch.nn code is reached from a user line, which is the one to report)."""
+    stack = list(getattr(item, "user_stack", None) or [])
+    picked = pick_frame([(f.filename, f.lineno, f.name) for f in stack], root)
+    frame = next(f for f in stack if (f.filename, f.lineno, f.name) == picked) if picked else None
+    first_line = str(item.reason).strip().splitlines()[0] if str(item.reason).strip() else "unknown"
+    if frame is None:
+        return SourceReason(first_line, "", None, "")
+    return SourceReason(first_line, _relative(frame.filename, root), frame.lineno, frame.name)
