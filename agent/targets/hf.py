@@ -138,20 +138,29 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
                       transformers_version=transformers.__version__, config_folder="model")
     if auto_map:
         _remote_code(target, folder, config_file, auto_map, python)
-    elif not model_type:
-        raise UserError(f"{config_file}: no model_type and no auto_map: transformers cannot tell which model this is")
-    elif model_type not in CONFIG_MAPPING:
-        raise UserError(f"{config_file}: model_type {model_type!r} is unknown to the installed transformers "
-                        f"{transformers.__version__}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
-                        "transformers, or add the model's own code to the folder with an auto_map in config.json")
     else:
-        target.notes += filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type], config)])
+        target.notes += _built_in_type_notes(spec, config_file, config, transformers.__version__)
     # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
     config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
     _sizes_and_prompt(target, config, config_class, folder, max_seq_len)
     if not tiny:
         _weights(target, folder, config_file, check_shapes=not auto_map)
     return target
+
+
+def _built_in_type_notes(spec: str, config_file: Path, config: dict, version: str) -> list[str]:
+    """A folder without code of its own: its model_type must be one the installed transformers implements; the
+    doubts about that model's static path, as notes."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not model_type:
+        raise UserError(f"{config_file}: no model_type and no auto_map: transformers cannot tell which model this is")
+    if model_type not in CONFIG_MAPPING:
+        raise UserError(f"{config_file}: model_type {model_type!r} is unknown to the installed transformers "
+                        f"{version}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
+                        "transformers, or add the model's own code to the folder with an auto_map in config.json")
+    return list(filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type], config)]))
 
 
 def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str) -> HFTarget:
@@ -301,18 +310,10 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
         raise UserError(f"{config_file}: auto_map must be an object of class references")
     config_ref = auto_map.get("AutoConfig")
     model_keys = _model_entries(auto_map)
-    if not model_keys or not config_ref:
-        missing = " and ".join(k for k, v in (("AutoConfig", config_ref), ("AutoModel* entry", model_keys)) if not v)
-        raise UserError(f"{config_file}: auto_map has no {missing}; graphmode adapts language models (auto_map must "
-                        "name AutoConfig, and AutoModelForCausalLM or another AutoModel* class with an LM head)")
+    _check_model_entries(config_file, config_ref, model_keys)
     refs = list(dict.fromkeys(auto_map[key] for key in model_keys))
     for ref in (config_ref, *refs):
-        if not isinstance(ref, str) or "--" in ref:
-            raise UserError(f"{config_file}: auto_map entry {ref!r} points into another repository; copy that code "
-                            "into this folder (graphmode reads local files only)")
-        module = ref.rpartition(".")[0]
-        if not (folder / f"{module}.py").is_file():
-            raise UserError(f"{config_file}: auto_map names {ref}, but {folder / (module + '.py')} does not exist")
+        _check_local_ref(config_file, folder, ref)
     target.package = _safe_name(folder.resolve().name)
     target.auto_map = {"AutoConfig": config_ref, **{key: auto_map[key] for key in model_keys}}
     target.model_refs = refs
@@ -320,17 +321,46 @@ def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: di
         target.notes.append(f"auto_map names no AutoModelForCausalLM: the harness takes the first of "
                             f"{', '.join(refs)} ({', '.join(model_keys)}) whose model has an LM head (a linear onto "
                             "the vocabulary), and says so when none has")
-    target.sources = sorted(f"{target.package}/{p.name}" for p in folder.glob("modeling_*.py"))
+    target.sources = _remote_sources(target.package, folder, refs)
+    target.missing_imports.update(_folder_missing_imports(folder, python))
+    target.notes += [_missing_import_note(package, where) for package, where in target.missing_imports.items()]
+
+
+def _check_model_entries(config_file: Path, config_ref: object, model_keys: list[str]) -> None:
+    """auto_map names a config class and at least one model class."""
+    if model_keys and config_ref:
+        return
+    missing = " and ".join(k for k, v in (("AutoConfig", config_ref), ("AutoModel* entry", model_keys)) if not v)
+    raise UserError(f"{config_file}: auto_map has no {missing}; graphmode adapts language models (auto_map must "
+                    "name AutoConfig, and AutoModelForCausalLM or another AutoModel* class with an LM head)")
+
+
+def _check_local_ref(config_file: Path, folder: Path, ref: object) -> None:
+    """An auto_map class reference names a module of this folder (not another repository's)."""
+    if not isinstance(ref, str) or "--" in ref:
+        raise UserError(f"{config_file}: auto_map entry {ref!r} points into another repository; copy that code "
+                        "into this folder (graphmode reads local files only)")
+    module = ref.rpartition(".")[0]
+    if not (folder / f"{module}.py").is_file():
+        raise UserError(f"{config_file}: auto_map names {ref}, but {folder / (module + '.py')} does not exist")
+
+
+def _remote_sources(package: str, folder: Path, refs: list[str]) -> list[str]:
+    """The sources of a remote-code folder, as package/file: every modeling_*.py, and each model class's module."""
+    sources = sorted(f"{package}/{p.name}" for p in folder.glob("modeling_*.py"))
     for ref in refs:
         model_module = ref.rpartition(".")[0]
-        if f"{target.package}/{model_module}.py" not in target.sources:
-            target.sources.append(f"{target.package}/{model_module}.py")
-    target.missing_imports.update(_folder_missing_imports(folder, python))
-    for package, where in target.missing_imports.items():
-        target.notes.append(f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
-                            f"place, so the run fails (naming {package}) only if the code calls into it"
-                            + ("; `torch.npu` is a CPU stand-in that answers questions about the device as a machine "
-                               "without an NPU would (design.md lists the calls)" if package == "torch_npu" else ""))
+        if f"{package}/{model_module}.py" not in sources:
+            sources.append(f"{package}/{model_module}.py")
+    return sources
+
+
+def _missing_import_note(package: str, where: str) -> str:
+    """The note for a package the folder's code imports and the interpreter lacks."""
+    return (f"{where} imports {package}, which is not installed: graphmode puts a placeholder in its "
+            f"place, so the run fails (naming {package}) only if the code calls into it"
+            + ("; `torch.npu` is a CPU stand-in that answers questions about the device as a machine "
+               "without an NPU would (design.md lists the calls)" if package == "torch_npu" else ""))
 
 
 # The auto_map entries that may name a language model, in the order tried: a causal LM first, then the classes
