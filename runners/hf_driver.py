@@ -180,6 +180,7 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
         # embedding, which scores highest against itself), and identical tokens would then prove nothing.
         overrides["tie_word_embeddings"] = False
     overrides.update(_tiny_token_id_overrides(default, sizes["vocab_size"]))
+    overrides.update(_tiny_layer_pattern(default, sizes["num_hidden_layers"]))
     overrides.update(tiny_moe_mla_overrides({**default.to_dict(), **(values or {})}, sizes["num_hidden_layers"]))
     if "kv_lora_rank" in overrides and has("num_key_value_heads"):
         # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
@@ -210,6 +211,16 @@ def _set_tiny_ffn(overrides: dict[str, int], default, aliases: dict[str, str], w
         key = aliases.get(name, name)
         if key not in overrides and getattr(default, name, None) is not None:
             overrides[key] = width
+
+
+def _tiny_layer_pattern(default, layers: int) -> dict:
+    """GPT-Neo's per-layer attention kinds, `attention_types = [[["global", "local"], 12]]` (a pattern and its
+    repeats), which its config checks against the layer count: the pattern repeated to cover `layers` layers."""
+    types = getattr(default, "attention_types", None)
+    if not (isinstance(types, list) and len(types) == 1 and isinstance(types[0], list) and len(types[0]) == 2
+            and isinstance(types[0][0], list) and types[0][0] and layers % len(types[0][0]) == 0):
+        return {}
+    return {"attention_types": [[types[0][0], layers // len(types[0][0])]]}
 
 
 def _tiny_token_id_overrides(default, vocab: int) -> dict[str, int]:
@@ -256,8 +267,11 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
     overrides: dict = {experts: TINY_EXPERTS}
     if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
         overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
-    if isinstance(values.get("n_shared_experts"), int) and values["n_shared_experts"] > 0:
-        overrides["n_shared_experts"] = 1
+    if isinstance(values.get("moe_k"), int):  # ERNIE 4.5's name for it (6 of its 64 experts: more than 4)
+        overrides["moe_k"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+    for shared in ("n_shared_experts", "moe_num_shared_experts"):
+        if isinstance(values.get(shared), int) and values[shared] > 0:
+            overrides[shared] = 1
     overrides.update({name: size for name, size in TINY_MOE_SIZES.items() if values.get(name) is not None})
     overrides.update(_tiny_moe_layers(values, layers))
     if isinstance(values.get("n_group"), int) and values["n_group"] > 1:

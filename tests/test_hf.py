@@ -171,11 +171,12 @@ def test_tiny_configs_take_the_sizes_under_each_familys_own_names(model_type):
         (64, 2, 4, 256)
 
 
-@pytest.mark.parametrize("model_type", ["gptj", "hunyuan_v1_dense", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["gptj", "hunyuan_v1_dense", "deepseek_v3", "gpt_neo", "ernie4_5_moe"])
 def test_tiny_configs_keep_the_configs_own_constraints(model_type):
     # GPT-J's rotary part fits the tiny head, HunYuan's head_dim (None by default) is set, DeepSeek's MLA has a
-    # key/value head per head; each tiny model then runs transformers' static-cache Decode to the dynamic cache's
-    # tokens.
+    # key/value head per head, GPT-Neo's per-layer attention pattern covers the tiny layers (its config checks the
+    # count), ERNIE 4.5's experts per token (moe_k) are no more than the tiny experts; each tiny model then runs
+    # transformers' static-cache Decode to the dynamic cache's tokens.
     from transformers import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[model_type](**tiny_config_overrides(CONFIG_MAPPING[model_type]))
@@ -184,6 +185,8 @@ def test_tiny_configs_keep_the_configs_own_constraints(model_type):
     assert getattr(config, "head_dim", head) is not None
     if getattr(config, "kv_lora_rank", None):
         assert config.num_key_value_heads == config.num_attention_heads
+    if getattr(config, "moe_k", None):
+        assert config.moe_k <= config.moe_num_experts
     dynamic, static = _greedy(model_type, steps=4)
     assert torch.equal(dynamic, static)
 
