@@ -552,3 +552,42 @@ def test_statement_texts_count_lines_as_libcst_does():
     parsed = ParsedSource(source)
     assert [parsed.statement_text(s) for s in parsed.module.body] == [
         "x = 1  # a\x0cb\x0cc\n", "import os\n", "\n\ndef f():\n    return os\n"]
+
+
+def _held_twice(module: cst.Module) -> list[str]:
+    """The types of the nodes that sit in more than one place in the tree, sorted (a visit builds no leaf again:
+    whitespace and comments the visit was handed in two places stay there)."""
+    seen: set[int] = set()
+    twice = []
+    pending: list[cst.CSTNode] = [module]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            twice.append(type(node).__name__)
+            continue
+        seen.add(id(node))
+        pending.extend(node.children)
+    return sorted(twice)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES], ids=_ids)
+def test_notes_moved_only_where_needed_are_the_visit_of_the_whole_module(path, monkeypatch):
+    """static_path visits with _NotesOnHeaders only the functions it built and the statements in which an `if`
+    with graphmode's note sits (`_with_notes_on_headers`), not the whole module: the same text, and, as after the
+    whole visit, no node in two places but the leaves the visit also leaves there."""
+    real = static_path._with_notes_on_headers
+    compared = []
+
+    def compared_to_the_whole_visit(module, placed, width):
+        fast = real(module, placed, width)
+        whole = module.visit(static_path._NotesOnHeaders(width, len(module.default_indent.expandtabs())))
+        assert fast.code == whole.code
+        assert _held_twice(fast) == _held_twice(whole)
+        assert not set(_held_twice(fast)) - {"SimpleWhitespace", "Comment", "Newline"}
+        compared.append(sum(new is old for new, old in zip(fast.body, module.body)))
+        return fast
+
+    monkeypatch.setattr(static_path, "_with_notes_on_headers", compared_to_the_whole_visit)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    if path.name == "model.py":
+        assert compared and all(compared)  # not vacuous: statements passed over as they were

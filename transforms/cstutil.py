@@ -124,6 +124,17 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
         pending.extend(reversed(_children(current) if chosen is None else chosen))
 
 
+def statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """`walk`'s `skip` for a walk after statements (and the blocks and clauses that hold them): it goes no deeper
+    than a simple statement line, an expression, parameters or a decorator, which hold none."""
+    return [] if _holds_no_statement(type(node)) else None
+
+
+@functools.cache
+def _holds_no_statement(kind: type) -> bool:
+    return issubclass(kind, (cst.SimpleStatementLine, cst.BaseExpression, cst.Parameters, cst.Decorator))
+
+
 def types_under(node: cst.CSTNode, known: dict[cst.CSTNode, frozenset[type]]) -> frozenset[type]:
     """The types of the nodes strictly under `node` (whitespace and punctuation left out, as `walk` leaves them).
     `known` holds the answer for the classes and functions asked about before: a node never changes, so a table the

@@ -59,7 +59,7 @@ from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import GUARD as EAGER_ONLY
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
-    single_assignment, walk
+    single_assignment, statements_only, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import imports_helper_module
@@ -143,8 +143,8 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
     if original_text is None:
         original_text = module_code(original)
     width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
-    module = adapted.visit(_Split(originals, changed, plan, width))
-    module = module.visit(_NotesOnHeaders(width, len(module.default_indent.expandtabs())))
+    split = _Split(originals, changed, plan, width)
+    module = _with_notes_on_headers(adapted.visit(split), split.placed, width)
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -396,6 +396,9 @@ class _Split(Transformer):
                  width: int):
         self.originals, self.changed, self.plan, self.width = originals, changed, plan, width
         self.scope: list[str] = []
+        # Every function this pass built (the originals put back, the twins, the forks): what they hold of the
+        # original may also sit beside them, in a twin, a fork or a function the chain added (_with_notes_on_headers).
+        self.placed: set[cst.FunctionDef] = set()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.scope.append(node.name.value)
@@ -408,6 +411,12 @@ class _Split(Transformer):
         return False  # nested functions belong to their function's body
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
+        placed = self._placed(original_node, updated_node)
+        if placed is not updated_node:
+            self.placed.update(placed.nodes if isinstance(placed, cst.FlattenSentinel) else [placed])
+        return placed
+
+    def _placed(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         qualname = ".".join([*self.scope, original_node.name.value])
         renames = _RenameCalls(_rename_targets(self.plan.renamed, qualname), self.plan.keywords)
         if qualname in self.plan.kept:  # the original body, with the parameters the static path's callers pass
@@ -779,6 +788,45 @@ def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.Bas
         test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
     orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
     return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+def _with_notes_on_headers(module: cst.Module, placed: set[cst.FunctionDef], width: int) -> cst.Module:
+    """The module with graphmode's notes on the `if` lines of its forks and eager-only guards (_NotesOnHeaders), and
+    no node in two places: `placed` (_Split.placed) may share nodes with a twin or a fork beside it (a nested function
+    no codemod changed, a statement a codemod's walk passed over), and a visit builds every node it visits again,
+    once per place. So each placed function, and each statement under which the notes' pass changes an `if`, is
+    visited; every other statement comes from the chain's tree (which holds each node once) and stays as it is.
+    A visit of the whole module, which this was, costs more than any codemod's walk on a file with few changed
+    functions (tests/test_pipeline_shortcuts.py holds the two to the same text)."""
+    notes = _NotesOnHeaders(width, len(module.default_indent.expandtabs()))
+
+    def noted(stmt: cst.BaseStatement, depth: int) -> cst.BaseStatement:
+        if type(stmt) is cst.ClassDef and type(stmt.body) is cst.IndentedBlock and not _moves_a_note(stmt.body):
+            body = [noted(inner, depth + 1) for inner in stmt.body.body]
+            if all(new is old for new, old in zip(body, stmt.body.body)):
+                return stmt
+            return stmt.with_changes(body=stmt.body.with_changes(body=body))
+        if stmt not in placed and not any(node in placed or _moves_a_note(node)
+                                          for node in walk(stmt, statements_only)):
+            return stmt
+        notes.depth = depth  # the blocks around the statement: the room a note has on a line depends on them
+        return stmt.visit(notes)
+
+    body = [noted(stmt, 0) for stmt in module.body]
+    return module if all(new is old for new, old in zip(body, module.body)) else module.with_changes(body=body)
+
+
+def _moves_a_note(node: cst.CSTNode) -> bool:
+    """Whether the node is a block in which _NotesOnHeaders may change an `if`: one with graphmode's note as the last
+    of the lines above it or above the first statement of its body (noted_on_header changes no other)."""
+    return type(node) is cst.IndentedBlock and any(
+        type(stmt) is cst.If and (_ends_with_note(stmt.leading_lines) or (
+            stmt.body.body and _ends_with_note(getattr(stmt.body.body[0], "leading_lines", ()))))
+        for stmt in node.body)
+
+
+def _ends_with_note(lines) -> bool:
+    return bool(lines) and lines[-1].comment is not None and lines[-1].comment.value.startswith(NOTE)
 
 
 class _NotesOnHeaders(Transformer):
