@@ -25,8 +25,12 @@ from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods import base as codemod_base
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms import pipeline
+from graphmode.transforms.codemods.fusions import merged_projections
+from graphmode.transforms.codemods.lib.fusion import replaced
 from graphmode.transforms.codemods.lib.imports import with_plain_imports
-from graphmode.transforms.cstutil import UNWALKED, class_level, types_under, walk
+from graphmode.transforms.cstutil import UNWALKED, class_level, code_of, statements_only, types_under, walk, \
+    with_blocks
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.output import static_path
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
@@ -591,3 +595,71 @@ def test_notes_moved_only_where_needed_are_the_visit_of_the_whole_module(path, m
     adapt_source(path.read_text(), path.name, None, options_for(path))
     if path.name == "model.py":
         assert compared and all(compared)  # not vacuous: statements passed over as they were
+
+
+def _trees_split(path: Path, monkeypatch) -> list[tuple[cst.Module, cst.Module]]:
+    """The (original, adapted) trees the chain hands keep_original_path for the file."""
+    real, seen = static_path.keep_original_path, []
+
+    def recorded(original, adapted, original_text=None):
+        seen.append((original, adapted))
+        return real(original, adapted, original_text)
+
+    monkeypatch.setattr(pipeline, "keep_original_path", recorded)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    return seen
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_static_paths_texts_are_each_nodes_own_generation(path, monkeypatch):
+    """keep_original_path generates each node's code once (`_Texts`): a function's body's code comes from the
+    generation of the function, and a statement's code after the lines above it is cut from its whole code. Both
+    are the code libcst generates for the body alone and for the statement without those lines."""
+    checked = 0
+    for trees in _trees_split(path, monkeypatch):
+        for tree in trees:
+            texts = static_path._Texts()
+            for stmt in walk(tree, statements_only):
+                if not isinstance(stmt, cst.BaseStatement):
+                    continue
+                assert texts.after_leading_lines(stmt) == code_of(stmt.with_changes(leading_lines=()))
+                assert texts.code(stmt) == code_of(stmt)
+                if isinstance(stmt, cst.FunctionDef):
+                    assert texts.code(stmt.body) == code_of(stmt.body)
+                checked += bool(stmt.leading_lines)
+    if path.name == "model.py":
+        assert checked  # not vacuous: statements with lines above them
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_with_blocks_is_the_visit_that_replaces_them(path):
+    """cstutil.with_blocks builds again only the nodes on the way to a replaced block: the code of the visit that
+    swaps the same blocks (`fusion.replaced`), a block under another replaced one included."""
+    module = cst.parse_module(path.read_text())
+    blocks = [node for node in walk(module, statements_only) if isinstance(node, cst.IndentedBlock)]
+    assert blocks  # not vacuous
+    for every in (1, 3, 7):
+        swaps = {block: block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()]), *block.body])
+                 for block in blocks[::every]}
+        swapped = with_blocks(module, swaps)
+        assert swapped.code == replaced(module, swaps).code
+        # what no swap is under stays the very node it was
+        assert sum(new is old for new, old in zip(swapped.body, module.body)) \
+            == sum(not any(n in swaps for n in walk(stmt, statements_only)) for stmt in module.body)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_shared_merges_built_along_the_way_change_nothing(path, monkeypatch):
+    """merged_projections.shared_merges swaps the merged blocks in with `with_blocks`: the outcome of the visit
+    that builds every node of the function again (`fusion.replaced`)."""
+    fast = _outcome(path.read_text(), path, None)
+    swapped: list[int] = []
+
+    def by_visit(node, blocks):
+        swapped.append(len(blocks))
+        return replaced(node, blocks)
+
+    monkeypatch.setattr(merged_projections, "with_blocks", by_visit)
+    assert _outcome(path.read_text(), path, None) == fast
+    if path.name == "model.py" and path.parent.name == "hf_cache_api":
+        assert swapped  # not vacuous

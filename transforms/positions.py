@@ -75,6 +75,31 @@ def code_for_node(node: cst.CSTNode, default_indent: str = " " * 4, default_newl
     return "".join(state.tokens)
 
 
+class _PartState(_TextState):
+    """_TextState that notes where the tokens of one node under the generated one begin and end."""
+
+    def __init__(self, part: cst.CSTNode) -> None:
+        super().__init__(default_indent=" " * 4, default_newline="\n")
+        self.part, self.start, self.end = part, 0, 0
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.part:
+            self.start = len(self.tokens)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.part:
+            self.end = len(self.tokens)
+
+
+def function_and_body_code(function: cst.FunctionDef) -> tuple[str, str]:
+    """`code_for_node(function)` and `code_for_node(function.body)`, from one generation: a function generated alone
+    starts at no indentation, as its body alone does, and the body's code depends on nothing else of the state
+    (tests/test_pipeline_shortcuts.py holds the two to the separate generations)."""
+    state = _PartState(function.body)
+    function._codegen(state)
+    return "".join(state.tokens), "".join(state.tokens[state.start:state.end])
+
+
 def module_code(module: cst.Module) -> str:
     """`module.code`: the same text."""
     return code_for_node(module, module.default_indent, module.default_newline)
