@@ -35,7 +35,8 @@ from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.output import static_path
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
+from graphmode.transforms.positions import code_for_node, function_parts_code, module_code, position_table, \
+    positions_and_parents
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -612,9 +613,10 @@ def _trees_split(path: Path, monkeypatch) -> list[tuple[cst.Module, cst.Module]]
 
 @pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
 def test_static_paths_texts_are_each_nodes_own_generation(path, monkeypatch):
-    """keep_original_path generates each node's code once (`_Texts`): a function's body's code comes from the
-    generation of the function, and a statement's code after the lines above it is cut from its whole code. Both
-    are the code libcst generates for the body alone and for the statement without those lines."""
+    """keep_original_path generates each node's code once (`_Texts`): the code of a function's body and of the
+    body's statements comes from the generation of the function (positions.function_parts_code), and a statement's
+    code after the lines above it is cut from its whole code. Each is the code libcst generates for the body alone,
+    for the statement alone and for the statement without those lines."""
     checked = 0
     for trees in _trees_split(path, monkeypatch):
         for tree in trees:
@@ -625,7 +627,11 @@ def test_static_paths_texts_are_each_nodes_own_generation(path, monkeypatch):
                 assert texts.after_leading_lines(stmt) == code_of(stmt.with_changes(leading_lines=()))
                 assert texts.code(stmt) == code_of(stmt)
                 if isinstance(stmt, cst.FunctionDef):
-                    assert texts.code(stmt.body) == code_of(stmt.body)
+                    function, body, statements = function_parts_code(stmt)
+                    assert (function, body) == (code_of(stmt), code_of(stmt.body))
+                    assert statements == {s: code_of(s) for s in getattr(stmt.body, "body", ())
+                                          if isinstance(stmt.body, cst.IndentedBlock)}
+                    assert texts.code(stmt.body) == body
                 checked += bool(stmt.leading_lines)
     if path.name == "model.py":
         assert checked  # not vacuous: statements with lines above them
@@ -663,3 +669,16 @@ def test_shared_merges_built_along_the_way_change_nothing(path, monkeypatch):
     assert _outcome(path.read_text(), path, None) == fast
     if path.name == "model.py" and path.parent.name == "hf_cache_api":
         assert swapped  # not vacuous
+
+
+def test_function_parts_are_each_parts_own_code_under_any_indentation():
+    """A body indented by a tab, a block in it by two spaces, comments at no indentation, a string over lines and a
+    statement on the `def` line: each part's code from the function's generation is its code generated alone."""
+    source = ('def f(x):\n\t"""Doc\n  string."""\n\tif x:\n\t  y = """a\nb"""\n# flush left\n\t  return y\n'
+              '\t# at the body\'s level\n\n\twhile x:\n\t\tx -= 1\n\telse:\n\t  pass\n\treturn x\n'
+              'def g(): return 1\n')
+    for function in cst.parse_module(source).body:
+        whole, body, statements = function_parts_code(function)
+        assert (whole, body) == (code_of(function), code_of(function.body))
+        block = isinstance(function.body, cst.IndentedBlock)
+        assert statements == ({s: code_of(s) for s in function.body.body} if block else {})

@@ -65,7 +65,7 @@ from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import imports_helper_module
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
 from graphmode.transforms.output.tidy import without_identical_branches
-from graphmode.transforms.positions import function_and_body_code, module_code
+from graphmode.transforms.positions import function_parts_code, module_code
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 NOTE = "# graphmode:"  # how the codemods' comments on what they wrote begin
@@ -87,8 +87,9 @@ class _Plan:
 class _Texts:
     """The code of the nodes one pass asks about, each generated once. The statements of a changed function are
     compared (the function whole, then statement by statement, twice), counted and measured, and its body compared
-    again: generated each time, that was most of the pass. A node never changes, so its code is the same every time
-    (the dicts hold the nodes, whose hash is their identity)."""
+    again: generated each time, that was most of the pass. A function's generation gives the code of its body and of
+    the body's statements too. A node never changes, so its code is the same every time (the dicts hold the nodes,
+    whose hash is their identity)."""
 
     def __init__(self) -> None:
         self._code: dict[cst.CSTNode, str] = {}
@@ -98,9 +99,11 @@ class _Texts:
         """`code_of(node)`."""
         text = self._code.get(node)
         if text is None:
-            if type(node) is cst.FunctionDef:  # its body's code comes from the same generation (_renamed_only)
-                text, body = function_and_body_code(node)
+            if type(node) is cst.FunctionDef:  # the code of its body and of their statements comes with it
+                text, body, statements = function_parts_code(node)
                 self._code.setdefault(node.body, body)
+                for statement, code in statements.items():
+                    self._code.setdefault(statement, code)
             else:
                 text = code_of(node)
             self._code[node] = text
