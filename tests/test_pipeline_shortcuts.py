@@ -655,9 +655,9 @@ def test_with_blocks_is_the_visit_that_replaces_them(path):
 
 
 @pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
-def test_shared_merges_built_along_the_way_change_nothing(path, monkeypatch):
-    """merged_projections.shared_merges swaps the merged blocks in with `with_blocks`: the outcome of the visit
-    that builds every node of the function again (`fusion.replaced`)."""
+def test_merges_built_along_the_way_change_nothing(path, monkeypatch):
+    """merged_projections (the codemod, and shared_merges after the chain) swaps the merged blocks in with
+    `with_blocks`: the outcome of the visit that builds every node of the function again (`fusion.replaced`)."""
     fast = _outcome(path.read_text(), path, None)
     swapped: list[int] = []
 

@@ -105,14 +105,15 @@ class MergedProjections(StepCodemod):
         """The method with the projections of one input merged in each block that has them (the body, or a
         branch: `if config.pretraining_tp > 1: ... else: <the projections>`)."""
         new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
-        for block in nodes_of_type(method, cst.IndentedBlock):
+        for block in (node for node in walk(method, statements_only) if type(node) is cst.IndentedBlock):
             body = list(block.body)
             groups = _groups(body, linears)
             if groups:
                 # One merge per block: the projections of one input.
                 x, names, first = max(groups, key=lambda group: len(group[1]))
                 new_blocks[block] = block.with_changes(body=self._rewrite(body, x, names, first))
-        return replaced(method, new_blocks) if new_blocks else None
+        # Only the nodes on the way to a merged block are built again (a visit would build every one).
+        return with_blocks(method, new_blocks) if new_blocks else None
 
     def _rewrite(self, body: list[cst.BaseStatement], x: str, names: tuple[str, ...], first: int):
         calls = {(name, x) for name in names}
