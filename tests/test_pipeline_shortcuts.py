@@ -26,6 +26,7 @@ from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods import base as codemod_base
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms import pipeline
+from graphmode.transforms.codemods.caches import cache_object
 from graphmode.transforms.codemods.fusions import merged_projections
 from graphmode.transforms.codemods.lib.fusion import replaced
 from graphmode.transforms.codemods.lib.imports import with_plain_imports
@@ -682,3 +683,20 @@ def test_function_parts_are_each_parts_own_code_under_any_indentation():
         assert (whole, body) == (code_of(function), code_of(function.body))
         block = isinstance(function.body, cst.IndentedBlock)
         assert statements == ({s: code_of(s) for s in function.body.body} if block else {})
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_cache_object_entering_only_the_way_to_planned_nodes_changes_nothing(path, monkeypatch):
+    """cache_object's rewrite enters only the nodes above a node it replaces or drops (`_Apply.on_visit`): the
+    outcome of the visit of every statement that holds one."""
+    fast = _outcome(path.read_text(), path, None)
+    entered: list[bool] = []
+
+    def enter_all(self, node):
+        entered.append(node in self.on_the_way)
+        return True
+
+    monkeypatch.setattr(cache_object._Apply, "on_visit", enter_all)
+    assert _outcome(path.read_text(), path, None) == fast
+    if path.parent.name == "hf_cache_api" and path.name == "model.py":
+        assert entered and not all(entered)  # not vacuous: some nodes are passed over
