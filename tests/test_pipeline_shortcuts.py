@@ -700,3 +700,29 @@ def test_cache_object_entering_only_the_way_to_planned_nodes_changes_nothing(pat
     assert _outcome(path.read_text(), path, None) == fast
     if path.parent.name == "hf_cache_api" and path.name == "model.py":
         assert entered and not all(entered)  # not vacuous: some nodes are passed over
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_statements_by_start_are_those_of_the_table_of_every_node(path):
+    """ParsedSource.ast_node looks a statement (a function, for `ast_of`) up in a table of the statements alone: the
+    nodes the table of every node holds there, in its order."""
+    parsed = ParsedSource(path.read_text())
+    everything = {start: [n for n in nodes if isinstance(n, ast.stmt)] for start, nodes in parsed._ast_by_start.items()}
+    assert parsed._statements_by_start == {start: nodes for start, nodes in everything.items() if nodes}
+    functions = [n for n in _walk(parsed.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert functions  # not vacuous
+    for function in functions:
+        start = parsed._point(function.lineno, function.col_offset)
+        assert parsed.ast_node(start, None, (ast.FunctionDef, ast.AsyncFunctionDef)) is function
+
+
+def test_statements_by_start_reach_every_kind_of_body():
+    source = ("try:\n    def a(): pass\nexcept ValueError:\n    def b(): pass\nelse:\n    def c(): pass\n"
+              "finally:\n    for x in y:\n        pass\n    else:\n        async def d(): pass\n"
+              "match v:\n    case 1:\n        with w:\n            class E:\n                def f(self): pass\n"
+              "while z:\n    pass\nelse:\n    if q: g = lambda: 0\n")
+    parsed = ParsedSource(source)
+    everything = {start: [n for n in nodes if isinstance(n, ast.stmt)] for start, nodes in parsed._ast_by_start.items()}
+    assert parsed._statements_by_start == {start: nodes for start, nodes in everything.items() if nodes}
+    statements = sum(isinstance(node, ast.stmt) for node in _walk(parsed.tree))
+    assert sum(map(len, parsed._statements_by_start.values())) == statements
