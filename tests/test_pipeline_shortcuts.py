@@ -25,13 +25,19 @@ from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods import CHAIN, Options
 from graphmode.transforms.codemods import base as codemod_base
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms import pipeline
+from graphmode.transforms.codemods.caches import cache_object
+from graphmode.transforms.codemods.fusions import merged_projections
+from graphmode.transforms.codemods.lib.fusion import replaced
 from graphmode.transforms.codemods.lib.imports import with_plain_imports
-from graphmode.transforms.cstutil import UNWALKED, class_level, types_under, walk
+from graphmode.transforms.cstutil import UNWALKED, class_level, code_of, statements_only, types_under, walk, \
+    with_blocks
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.output import static_path
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import code_for_node, module_code, position_table, positions_and_parents
+from graphmode.transforms.positions import code_for_node, function_parts_code, module_code, position_table, \
+    positions_and_parents
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -552,3 +558,171 @@ def test_statement_texts_count_lines_as_libcst_does():
     parsed = ParsedSource(source)
     assert [parsed.statement_text(s) for s in parsed.module.body] == [
         "x = 1  # a\x0cb\x0cc\n", "import os\n", "\n\ndef f():\n    return os\n"]
+
+
+def _held_twice(module: cst.Module) -> list[str]:
+    """The types of the nodes that sit in more than one place in the tree, sorted (a visit builds no leaf again:
+    whitespace and comments the visit was handed in two places stay there)."""
+    seen: set[int] = set()
+    twice = []
+    pending: list[cst.CSTNode] = [module]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            twice.append(type(node).__name__)
+            continue
+        seen.add(id(node))
+        pending.extend(node.children)
+    return sorted(twice)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES], ids=_ids)
+def test_notes_moved_only_where_needed_are_the_visit_of_the_whole_module(path, monkeypatch):
+    """static_path visits with _NotesOnHeaders only the functions it built and the statements in which an `if`
+    with graphmode's note sits (`_with_notes_on_headers`), not the whole module: the same text, and, as after the
+    whole visit, no node in two places but the leaves the visit also leaves there."""
+    real = static_path._with_notes_on_headers
+    compared = []
+
+    def compared_to_the_whole_visit(module, placed, width):
+        fast = real(module, placed, width)
+        whole = module.visit(static_path._NotesOnHeaders(width, len(module.default_indent.expandtabs())))
+        assert fast.code == whole.code
+        assert _held_twice(fast) == _held_twice(whole)
+        assert not set(_held_twice(fast)) - {"SimpleWhitespace", "Comment", "Newline"}
+        compared.append(sum(new is old for new, old in zip(fast.body, module.body)))
+        return fast
+
+    monkeypatch.setattr(static_path, "_with_notes_on_headers", compared_to_the_whole_visit)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    if path.name == "model.py":
+        assert compared and all(compared)  # not vacuous: statements passed over as they were
+
+
+def _trees_split(path: Path, monkeypatch) -> list[tuple[cst.Module, cst.Module]]:
+    """The (original, adapted) trees the chain hands keep_original_path for the file."""
+    real, seen = static_path.keep_original_path, []
+
+    def recorded(original, adapted, original_text=None):
+        seen.append((original, adapted))
+        return real(original, adapted, original_text)
+
+    monkeypatch.setattr(pipeline, "keep_original_path", recorded)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    return seen
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_static_paths_texts_are_each_nodes_own_generation(path, monkeypatch):
+    """keep_original_path generates each node's code once (`_Texts`): the code of a function's body and of the
+    body's statements comes from the generation of the function (positions.function_parts_code), and a statement's
+    code after the lines above it is cut from its whole code. Each is the code libcst generates for the body alone,
+    for the statement alone and for the statement without those lines."""
+    checked = 0
+    for trees in _trees_split(path, monkeypatch):
+        for tree in trees:
+            texts = static_path._Texts()
+            for stmt in walk(tree, statements_only):
+                if not isinstance(stmt, cst.BaseStatement):
+                    continue
+                assert texts.after_leading_lines(stmt) == code_of(stmt.with_changes(leading_lines=()))
+                assert texts.code(stmt) == code_of(stmt)
+                if isinstance(stmt, cst.FunctionDef):
+                    function, body, statements = function_parts_code(stmt)
+                    assert (function, body) == (code_of(stmt), code_of(stmt.body))
+                    assert statements == {s: code_of(s) for s in getattr(stmt.body, "body", ())
+                                          if isinstance(stmt.body, cst.IndentedBlock)}
+                    assert texts.code(stmt.body) == body
+                checked += bool(stmt.leading_lines)
+    if path.name == "model.py":
+        assert checked  # not vacuous: statements with lines above them
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
+def test_with_blocks_is_the_visit_that_replaces_them(path):
+    """cstutil.with_blocks builds again only the nodes on the way to a replaced block: the code of the visit that
+    swaps the same blocks (`fusion.replaced`), a block under another replaced one included."""
+    module = cst.parse_module(path.read_text())
+    blocks = [node for node in walk(module, statements_only) if isinstance(node, cst.IndentedBlock)]
+    assert blocks  # not vacuous
+    for every in (1, 3, 7):
+        swaps = {block: block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()]), *block.body])
+                 for block in blocks[::every]}
+        swapped = with_blocks(module, swaps)
+        assert swapped.code == replaced(module, swaps).code
+        # what no swap is under stays the very node it was
+        assert sum(new is old for new, old in zip(swapped.body, module.body)) \
+            == sum(not any(n in swaps for n in walk(stmt, statements_only)) for stmt in module.body)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_merges_built_along_the_way_change_nothing(path, monkeypatch):
+    """merged_projections (the codemod, and shared_merges after the chain) swaps the merged blocks in with
+    `with_blocks`: the outcome of the visit that builds every node of the function again (`fusion.replaced`)."""
+    fast = _outcome(path.read_text(), path, None)
+    swapped: list[int] = []
+
+    def by_visit(node, blocks):
+        swapped.append(len(blocks))
+        return replaced(node, blocks)
+
+    monkeypatch.setattr(merged_projections, "with_blocks", by_visit)
+    assert _outcome(path.read_text(), path, None) == fast
+    if path.name == "model.py" and path.parent.name == "hf_cache_api":
+        assert swapped  # not vacuous
+
+
+def test_function_parts_are_each_parts_own_code_under_any_indentation():
+    """A body indented by a tab, a block in it by two spaces, comments at no indentation, a string over lines and a
+    statement on the `def` line: each part's code from the function's generation is its code generated alone."""
+    source = ('def f(x):\n\t"""Doc\n  string."""\n\tif x:\n\t  y = """a\nb"""\n# flush left\n\t  return y\n'
+              '\t# at the body\'s level\n\n\twhile x:\n\t\tx -= 1\n\telse:\n\t  pass\n\treturn x\n'
+              'def g(): return 1\n')
+    for function in cst.parse_module(source).body:
+        whole, body, statements = function_parts_code(function)
+        assert (whole, body) == (code_of(function), code_of(function.body))
+        block = isinstance(function.body, cst.IndentedBlock)
+        assert statements == ({s: code_of(s) for s in function.body.body} if block else {})
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_cache_object_entering_only_the_way_to_planned_nodes_changes_nothing(path, monkeypatch):
+    """cache_object's rewrite enters only the nodes above a node it replaces or drops (`_Apply.on_visit`): the
+    outcome of the visit of every statement that holds one."""
+    fast = _outcome(path.read_text(), path, None)
+    entered: list[bool] = []
+
+    def enter_all(self, node):
+        entered.append(node in self.on_the_way)
+        return True
+
+    monkeypatch.setattr(cache_object._Apply, "on_visit", enter_all)
+    assert _outcome(path.read_text(), path, None) == fast
+    if path.parent.name == "hf_cache_api" and path.name == "model.py":
+        assert entered and not all(entered)  # not vacuous: some nodes are passed over
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::2]], ids=_ids)
+def test_statements_by_start_are_those_of_the_table_of_every_node(path):
+    """ParsedSource.ast_node looks a statement (a function, for `ast_of`) up in a table of the statements alone: the
+    nodes the table of every node holds there, in its order."""
+    parsed = ParsedSource(path.read_text())
+    everything = {start: [n for n in nodes if isinstance(n, ast.stmt)] for start, nodes in parsed._ast_by_start.items()}
+    assert parsed._statements_by_start == {start: nodes for start, nodes in everything.items() if nodes}
+    functions = [n for n in _walk(parsed.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert functions  # not vacuous
+    for function in functions:
+        start = parsed._point(function.lineno, function.col_offset)
+        assert parsed.ast_node(start, None, (ast.FunctionDef, ast.AsyncFunctionDef)) is function
+
+
+def test_statements_by_start_reach_every_kind_of_body():
+    source = ("try:\n    def a(): pass\nexcept ValueError:\n    def b(): pass\nelse:\n    def c(): pass\n"
+              "finally:\n    for x in y:\n        pass\n    else:\n        async def d(): pass\n"
+              "match v:\n    case 1:\n        with w:\n            class E:\n                def f(self): pass\n"
+              "while z:\n    pass\nelse:\n    if q: g = lambda: 0\n")
+    parsed = ParsedSource(source)
+    everything = {start: [n for n in nodes if isinstance(n, ast.stmt)] for start, nodes in parsed._ast_by_start.items()}
+    assert parsed._statements_by_start == {start: nodes for start, nodes in everything.items() if nodes}
+    statements = sum(isinstance(node, ast.stmt) for node in _walk(parsed.tree))
+    assert sum(map(len, parsed._statements_by_start.values())) == statements

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -122,6 +122,41 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
         yield current
         chosen = skip(current) if skip is not None else None
         pending.extend(reversed(_children(current) if chosen is None else chosen))
+
+
+def statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """`walk`'s `skip` for a walk after statements (and the blocks and clauses that hold them): it goes no deeper
+    than a simple statement line, an expression, parameters or a decorator, which hold none."""
+    return [] if _holds_no_statement(type(node)) else None
+
+
+@functools.cache
+def _holds_no_statement(kind: type) -> bool:
+    return issubclass(kind, (cst.SimpleStatementLine, cst.BaseExpression, cst.Parameters, cst.Decorator))
+
+
+def with_blocks(node: _Node, blocks: Mapping[cst.CSTNode, cst.CSTNode]) -> _Node:
+    """`node` with each key of `blocks` (a block or statement under it, by identity) swapped for its value, as
+    `fusion.replaced` swaps them, but only the nodes on the way to one are built again: every other stays the node it
+    was (a visit builds every node again). A key under another key goes with the one it is under."""
+    new = blocks.get(node)
+    if new is not None:
+        return new
+    if _holds_no_statement(type(node)):
+        return node
+    changes: dict[str, object] = {}
+    for name in child_fields(type(node)):
+        value = getattr(node, name)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            items = [with_blocks(c, blocks) if _walked(type(c)) else c for c in value]
+            if any(new is not old for new, old in zip(items, value)):
+                changes[name] = items
+        elif _walked(kind):
+            child = with_blocks(value, blocks)
+            if child is not value:
+                changes[name] = child
+    return node.with_changes(**changes) if changes else node
 
 
 def types_under(node: cst.CSTNode, known: dict[cst.CSTNode, frozenset[type]]) -> frozenset[type]:

@@ -100,7 +100,8 @@ class ParsedSource:
         """The outermost node of `tree` of one of `kinds` that starts at `start` (and ends at `end`, when given),
         positions as libcst's PositionProvider gives them (lines from 1, columns in characters from 0); None when
         none does. A codemod reads facts about an original node here instead of printing it and parsing the text."""
-        for node in self._ast_by_start.get(start, ()):
+        statements = all(issubclass(kind, ast.stmt) for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        for node in (self._statements_by_start if statements else self._ast_by_start).get(start, ()):
             if isinstance(node, kinds) and (end is None or self._point(node.end_lineno, node.end_col_offset) == end):
                 return node
         return None
@@ -121,6 +122,16 @@ class ParsedSource:
         for node in _walk(self.tree):
             if getattr(node, "end_lineno", None) is not None:
                 found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
+        return found
+
+    @cached_property
+    def _statements_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
+        """The statements of `tree` by where they start, as `_ast_by_start` holds them (no two start at one point): a
+        walk of the statements alone, for a codemod that asks about a function (`GraphCodemod.ast_of`), where the
+        table of every node costs as much as the codemod's own work."""
+        found: dict[tuple[int, int], list[ast.AST]] = {}
+        for node in _statements(self.tree):
+            found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
         return found
 
     def _point(self, line: int, byte_column: int) -> tuple[int, int]:
@@ -360,6 +371,17 @@ def _walk(tree: ast.AST) -> list[ast.AST]:
     found = [tree]
     for node in found:  # the list grows as it is read: each node's children go to its end
         found.extend(_child_nodes(node))
+    return found
+
+
+def _statements(tree: ast.Module) -> list[ast.stmt]:
+    """Every statement of the tree, breadth first, as `_walk` meets them: the bodies of statements, of their
+    `except` clauses and of their `case` clauses hold them all."""
+    found: list[ast.stmt] = list(tree.body)
+    for node in found:  # the list grows as it is read
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for item in getattr(node, name, ()):
+                found.extend([item] if isinstance(item, ast.stmt) else item.body)
     return found
 
 

@@ -75,6 +75,54 @@ def code_for_node(node: cst.CSTNode, default_indent: str = " " * 4, default_newl
     return "".join(state.tokens)
 
 
+class _FunctionPartsState(_TextState):
+    """_TextState that notes where the tokens of a function's body, and of each statement of the body, begin and end,
+    and which tokens are the body's own indentation (the first of the indent tokens, wherever a statement of the body
+    indents a line: generated alone, the statement has no such level)."""
+
+    def __init__(self, function: cst.FunctionDef) -> None:
+        super().__init__(default_indent=" " * 4, default_newline="\n")
+        self.body = function.body
+        self.statements = set(function.body.body) if isinstance(function.body, cst.IndentedBlock) else set()
+        self.body_span = (0, 0)
+        self.statement_spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self.body_indents: set[int] = set()  # indices of the tokens that are the body's own indentation
+        self._statement: cst.CSTNode | None = None
+        self._start = 0
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.body:
+            self.body_span = (len(self.tokens), 0)
+        elif self._statement is None and node in self.statements:
+            self._statement, self._start = node, len(self.tokens)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.body:
+            self.body_span = (self.body_span[0], len(self.tokens))
+        elif node is self._statement:
+            self.statement_spans[node] = (self._start, len(self.tokens))
+            self._statement = None
+
+    def add_indent_tokens(self) -> None:
+        if self._statement is not None and self.indent_tokens:
+            self.body_indents.add(len(self.tokens))
+        super().add_indent_tokens()
+
+
+def function_parts_code(function: cst.FunctionDef) -> tuple[str, str, dict[cst.CSTNode, str]]:
+    """`code_for_node` of the function, of its body and of each statement of its body, from one generation. A
+    function generated alone starts at no indentation, as its body alone does, and the body's code depends on nothing
+    else of the state; a statement of the body generated alone is its tokens there less the body's own indentation,
+    the first indent token on each line it indents (libcst adds the indent tokens of every block a line is in, the
+    outermost first). tests/test_pipeline_shortcuts.py holds the three to the separate generations."""
+    state = _FunctionPartsState(function)
+    function._codegen(state)
+    tokens, skipped = state.tokens, state.body_indents
+    statements = {statement: "".join(tokens[i] for i in range(start, end) if i not in skipped)
+                  for statement, (start, end) in state.statement_spans.items()}
+    return "".join(tokens), "".join(tokens[slice(*state.body_span)]), statements
+
+
 def module_code(module: cst.Module) -> str:
     """`module.code`: the same text."""
     return code_for_node(module, module.default_indent, module.default_newline)

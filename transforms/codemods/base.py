@@ -165,12 +165,19 @@ class GraphCodemod(Codemod, Transformer):
             return super().on_visit(node) and self._handles_some_node_under(node)
         if len(self._changed_under) == 2 and _is_statement(type(node)):  # any other statement of the module's body
             return super().on_visit(node) and self._handles_some_node_under(node)
+        if type(node) is cst.SimpleStatementLine and _handles_statements_only(type(self)):
+            return super().on_visit(node) and self._handles_some_node_under(node)
         return super().on_visit(node)
 
     def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
         handled = _handled_types(type(self))
         if handled is None:
             return True
+        if type(node) is cst.SimpleStatementLine and _handles_statements_only(type(self)):
+            # A statement line holds small statements and expressions, for none of which this codemod has a
+            # handler: its own handlers run, and the walk neither enters nor rebuilds the line (hoist_item's walk
+            # of every node of the methods holding a check was a tenth of the chain).
+            return False
         if handled.isdisjoint(types_under(node, self.source.types_under)):
             return False
         if type(node) is not cst.ClassDef:
@@ -291,6 +298,15 @@ def _same_fields(left: object, node: cst.CSTNode) -> bool:
                 or any(a is not b for a, b in zip(mine, theirs)):
             return False
     return True
+
+
+@functools.cache
+def _handles_statements_only(owner: type) -> bool:
+    """The codemod's handlers are all for statements, blocks or the module (`_handled_types`), none of which a
+    statement line holds."""
+    handled = _handled_types(owner)
+    return handled is not None and all(issubclass(kind, (cst.BaseStatement, cst.BaseSuite, cst.Module))
+                                       for kind in handled)
 
 
 @functools.cache

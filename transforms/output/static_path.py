@@ -59,13 +59,13 @@ from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import GUARD as EAGER_ONLY
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
-    single_assignment, walk
+    single_assignment, statements_only, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import imports_helper_module
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
 from graphmode.transforms.output.tidy import without_identical_branches
-from graphmode.transforms.positions import module_code
+from graphmode.transforms.positions import function_parts_code, module_code
 
 SWITCH = "GraphmodeStaticPath"  # the helper the entries enter the static path with
 NOTE = "# graphmode:"  # how the codemods' comments on what they wrote begin
@@ -84,16 +84,56 @@ class _Plan:
     kept: set[str] = field(default_factory=set)  # rewritten only by renaming parameters: the original serves both
 
 
+class _Texts:
+    """The code of the nodes one pass asks about, each generated once. The statements of a changed function are
+    compared (the function whole, then statement by statement, twice), counted and measured, and its body compared
+    again: generated each time, that was most of the pass. A function's generation gives the code of its body and of
+    the body's statements too. A node never changes, so its code is the same every time (the dicts hold the nodes,
+    whose hash is their identity)."""
+
+    def __init__(self) -> None:
+        self._code: dict[cst.CSTNode, str] = {}
+        self._after_leading_lines: dict[cst.CSTNode, str] = {}
+
+    def code(self, node: cst.CSTNode) -> str:
+        """`code_of(node)`."""
+        text = self._code.get(node)
+        if text is None:
+            if type(node) is cst.FunctionDef:  # the code of its body and of their statements comes with it
+                text, body, statements = function_parts_code(node)
+                self._code.setdefault(node.body, body)
+                for statement, code in statements.items():
+                    self._code.setdefault(statement, code)
+            else:
+                text = code_of(node)
+            self._code[node] = text
+        return text
+
+    def after_leading_lines(self, stmt: cst.BaseStatement) -> str:
+        """`code_of(stmt.with_changes(leading_lines=()))`: a statement generates the blank lines and comments above
+        it first (at no indentation, as they are generated alone), and nothing after them depends on them."""
+        text = self._after_leading_lines.get(stmt)
+        if text is None:
+            leading = sum(len(code_of(line)) for line in stmt.leading_lines)
+            text = self._after_leading_lines[stmt] = self.code(stmt)[leading:]
+        return text
+
+    def key(self, stmt: cst.BaseStatement) -> str:
+        """The statement's code without the blank lines and comments above it, stripped: what runs compare."""
+        return self.after_leading_lines(stmt).strip()
+
+
 def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
     """The adapted module with every function the chain changed split into its original and its static twin.
     `original_text`: the original's code, where the caller has it (else it is generated again)."""
+    texts = _Texts()
     # The merged projections are the model's own computation off the static path too: both paths share them.
     original = shared_merges(original, adapted)
     originals = dict(qualified_functions(original))
-    changed = {q: f for q, f in qualified_functions(adapted) if q in originals and not _same(originals[q], f)}
+    changed = {q: f for q, f in qualified_functions(adapted) if q in originals and not _same(originals[q], f, texts)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}
     # Guarded eager-only statements are the same on both paths: such a function keeps its adapted form, untwinned.
-    changed = {q: f for q, f in changed.items() if not _guards_only(originals[q], f)}
+    changed = {q: f for q, f in changed.items() if not _guards_only(originals[q], f, texts)}
     if not changed:
         return _put_back_statements(original, adapted)
     plan = _Plan()
@@ -102,7 +142,7 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
     kept_names = {new: old for q, f in changed.items() for new, old in renamed_parameters(originals[q].params,
                                                                                           f.params).items()}
     for qualname, function in list(changed.items()):
-        if _renamed_only(originals[qualname], function, kept_names):
+        if _renamed_only(originals[qualname], function, kept_names, texts):
             try:
                 _merged_signature(originals[qualname].params, function.params)
             except _Unsplittable:
@@ -143,8 +183,8 @@ def keep_original_path(original: cst.Module, adapted: cst.Module, original_text:
     if original_text is None:
         original_text = module_code(original)
     width = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
-    module = adapted.visit(_Split(originals, changed, plan, width))
-    module = module.visit(_NotesOnHeaders(width, len(module.default_indent.expandtabs())))
+    split = _Split(originals, changed, plan, width, texts)
+    module = _with_notes_on_headers(adapted.visit(split), split.placed, width)
     module = _put_back_statements(original, module)
     if plan.dispatched and not defined_at_top(module, SWITCH_TEST):
         module = insert_after_imports(module, helper_statements(SWITCH_TEST))
@@ -285,9 +325,9 @@ def _ast_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | as
     yield from walk(tree.body, "")
 
 
-def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+def _same(a: cst.FunctionDef, b: cst.FunctionDef, texts: _Texts) -> bool:
     # One node: a function every codemod passed over (none of its idioms) is handed on as it was parsed.
-    return a is b or code_of(a.with_changes(leading_lines=())) == code_of(b.with_changes(leading_lines=()))
+    return a is b or texts.after_leading_lines(a) == texts.after_leading_lines(b)
 
 
 def _decorator_names(decorators) -> set[str]:
@@ -316,7 +356,7 @@ def _twin_name(name: str) -> str:
 
 def _calls_any(function: cst.FunctionDef, renamed: dict[str, str], qualname: str) -> bool:
     targets = _rename_targets(renamed, qualname)
-    return any(_call_target(call, targets) is not None for call in calls_in(function))
+    return bool(targets) and any(_call_target(call, targets) is not None for call in calls_in(function))
 
 
 def _rename_targets(renamed: dict[str, str], qualname: str) -> dict[tuple[str | None, str], str]:
@@ -355,6 +395,8 @@ class _RenameCalls(Transformer):
     def renames_in(self, node: cst.CSTNode) -> bool:
         """Whether visiting `node` would change anything: a call `leave_Call` rewrites is under it. A walk, where
         the visit rebuilds every node."""
+        if not self.targets and not self.keywords:
+            return False  # nothing to rename (most files): no walk
         return any(isinstance(call, cst.Call) and (
             _call_target(call, self.targets) is not None
             or (self.keywords and _module_call(call.func)
@@ -393,9 +435,12 @@ class _Split(Transformer):
     functions the chain added (the entries) call the twins as the twins do."""
 
     def __init__(self, originals: dict[str, cst.FunctionDef], changed: dict[str, cst.FunctionDef], plan: _Plan,
-                 width: int):
-        self.originals, self.changed, self.plan, self.width = originals, changed, plan, width
+                 width: int, texts: _Texts):
+        self.originals, self.changed, self.plan, self.width, self.texts = originals, changed, plan, width, texts
         self.scope: list[str] = []
+        # Every function this pass built (the originals put back, the twins, the forks): what they hold of the
+        # original may also sit beside them, in a twin, a fork or a function the chain added (_with_notes_on_headers).
+        self.placed: set[cst.FunctionDef] = set()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.scope.append(node.name.value)
@@ -408,6 +453,12 @@ class _Split(Transformer):
         return False  # nested functions belong to their function's body
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
+        placed = self._placed(original_node, updated_node)
+        if placed is not updated_node:
+            self.placed.update(placed.nodes if isinstance(placed, cst.FlattenSentinel) else [placed])
+        return placed
+
+    def _placed(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         qualname = ".".join([*self.scope, original_node.name.value])
         renames = _RenameCalls(_rename_targets(self.plan.renamed, qualname), self.plan.keywords)
         if qualname in self.plan.kept:  # the original body, with the parameters the static path's callers pass
@@ -420,7 +471,8 @@ class _Split(Transformer):
             return updated_node.visit(renames)
         if qualname in self.plan.dispatched:
             indent = len(self.scope) + 1  # levels of the method's body
-            forked = _forked(self.originals[qualname], renames.applied_to(updated_node), self.width - 4 * (indent + 1))
+            forked = _forked(self.originals[qualname], renames.applied_to(updated_node), self.width - 4 * (indent + 1),
+                              self.texts)
             if forked is not None:
                 return forked.with_changes(leading_lines=updated_node.leading_lines)
         twin = renames.applied_to(updated_node).with_changes(
@@ -491,21 +543,22 @@ _MOST_FORKS = 3
 _SHORT = 6
 
 
-def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef, kept_names: dict[str, str]) -> bool:
+def _renamed_only(original: cst.FunctionDef, adapted: cst.FunctionDef, kept_names: dict[str, str],
+                  texts: _Texts) -> bool:
     """The rewrite only renamed parameters (`start_pos` -> `input_pos`), its own or, in keywords, those of what it
     calls (`kept_names`: renamed -> the name kept): the original body, handed what the static path's callers pass,
     is the static path."""
     body = _with_original_names(original, adapted)
     if body is None:
         return False
-    return code_of(body.visit(_KeywordsAsKept(kept_names)) if kept_names else body) == code_of(original.body)
+    return texts.code(body.visit(_KeywordsAsKept(kept_names)) if kept_names else body) == texts.code(original.body)
 
 
 def _with_original_names(original: cst.FunctionDef, adapted: cst.FunctionDef) -> cst.BaseSuite | None:
     """The adapted body with each renamed parameter called by its original name again; None where an original name
     means something else there (renaming would capture it)."""
     renames = renamed_parameters(original.params, adapted.params)
-    if set(renames.values()) & names_in(adapted.body):
+    if renames and set(renames.values()) & names_in(adapted.body):
         return None
     return adapted.body.visit(_RenameNames(renames)) if renames else adapted.body
 
@@ -539,7 +592,7 @@ class _KeywordsAsKept(Transformer):
         return updated_node.with_changes(keyword=keyword.with_changes(value=self.kept_names[keyword.value]))
 
 
-def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> cst.FunctionDef | None:
+def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int, texts: _Texts) -> cst.FunctionDef | None:
     """The original method with only the statements the rewrite changed forked on the switch (the static ones first,
     the original's in `else`, as written); None where a twin reads better (see _MOST_FORKS), or where an original
     statement one level deeper would be wider than `width`.
@@ -553,27 +606,28 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
         return None
     docstring, ours = _split_docstring(list(original.body.body))
     _, theirs = _split_docstring(list(renamed.body))
-    runs = _changed_runs(ours, theirs)
+    runs = _changed_runs(ours, theirs, texts)
     # A run whose static form only skips the original statements while Dynamo traces is the same on both paths
     # (eager runs never trace): it takes the original's place, unforked.
-    guards = {run: theirs[run[2]] for run in runs if _eager_guard(ours[run[0]:run[1]], theirs[run[2]:run[3]])}
+    guards = {run: theirs[run[2]] for run in runs if _eager_guard(ours[run[0]:run[1]], theirs[run[2]:run[3]], texts)}
     runs = [run for run in runs if run not in guards]
     if not (runs or guards) or len(runs) > _MOST_FORKS:
         return None
     # A rewrite may have made both arms of a branch the same (one static form for every attention kind).
     theirs = _merged_arms(theirs, runs)
-    kept_lines = sum(_lines(s) for s in ours) - sum(_lines(s) for i1, i2, _, _ in runs for s in ours[i1:i2])
-    static_lines = sum(_lines(s) for _, _, j1, j2 in runs for s in theirs[j1:j2])
+    kept_lines = sum(_lines(s, texts) for s in ours) \
+        - sum(_lines(s, texts) for i1, i2, _, _ in runs for s in ours[i1:i2])
+    static_lines = sum(_lines(s, texts) for _, _, j1, j2 in runs for s in theirs[j1:j2])
     if static_lines > max(2 * kept_lines, _SHORT):
         return None  # most of the body differs
     if any(len(_unbreakable(line)) > width for _, _, j1, j2 in runs for s in theirs[j1:j2]
-           for line in code_of(s).splitlines()):
+           for line in texts.code(s).splitlines()):
         return None  # a static statement would not fit the file's lines one level deeper, however wrapped
     receiver = (original.params.posonly_params or original.params.params)[0].name.value
     placed: dict[tuple[int, int, int, int], list[cst.BaseStatement]] = {}
     for i1, i2, j1, j2 in runs:
         last = i2 == len(ours) and j2 == len(theirs)
-        statements = _placed(receiver, theirs[j1:j2], ours[i1:i2], last, width)
+        statements = _placed(receiver, theirs[j1:j2], ours[i1:i2], last, width, texts)
         if statements is None:
             return None  # an original statement under `else:` would no longer fit the file's lines
         placed[i1, i2, j1, j2] = statements
@@ -590,7 +644,7 @@ def _forked(original: cst.FunctionDef, static: cst.FunctionDef, width: int) -> c
 
 
 def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement], last: bool,
-            width: int) -> list[cst.BaseStatement] | None:
+            width: int, texts: _Texts) -> list[cst.BaseStatement] | None:
     """The statements that stand for one changed run: the fork, in the form that leaves the original's statements
     where they were written wherever one exists, else with them under `else:`; None where they would not fit
     `width` there.
@@ -618,11 +672,11 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
             return [_unless_static(receiver, last_if)]
     if len(own) > 1 and last_if is not None and static and _overwritten_defaults(own[:-1], static[0]):
         return [*own[:-1], _elif_fork(receiver, static, last_if)]
-    if (chosen := _chosen_value(receiver, static, own, width)) is not None:
+    if (chosen := _chosen_value(receiver, static, own, width, texts)) is not None:
         return [chosen]
-    if _fits(own, width):
+    if _fits(own, width, texts):
         return [_fork(receiver, static, own, own)]
-    if len(own) > 1 and last_if is not None and last_if.orelse is None and _fits(own[:-1], width) \
+    if len(own) > 1 and last_if is not None and last_if.orelse is None and _fits(own[:-1], width, texts) \
             and _header_fits(_unless_static(receiver, last_if), width + 4):
         return [_fork(receiver, static, own[:-1], own), _unless_static(receiver, last_if)]
     return None
@@ -652,8 +706,8 @@ def _constant_assignment(stmt: cst.BaseStatement) -> str | None:
     return assigned[0] if constant else None
 
 
-def _fits(statements: list[cst.BaseStatement], width: int) -> bool:
-    return all(len(line) <= width for s in statements for line in code_of(s).splitlines())
+def _fits(statements: list[cst.BaseStatement], width: int, texts: _Texts) -> bool:
+    return all(len(line) <= width for s in statements for line in texts.code(s).splitlines())
 
 
 def _elif_fork(receiver: str, static: list[cst.BaseStatement], own: cst.If) -> cst.If:
@@ -684,35 +738,43 @@ def _merged_arms(theirs: list[cst.BaseStatement], runs: list[tuple[int, int, int
     merged = list(theirs)
     for _, _, j1, j2 in runs:
         for j in range(j1, j2):
+            if not _holds_else(merged[j]):
+                continue  # no branch with two arms: the merge would build the same statement again
             flat = without_identical_branches([merged[j]])
             if len(flat) == 1:
                 merged[j] = flat[0]
     return merged
 
 
-def _guards_only(original: cst.FunctionDef, adapted: cst.FunctionDef) -> bool:
+def _holds_else(stmt: cst.BaseStatement) -> bool:
+    """Whether some `if` at or under the statement has an `else:` (a walk of statements alone: an `if` is one)."""
+    return any(type(node) is cst.If and type(node.orelse) is cst.Else for node in walk(stmt, statements_only))
+
+
+def _guards_only(original: cst.FunctionDef, adapted: cst.FunctionDef, texts: _Texts) -> bool:
     """Whether the rewrite only put eager-only guards around statements of the body (see _eager_guard)."""
-    if code_of(original.params) != code_of(adapted.params) or not isinstance(original.body, cst.IndentedBlock) \
+    if texts.code(original.params) != texts.code(adapted.params) or not isinstance(original.body, cst.IndentedBlock) \
             or not isinstance(adapted.body, cst.IndentedBlock):
         return False
     ours, theirs = _split_docstring(list(original.body.body))[1], _split_docstring(list(adapted.body.body))[1]
-    runs = _changed_runs(ours, theirs)
-    return bool(runs) and all(_eager_guard(ours[i1:i2], theirs[j1:j2]) for i1, i2, j1, j2 in runs)
+    runs = _changed_runs(ours, theirs, texts)
+    return bool(runs) and all(_eager_guard(ours[i1:i2], theirs[j1:j2], texts) for i1, i2, j1, j2 in runs)
 
 
-def _changed_runs(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement]) -> list[tuple[int, int, int, int]]:
+def _changed_runs(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement],
+                  texts: _Texts) -> list[tuple[int, int, int, int]]:
     """The runs of statements that differ between two bodies: (i1, i2) of `ours` became (j1, j2) of `theirs`."""
-    keys = [_statement_key(s) for s in ours], [_statement_key(s) for s in theirs]
+    keys = [texts.key(s) for s in ours], [texts.key(s) for s in theirs]
     return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
             difflib.SequenceMatcher(None, *keys, autojunk=False).get_opcodes() if tag != "equal"]
 
 
-def _eager_guard(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement]) -> bool:
+def _eager_guard(ours: list[cst.BaseStatement], theirs: list[cst.BaseStatement], texts: _Texts) -> bool:
     """Whether the static statements are the original ones under `if not torch.compiler.is_compiling():` alone."""
     if len(theirs) != 1 or not ours or not isinstance(theirs[0], cst.If) or theirs[0].orelse is not None \
             or code_of(theirs[0].test).strip() != EAGER_ONLY:
         return False
-    return [_statement_key(s) for s in theirs[0].body.body] == [_statement_key(s) for s in ours]
+    return [texts.key(s) for s in theirs[0].body.body] == [texts.key(s) for s in ours]
 
 
 def _unbreakable(line: str) -> str:
@@ -727,12 +789,8 @@ def _split_docstring(body: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatem
     return (body[:1], body[1:]) if body and is_docstring(body[0]) else ([], body)
 
 
-def _statement_key(stmt: cst.BaseStatement) -> str:
-    return code_of(stmt.with_changes(leading_lines=())).strip()
-
-
-def _lines(stmt: cst.BaseStatement) -> int:
-    return code_of(stmt).count("\n")
+def _lines(stmt: cst.BaseStatement, texts: _Texts) -> int:
+    return texts.code(stmt).count("\n")
 
 
 def _ends_the_call(stmt: cst.BaseStatement) -> bool:
@@ -740,7 +798,7 @@ def _ends_the_call(stmt: cst.BaseStatement) -> bool:
 
 
 def _chosen_value(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement],
-                  width: int) -> cst.SimpleStatementLine | None:
+                  width: int, texts: _Texts) -> cst.SimpleStatementLine | None:
     """`x = A` on the static path and `x = B` in the original, neither with a note of its own: one statement,
     `x = A if graphmode_static_path(receiver) else B` (a fork of four lines says no more; transforms.line_wrap
     wraps it where it is long)."""
@@ -749,19 +807,19 @@ def _chosen_value(receiver: str, static: list[cst.BaseStatement], own: list[cst.
     ours, theirs = single_assignment(static[0]), single_assignment(own[0])
     if ours is None or theirs is None or ours[0] != theirs[0] \
             or any(line.comment is not None for s in (static[0], own[0]) for line in s.leading_lines) \
-            or "#" in code_of(static[0]) + code_of(own[0]) \
+            or "#" in texts.code(static[0]) + texts.code(own[0]) \
             or any(isinstance(v, (cst.IfExp, cst.Lambda, cst.NamedExpr, cst.Tuple)) and not v.lpar
                    for v in (ours[1], theirs[1])):
         return None
     choice = cst.IfExp(test=cst.parse_expression(f"{SWITCH_TEST}({receiver})"), body=ours[1], orelse=theirs[1])
     line = own[0].with_changes(body=[own[0].body[0].with_changes(value=choice)])
-    if _fits([line], width):
+    if _fits([line], width, texts):
         return line
     # Past the line limit: in parentheses, `else` under the value it follows.
     below = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (len(ours[0]) + 4)))
     wrapped = choice.with_changes(whitespace_before_else=below, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     line = own[0].with_changes(body=[own[0].body[0].with_changes(value=wrapped)])
-    return line if _fits([line], width) else None
+    return line if _fits([line], width, texts) else None
 
 
 def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.BaseStatement],
@@ -779,6 +837,45 @@ def _fork(receiver: str, static: list[cst.BaseStatement], original: list[cst.Bas
         test, static, original = cst.UnaryOperation(cst.Not(), test), original, []
     orelse = cst.Else(body=cst.IndentedBlock(body=original)) if original else None
     return cst.If(test=test, body=cst.IndentedBlock(body=static), orelse=orelse, leading_lines=blank)
+
+
+def _with_notes_on_headers(module: cst.Module, placed: set[cst.FunctionDef], width: int) -> cst.Module:
+    """The module with graphmode's notes on the `if` lines of its forks and eager-only guards (_NotesOnHeaders), and
+    no node in two places: `placed` (_Split.placed) may share nodes with a twin or a fork beside it (a nested function
+    no codemod changed, a statement a codemod's walk passed over), and a visit builds every node it visits again,
+    once per place. So each placed function, and each statement under which the notes' pass changes an `if`, is
+    visited; every other statement comes from the chain's tree (which holds each node once) and stays as it is.
+    A visit of the whole module, which this was, costs more than any codemod's walk on a file with few changed
+    functions (tests/test_pipeline_shortcuts.py holds the two to the same text)."""
+    notes = _NotesOnHeaders(width, len(module.default_indent.expandtabs()))
+
+    def noted(stmt: cst.BaseStatement, depth: int) -> cst.BaseStatement:
+        if type(stmt) is cst.ClassDef and type(stmt.body) is cst.IndentedBlock and not _moves_a_note(stmt.body):
+            body = [noted(inner, depth + 1) for inner in stmt.body.body]
+            if all(new is old for new, old in zip(body, stmt.body.body)):
+                return stmt
+            return stmt.with_changes(body=stmt.body.with_changes(body=body))
+        if stmt not in placed and not any(node in placed or _moves_a_note(node)
+                                          for node in walk(stmt, statements_only)):
+            return stmt
+        notes.depth = depth  # the blocks around the statement: the room a note has on a line depends on them
+        return stmt.visit(notes)
+
+    body = [noted(stmt, 0) for stmt in module.body]
+    return module if all(new is old for new, old in zip(body, module.body)) else module.with_changes(body=body)
+
+
+def _moves_a_note(node: cst.CSTNode) -> bool:
+    """Whether the node is a block in which _NotesOnHeaders may change an `if`: one with graphmode's note as the last
+    of the lines above it or above the first statement of its body (noted_on_header changes no other)."""
+    return type(node) is cst.IndentedBlock and any(
+        type(stmt) is cst.If and (_ends_with_note(stmt.leading_lines) or (
+            stmt.body.body and _ends_with_note(getattr(stmt.body.body[0], "leading_lines", ()))))
+        for stmt in node.body)
+
+
+def _ends_with_note(lines) -> bool:
+    return bool(lines) and lines[-1].comment is not None and lines[-1].comment.value.startswith(NOTE)
 
 
 class _NotesOnHeaders(Transformer):

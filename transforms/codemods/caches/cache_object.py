@@ -366,9 +366,15 @@ class CacheObject(GraphCodemod):
             self.edits.clear()
             self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
-        # Only the statements holding a planned node are walked and rebuilt.
+        # Only the statements holding a planned node are walked, and in them only the nodes on the way to one.
         touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
-        module = transform_statements(tree, _Apply(plan), touched | {classes[name] for name in plan.init_lines})
+        on_the_way: set[cst.CSTNode] = set()
+        parents = self.source.parents
+        for node in [*plan.replace, *plan.drop]:
+            while (node := parents.get(node)) is not None and node not in on_the_way:
+                on_the_way.add(node)
+        module = transform_statements(tree, _Apply(plan, on_the_way),
+                                      touched | {classes[name] for name in plan.init_lines})
         module = remove_imports_if_unused(module, plan.helpers, self.source)
         for helper in (MASK_BUILDER, MASK_CLASS, PADDED_ROWS, *([SLOTS] if plan.reads_slots else [])):
             if not defined_at_top(module, helper):
@@ -612,8 +618,13 @@ class CacheObject(GraphCodemod):
 
 
 class _Apply(Transformer):
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
+    def __init__(self, plan: _Plan, on_the_way: set[cst.CSTNode]) -> None:
+        self.plan, self.on_the_way = plan, on_the_way
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # A node that holds no planned one is handed on as it was, not built again: the next text's layout reuses
+        # the text of each method handed on as the same node (ParsedSource.generated), and a visit is the cost.
+        return node in self.on_the_way
 
     def on_leave(self, original_node, updated_node):
         if original_node in self.plan.drop:

@@ -30,7 +30,8 @@ from graphmode.transforms.codemods.lib.fusion import NPU, assigned_names, replac
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import code_of, dotted_name, find_method, nodes_of_type, \
-    qualified_functions, self_attribute_name, string_tuple
+    qualified_functions, self_attribute_name, statements_only, string_tuple, walk, with_blocks
+from graphmode.transforms.dispatch import Transformer
 
 HELPER = "graphmode_merged_linear"
 STACKER = "graphmode_stack_weights"
@@ -104,14 +105,15 @@ class MergedProjections(StepCodemod):
         """The method with the projections of one input merged in each block that has them (the body, or a
         branch: `if config.pretraining_tp > 1: ... else: <the projections>`)."""
         new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
-        for block in nodes_of_type(method, cst.IndentedBlock):
+        for block in (node for node in walk(method, statements_only) if type(node) is cst.IndentedBlock):
             body = list(block.body)
             groups = _groups(body, linears)
             if groups:
                 # One merge per block: the projections of one input.
                 x, names, first = max(groups, key=lambda group: len(group[1]))
                 new_blocks[block] = block.with_changes(body=self._rewrite(body, x, names, first))
-        return replaced(method, new_blocks) if new_blocks else None
+        # Only the nodes on the way to a merged block are built again (a visit would build every one).
+        return with_blocks(method, new_blocks) if new_blocks else None
 
     def _rewrite(self, body: list[cst.BaseStatement], x: str, names: tuple[str, ...], first: int):
         calls = {(name, x) for name in names}
@@ -255,14 +257,17 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
     both paths, and the code both share holds it once instead of a fork around the projections
     (transforms/output/static_path.py). A merge goes where the same projections of the same input are; the NPU form
     (`split=False` under a fused activation) is a static path's alone and stays there."""
-    # A function the chain handed on as it was parsed (the same node) holds no merge: only the others are read.
-    untouched = {id(function) for _, function in qualified_functions(original)}
+    # A function the chain handed on as it was parsed (the same node) holds no merge: only the others are read, and
+    # of those only the ones the original has (a merge goes into the original's function of that name): the
+    # functions the chain added, its helpers and entries, are some 30 on a llama file.
+    own = {qualname: id(function) for qualname, function in qualified_functions(original)}
+    untouched = set(own.values())
     written = {qualname: merges for qualname, function in qualified_functions(adapted)
-               if id(function) not in untouched and (merges := _merged_calls(function))}
+               if qualname in own and id(function) not in untouched and (merges := _merged_calls(function))}
     if not written:
         return original
 
-    class _Merge(cst.CSTTransformer):
+    class _Merge(Transformer):
         def __init__(self) -> None:
             self.scope: list[str] = []
 
@@ -276,12 +281,15 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
 
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            return False  # holds no function: left as it is, not built again
+
         def leave_FunctionDef(self, original_node, updated_node):
             merges = written.get(".".join([*self.scope, original_node.name.value]))
             if not merges:
                 return updated_node
             new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
-            for block in nodes_of_type(original_node, cst.IndentedBlock):
+            for block in (n for n in walk(original_node, statements_only) if type(n) is cst.IndentedBlock):
                 body = list(block.body)
                 for x, names in merges:
                     first = next((index for group_x, group, index in _groups(body, dict.fromkeys(names, ("", "")))
@@ -289,7 +297,8 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
                     if first is not None:
                         new_blocks[block] = block.with_changes(body=merged_body(body, x, names, first))
                         break
-            return replaced(original_node, new_blocks) if new_blocks else updated_node
+            # Only the nodes on the way to a merged block are built again (a visit would build every one).
+            return with_blocks(original_node, new_blocks) if new_blocks else updated_node
 
     return original.visit(_Merge())
 

@@ -8,7 +8,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from graphmode.transforms.cstutil import code_of, names_in, nodes_of_type
+from graphmode.transforms.cstutil import code_of, names_in, walk
 
 NPU = "npu"
 CPU = "cpu"
@@ -64,6 +64,7 @@ def replaced(node: cst.CSTNode, replacements: Mapping[cst.CSTNode, cst.CSTNode])
 def assigned_names(stmt: cst.CSTNode) -> set[str]:
     """The names a statement assigns, augmented assignments included."""
     names: set[str] = set()
-    for node in [*nodes_of_type(stmt, cst.AssignTarget), *nodes_of_type(stmt, cst.AugAssign)]:
-        names |= names_in(node.target)
+    for node in walk(stmt):  # one walk for both kinds: the names are a set, so their order does not matter
+        if type(node) is cst.AssignTarget or type(node) is cst.AugAssign:
+            names |= names_in(node.target)
     return names
