@@ -151,36 +151,52 @@ def _functions_named(evidence: Evidence, path: str, name: str) -> list[FunctionE
 def _static_verdict(f: Finding, evidence: Evidence, trace: dict[tuple[str, int], list[Finding]]) -> tuple[str, str]:
     """(SEEN | PREFILL_ONLY | NOT_RUN | "drop", what the trace saw) for one static finding."""
     steps = f"the {evidence.steps} traced Decode step(s)"
-    if f.code == "GM501" and _functions_named(evidence, f.path, f.function):
-        functions = _functions_named(evidence, f.path, f.function)
-        name = _param_name(f.message)
-        if any(name in fn.params for fn in functions):
-            said = [t.message for ts in trace.values() for t in ts if _same_parameter(f, t)]
-            return SEEN, "trace: " + "; ".join(said)
-        phases = {p for fn in functions for p in fn.phases}
-        if DECODE in phases:
-            return "drop", ""
-        return _not_run(phases, steps)
+    functions = _functions_named(evidence, f.path, f.function) if f.code == "GM501" else []
+    if functions:
+        return _parameter_verdict(f, functions, trace, steps)
     phases = evidence.ran(f.path, f.line)
     if DECODE not in phases:
         return _not_run(phases, steps)
     located = evidence.at(f.path, f.line)
     entries = [entry for _, entry in located]
+    if not _hazard_seen(f.code, entries):
+        return "drop", ""
+    return SEEN, "trace: " + "; ".join(dict.fromkeys(_seen_at(f, located, trace)))
+
+
+def _seen_at(f: Finding, located: list, trace: dict[tuple[str, int], list[Finding]]) -> list[str]:
+    """What the trace's own findings at the finding's lines say, or else the first growth seen there (a cat that
+    grows only because its inputs grow has no finding of its own)."""
     seen = [t.message for line, _ in located for t in trace.get((f.path, line), [])
             if f.code in _RULES[t.code].EXPLAINED_BY]
-    if f.code == "GM301":
-        hazard = any(g.op in CAT_OPS or g.kind in ("cache", "input") for e in entries for g in e.growing)
-    elif f.code in ("GM201", "GM302"):
-        hazard = any(e.growing or e.scalars for e in entries)
-    elif f.code == "GM501":
-        hazard = any(e.scalars for e in entries)
-    else:  # host syncs and tensor branches
-        hazard = any(s.decode for e in entries for s in e.syncs)
-    if not hazard:
-        return "drop", ""
-    if not seen:  # e.g. a cat that grows only because its inputs grow: no finding of its own
-        seen = [f"{g.op} {_dims(g)} {_series(g.shapes)}" for e in entries for g in e.growing][:1]
-    return SEEN, "trace: " + "; ".join(dict.fromkeys(seen))
+    return seen or [f"{g.op} {_dims(g)} {_series(g.shapes)}" for _, e in located for g in e.growing][:1]
+
+
+def _parameter_verdict(f: Finding, functions: list, trace: dict[tuple[str, int], list[Finding]],
+                       steps: str) -> tuple[str, str]:
+    """A GM501 finding on a parameter of traced functions: seen where the trace saw that parameter change, dropped
+    where Decode ran the function and saw nothing, else the phases that ran it."""
+    name = _param_name(f.message)
+    if any(name in fn.params for fn in functions):
+        said = [t.message for ts in trace.values() for t in ts if _same_parameter(f, t)]
+        return SEEN, "trace: " + "; ".join(said)
+    phases = {p for fn in functions for p in fn.phases}
+    return ("drop", "") if DECODE in phases else _not_run(phases, steps)
+
+
+def _grows_by_cat(entries: list) -> bool:
+    return any(g.op in CAT_OPS or g.kind in ("cache", "input") for e in entries for g in e.growing)
+
+
+def _hazard_seen(code: str, entries: list) -> bool:
+    """Whether the trace's entries at a finding's line show the hazard its rule names in Decode."""
+    if code == "GM301":
+        return _grows_by_cat(entries)
+    if code in ("GM201", "GM302"):
+        return any(e.growing or e.scalars for e in entries)
+    if code == "GM501":
+        return any(e.scalars for e in entries)
+    return any(s.decode for e in entries for s in e.syncs)  # host syncs and tensor branches
 
 
 def _not_run(phases: set[str], steps: str) -> tuple[str, str]:
