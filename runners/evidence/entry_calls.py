@@ -167,33 +167,50 @@ def _roles(entry_class: str, signature: inspect.Signature, calls: list[list[_Cal
     prefill = calls[0][0] if calls and calls[0] else None
     decodes = [step[0] for step in calls[1:] if step]
     result = EntryCalls(entry_class=entry_class, prompt_len=prompt_len, decode_calls=len(decodes))
-    names = [n for n, p in list(signature.parameters.items())[1:]
-             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    names, var_keyword = _parameter_names(signature)
     for name in names:
-        in_prefill = prefill is not None and name in prefill.arguments
-        in_decode = bool(decodes) and all(name in c.arguments for c in decodes)
-        if not (in_prefill or in_decode):
-            continue
-        before = prefill.arguments.get(name) if in_prefill else None
-        steps = [c.arguments.get(name) for c in decodes]
-        use = ParameterUse(name=name, role="state", in_prefill=in_prefill, in_decode=in_decode,
-                           positional=bool(decodes) and all(name in c.positional for c in decodes))
-        _classify(use, before, steps, prompt_len)
-        result.parameters.append(use)
+        use = _named_use(name, prefill, decodes, prompt_len)
+        if use is not None:
+            result.parameters.append(use)
     # Keywords that only `**kwargs` takes are recorded under their own names: the entries cannot pass them.
-    var_keyword = next((n for n, p in signature.parameters.items() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
-    extra = sorted({key for call in [prefill, *decodes] if call is not None
-                    for key in call.arguments.get(var_keyword, {})}) if var_keyword else []
-    for key in extra:
-        use = ParameterUse(name=key, role="state", in_prefill=key in (prefill.arguments.get(var_keyword, {})
-                                                                       if prefill is not None else {}),
-                           in_decode=bool(decodes) and all(key in c.arguments.get(var_keyword, {}) for c in decodes),
-                           positional=False)
-        _classify(use, prefill.arguments.get(var_keyword, {}).get(key) if prefill is not None else None,
-                  [c.arguments.get(var_keyword, {}).get(key) for c in decodes], prompt_len)
-        result.parameters.append(use)
+    if var_keyword:
+        result.parameters += _keyword_uses(var_keyword, prefill, decodes, prompt_len)
     _one_tokens_input(result)
     return result
+
+
+def _parameter_names(signature: inspect.Signature) -> tuple[list[str], str | None]:
+    """The named parameters after `self`, and the `**` parameter's name (None where there is none)."""
+    kinds = list(signature.parameters.items())
+    names = [n for n, p in kinds[1:] if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return names, next((n for n, p in kinds if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+
+
+def _named_use(name: str, prefill: _Call | None, decodes: list[_Call], prompt_len: int) -> ParameterUse | None:
+    """How the calls use one parameter of the signature, or None where neither Prefill nor every Decode passes it."""
+    in_prefill = prefill is not None and name in prefill.arguments
+    in_decode = bool(decodes) and all(name in c.arguments for c in decodes)
+    if not (in_prefill or in_decode):
+        return None
+    use = ParameterUse(name=name, role="state", in_prefill=in_prefill, in_decode=in_decode,
+                       positional=bool(decodes) and all(name in c.positional for c in decodes))
+    _classify(use, prefill.arguments.get(name) if in_prefill else None, [c.arguments.get(name) for c in decodes],
+              prompt_len)
+    return use
+
+
+def _keyword_uses(var_keyword: str, prefill: _Call | None, decodes: list[_Call], prompt_len: int
+                  ) -> list[ParameterUse]:
+    """How the calls use each keyword that only `**var_keyword` takes."""
+    before = prefill.arguments.get(var_keyword, {}) if prefill is not None else {}
+    steps = [c.arguments.get(var_keyword, {}) for c in decodes]
+    uses = []
+    for key in sorted({key for keywords in [before, *steps] for key in keywords}):
+        use = ParameterUse(name=key, role="state", in_prefill=key in before,
+                           in_decode=bool(steps) and all(key in keywords for keywords in steps), positional=False)
+        _classify(use, before.get(key), [keywords.get(key) for keywords in steps], prompt_len)
+        uses.append(use)
+    return uses
 
 
 def _classify(use: ParameterUse, prefill: Any, steps: list[Any], prompt_len: int) -> None:
@@ -203,28 +220,47 @@ def _classify(use: ParameterUse, prefill: Any, steps: list[Any], prompt_len: int
         use.summary = f"bool tensor {list(steps[0].shape)}: rows {prompt_len}, {prompt_len + 1}, ... of a causal mask"
         return
     if steps and all(_is_int_tensor(v) for v in steps):
-        lengths = [v.shape[-1] for v in steps]
-        if _counts_positions(prefill, steps, prompt_len):
-            use.role, use.layout = "positions", "1d" if steps[0].dim() == 1 else f"{steps[0].dim()}d"
-            use.summary = (f"int tensor {list(steps[0].shape)} holding "
-                           f"{', '.join(str(int(v.flatten()[-1])) for v in steps)}")
-        elif all(n == lengths[0] for n in lengths) and (prefill is None or _is_int_tensor(prefill)
-                                                        and prefill.shape[-1] == prompt_len):
-            use.role, use.summary = "tokens", f"int tensor {list(steps[0].shape)} (new tokens)"
-        elif lengths == [prompt_len + i + 1 for i in range(len(steps))]:
-            use.role = "tokens"
-            use.summary = f"int tensor whose last dim grows {prompt_len} -> {', '.join(map(str, lengths))}"
+        _classify_int_tensors(use, prefill, steps, prompt_len)
         return
-    if steps and all(type(v) is int for v in steps) and len(steps) > 1:
-        deltas = {b - a for a, b in zip(steps, steps[1:])}
-        if deltas == {1} and steps[0] == prompt_len:
-            use.role, use.layout = "positions", "int"
-            use.summary = f"Python int {', '.join(map(str, steps))} (Prefill: {prefill!r})"
-            return
-    if steps and all(_plain(v) and v == steps[0] and type(v) is type(steps[0]) for v in steps):
+    if _python_int_positions(steps, prompt_len):
+        use.role, use.layout = "positions", "int"
+        use.summary = f"Python int {', '.join(map(str, steps))} (Prefill: {prefill!r})"
+        return
+    if _constant(steps):
         use.role, use.value, use.summary = "constant", steps[0], f"always {steps[0]!r} in Decode"
         return
     use.summary = ", ".join(sorted({type(v).__name__ for v in steps})) or "only at Prefill"
+
+
+def _classify_int_tensors(use: ParameterUse, prefill: Any, steps: list[torch.Tensor], prompt_len: int) -> None:
+    """Integer tensors at every Decode step: positions, new tokens, or a token sequence that grows (else state)."""
+    lengths = [v.shape[-1] for v in steps]
+    if _counts_positions(prefill, steps, prompt_len):
+        use.role, use.layout = "positions", "1d" if steps[0].dim() == 1 else f"{steps[0].dim()}d"
+        use.summary = f"int tensor {list(steps[0].shape)} holding {', '.join(str(int(v.flatten()[-1])) for v in steps)}"
+    elif _same_length_tokens(prefill, lengths, prompt_len):
+        use.role, use.summary = "tokens", f"int tensor {list(steps[0].shape)} (new tokens)"
+    elif lengths == [prompt_len + i + 1 for i in range(len(steps))]:
+        use.role = "tokens"
+        use.summary = f"int tensor whose last dim grows {prompt_len} -> {', '.join(map(str, lengths))}"
+
+
+def _same_length_tokens(prefill: Any, lengths: list[int], prompt_len: int) -> bool:
+    """As many ids at every Decode step, and the prompt's length at Prefill (where it was passed): new tokens."""
+    prompt_like = prefill is None or _is_int_tensor(prefill) and prefill.shape[-1] == prompt_len
+    return prompt_like and all(n == lengths[0] for n in lengths)
+
+
+def _constant(steps: list[Any]) -> bool:
+    """The same plain value (of one type) at every Decode step."""
+    return bool(steps) and all(_plain(v) and v == steps[0] and type(v) is type(steps[0]) for v in steps)
+
+
+def _python_int_positions(steps: list[Any], prompt_len: int) -> bool:
+    """Python ints that count up by one from the prompt's length, one per Decode step."""
+    if len(steps) < 2 or not all(type(v) is int for v in steps):
+        return False
+    return steps[0] == prompt_len and {b - a for a, b in zip(steps, steps[1:])} == {1}
 
 
 def _one_tokens_input(result: EntryCalls) -> None:
