@@ -249,11 +249,28 @@ class _Analysis:
     def build(self, prompt_shape: list[int], new_tokens: int) -> Evidence:
         t = self.t
         lines: dict[SourceLine, LineEvidence] = {}
-        first_input: tuple[int, SourceLine] | None = None
+        first_input = self._record_sites(lines)
         for site in t.sites_by_id:
-            growth, growing_input = self._growth(site) if self._aligned(site) else (None, False)
-            scalars = [] if growing_input else self._scalars(site)
-            reads = growth is None and growing_input and site.via is None
+            if site.via is None and self._positions(site, prompt_shape, new_tokens):
+                self._entry(lines, site.file, site.line, site.function).positions = True
+        self._record_syncs(lines)
+        self._position_tests(lines, prompt_shape, new_tokens)
+        for where, entry in lines.items():
+            entry.phases = self._phases(where, entry)
+        return Evidence(
+            folder=str(t.folder), sources=t.sources, steps=self.steps, prompt_shape=list(prompt_shape),
+            new_tokens=new_tokens, lines=dict(sorted(lines.items(), key=lambda item: item[0])),
+            functions=self._functions(), coverage=self._coverage(),
+            recomputes_sequence=first_input[1] if first_input else None,
+            unattributed_ops=t.unattributed, trace_errors=list(t.errors))
+
+    def _record_sites(self, lines: dict[SourceLine, LineEvidence]) -> tuple[int, SourceLine] | None:
+        """Each op site's growth, Python scalars and reads of a growing input into its line's entry; returns the
+        first op (by sequence, and its line) that read a token input which grows: the model recomputing the whole
+        sequence."""
+        first_input: tuple[int, SourceLine] | None = None
+        for site in self.t.sites_by_id:
+            growth, scalars, reads = self._site_seen(site)
             if growth is None and not scalars and not reads:
                 continue
             entry = self._entry(lines, site.file, site.line, site.function)
@@ -261,34 +278,41 @@ class _Analysis:
                 entry.reads_growing.append(site.op)
             if growth is not None:
                 entry.growing.append(growth)
-                if growth.kind == "input" and self._token_input(site):
-                    seq = self.by_step[site.id][1][0].seq
-                    if first_input is None or seq < first_input[0]:
-                        first_input = (seq, SourceLine(site.file, site.line))
+                first_input = self._earlier_token_input(site, growth, first_input)
             entry.scalars.extend(scalars)
-        for site in t.sites_by_id:
-            if site.via is None and self._positions(site, prompt_shape, new_tokens):
-                self._entry(lines, site.file, site.line, site.function).positions = True
-        for (file, line, kind, op, via), record in t.syncs.items():
-            _, branch = self._statement(file, line)
-            if kind == "bool" and branch:
+        return first_input
+
+    def _site_seen(self, site: OpSite):
+        """(growth or None, Python scalars, whether it reads a growing input) of one op site."""
+        growth, growing_input = self._growth(site) if self._aligned(site) else (None, False)
+        scalars = [] if growing_input else self._scalars(site)
+        return growth, scalars, growth is None and growing_input and site.via is None
+
+    def _earlier_token_input(self, site: OpSite, growth, first: tuple[int, SourceLine] | None
+                             ) -> tuple[int, SourceLine] | None:
+        """`first`, or this site where it grows a token input and ran before it."""
+        if growth.kind != "input" or not self._token_input(site):
+            return first
+        seq = self.by_step[site.id][1][0].seq
+        return (seq, SourceLine(site.file, site.line)) if first is None or seq < first[0] else first
+
+    def _record_syncs(self, lines: dict[SourceLine, LineEvidence]) -> None:
+        """Each host sync into its line's entry: a `bool` read that decides a branch counts as a branch."""
+        for (file, line, kind, op, via), record in self.t.syncs.items():
+            if kind == "bool" and self._statement(file, line)[1]:
                 kind = "branch"
             entry = self._entry(lines, file, line, record["function"])
             entry.syncs.append(HostSync(kind, op, record[PREFILL], record[DECODE], via))
-        self._position_tests(lines, prompt_shape, new_tokens)
-        for where, entry in lines.items():
-            ran = {phase for phase, covered in t.coverage.get(where.file, {}).items() if where.line in covered}
-            if entry.growing or entry.scalars or entry.positions or entry.reads_growing or entry.position_tests:
-                ran.add(DECODE)
-            for sync in entry.syncs:
-                ran |= {phase for phase in (PREFILL, DECODE) if getattr(sync, phase)}
-            entry.phases = [p for p in (PREFILL, DECODE) if p in ran]
-        return Evidence(
-            folder=str(t.folder), sources=t.sources, steps=self.steps, prompt_shape=list(prompt_shape),
-            new_tokens=new_tokens, lines=dict(sorted(lines.items(), key=lambda item: item[0])),
-            functions=self._functions(), coverage=self._coverage(),
-            recomputes_sequence=first_input[1] if first_input else None,
-            unattributed_ops=t.unattributed, trace_errors=list(t.errors))
+
+    def _phases(self, where: SourceLine, entry: LineEvidence) -> list[str]:
+        """The phases that ran a line: its coverage, Decode where anything was seen there in Decode, and the
+        phases of its host syncs."""
+        ran = {phase for phase, covered in self.t.coverage.get(where.file, {}).items() if where.line in covered}
+        seen_in_decode = (entry.growing, entry.scalars, entry.positions, entry.reads_growing, entry.position_tests)
+        if any(seen_in_decode):
+            ran.add(DECODE)
+        ran |= {phase for sync in entry.syncs for phase in (PREFILL, DECODE) if getattr(sync, phase)}
+        return [p for p in (PREFILL, DECODE) if p in ran]
 
     def _position_tests(self, lines: dict[SourceLine, LineEvidence], prompt_shape: list[int], new_tokens: int) -> None:
         """Records the comparisons of the positions with a Python int in the tests of the branches that read the
