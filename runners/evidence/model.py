@@ -206,33 +206,43 @@ class Evidence:
         if self.recomputes_sequence:
             lines.append(f"no KV cache: the token sequence grows and is recomputed every step "
                          f"(enters at {self.recomputes_sequence})")
+        growing = self._growth_lines()
+        ints, syncs = self._moving_ints(), self._decode_syncs()
+        lines += growing
+        if ints:
+            lines.append("Python ints changing every Decode step: " + "; ".join(ints))
+        if syncs:
+            lines.append("host syncs in Decode: " + "; ".join(syncs))
+        grows = any(True for _ in self.origins())
+        return "\n".join(lines + self._closing_line(grows or bool(ints or syncs or self.recomputes_sequence)))
+
+    def _closing_line(self, anything_seen: bool) -> list[str]:
+        """That nothing was seen, or how many ops grow only because an input grows."""
+        if not anything_seen:
+            return ["nothing grows, no Python int changes and nothing reads the host in Decode"]
+        derived = sum(1 for e in self.lines.values() for g in e.growing if g.kind == "derived")
+        return [f"({derived} op(s) grow only because an input grows)"] if derived else []
+
+    def _growth_lines(self) -> list[str]:
+        """One line per kind of growth seen (the cache, moving slices, tensors built per step, inputs)."""
         groups: dict[str, list[str]] = defaultdict(list)
         for where, _entry, g in self.origins():
             label = f"{where} {g.op} dim {','.join(map(str, g.dims))} +{g.by}"
-            if g.layout:
-                label += f" {g.layout}"
-            groups[g.kind].append(label)
+            groups[g.kind].append(f"{label} {g.layout}" if g.layout else label)
         titles = {"cache": "KV cache grown by cat", "slice": "slices with a moving bound",
                   "created": "tensors built per step with a growing size", "input": "growing inputs"}
-        for kind, title in titles.items():
-            if groups[kind]:
-                lines.append(f"{title}: " + "; ".join(groups[kind]))
-        derived = sum(1 for e in self.lines.values() for g in e.growing if g.kind == "derived")
+        return [f"{title}: " + "; ".join(groups[kind]) for kind, title in titles.items() if groups[kind]]
+
+    def _moving_ints(self) -> list[str]:
+        """The Python ints (op arguments and function parameters) that change every Decode step."""
         ints = [f"{where} {op} {', '.join(s.arg for s in group)} {_deltas(group)}"
                 for where, e in self.lines.items() for (op, _), group in grouped_by_op(e.scalars)]
-        ints += [f"{f.name}({', '.join(f.params)}) {_deltas(list(f.params.values()))}"
-                 for f in self.functions.values() if f.params]
-        if ints:
-            lines.append("Python ints changing every Decode step: " + "; ".join(ints))
-        syncs = [f"{where} {s.kind} x{s.decode // max(self.steps, 1)}/step" for where, e in self.lines.items()
-                 for s in e.syncs if s.decode]
-        if syncs:
-            lines.append("host syncs in Decode: " + "; ".join(syncs))
-        if not (any(groups.values()) or ints or syncs or self.recomputes_sequence):
-            lines.append("nothing grows, no Python int changes and nothing reads the host in Decode")
-        elif derived:
-            lines.append(f"({derived} op(s) grow only because an input grows)")
-        return "\n".join(lines)
+        return ints + [f"{f.name}({', '.join(f.params)}) {_deltas(list(f.params.values()))}"
+                       for f in self.functions.values() if f.params]
+
+    def _decode_syncs(self) -> list[str]:
+        return [f"{where} {s.kind} x{s.decode // max(self.steps, 1)}/step" for where, e in self.lines.items()
+                for s in e.syncs if s.decode]
 
 
 # -- text for people (the summary here, the findings' messages in runners.evidence.findings) ---------------
