@@ -61,6 +61,27 @@ def _layout(rank: int, seq_dim: int, kv_dim: int | None) -> str | None:
     return "[" + ", ".join(parts) + "]"
 
 
+def _split_dim(op: str, call: OpCall) -> int | None:
+    """The dim along which a reader of a tensor splits it in two (k and v): `unbind`, `chunk(2)`, `select` of 0 or
+    1, or an index of 0 or 1 (`kv[0]`, `kv[:, 1]`); None for any other reader."""
+    ints = dict(call.ints)
+    if op == "unbind":
+        return ints.get("dim", ints.get("arg1", 0))
+    if op == "chunk" and ints.get("arg1", ints.get("chunks")) == 2:
+        return ints.get("dim", ints.get("arg2", 0))
+    if op == "select" and ints.get("arg2", ints.get("index")) in (0, 1):
+        return ints.get("arg1", ints.get("dim"))
+    return _index_dim(call) if op == "getitem" else None
+
+
+def _index_dim(call: OpCall) -> int | None:
+    """`kv[0]` splits along dim 0; `kv[:, 1]` along the dim whose index is 0 or 1."""
+    if dict(call.ints).get("index") in (0, 1):
+        return 0
+    return next((int(m[1]) for path, v in call.ints if v in (0, 1) and (m := re.fullmatch(r"index\[(\d+)\]", path))),
+                None)
+
+
 class _Analysis:
     """Compares the Decode steps' records: growth, carried inputs, moving ints, syncs, phases."""
 
@@ -127,34 +148,24 @@ class _Analysis:
             dim = dim % len(shape) if shape else dim
             return dim if 0 <= dim < len(shape) and shape[dim] == 2 and dim not in growth_dims else None
 
-        for i, (producer, _, _) in enumerate(call.inputs):
-            if i == carried or producer is None:
-                continue
-            maker = self.t.sites_by_id[producer[0]]
-            if maker.op == "stack":
-                ints = dict(maker.calls[producer[2]].ints)
-                found = valid(ints.get("dim", ints.get("arg1", 0)))
-                if found is not None:
-                    return found
+        found = self._stacked_dim(call, carried, valid)
+        if found is not None:
+            return found
         for reader in self.t.sites_by_id:
             for c in self.by_step[reader.id].get(step, []):
-                if not c.inputs or c.inputs[0][0] != (site.id, step, call.index):
-                    continue
-                ints = dict(c.ints)
-                dim = None
-                if reader.op == "unbind":
-                    dim = ints.get("dim", ints.get("arg1", 0))
-                elif reader.op == "chunk" and ints.get("arg1", ints.get("chunks")) == 2:
-                    dim = ints.get("dim", ints.get("arg2", 0))
-                elif reader.op == "select" and ints.get("arg2", ints.get("index")) in (0, 1):
-                    dim = ints.get("arg1", ints.get("dim"))
-                elif reader.op == "getitem":
-                    if ints.get("index") in (0, 1):
-                        dim = 0
-                    else:
-                        dim = next((int(m[1]) for path, v in c.ints if v in (0, 1)
-                                    and (m := re.fullmatch(r"index\[(\d+)\]", path))), None)
-                found = valid(dim)
+                if c.inputs and c.inputs[0][0] == (site.id, step, call.index):
+                    found = valid(_split_dim(reader.op, c))
+                    if found is not None:
+                        return found
+        return None
+
+    def _stacked_dim(self, call: OpCall, carried: int, valid) -> int | None:
+        """The valid dim along which an input other than the carried one was built by `stack`, or None."""
+        for i, (producer, _, _) in enumerate(call.inputs):
+            maker = self.t.sites_by_id[producer[0]] if i != carried and producer is not None else None
+            if maker is not None and maker.op == "stack":
+                ints = dict(maker.calls[producer[2]].ints)
+                found = valid(ints.get("dim", ints.get("arg1", 0)))
                 if found is not None:
                     return found
         return None
