@@ -173,10 +173,9 @@ class _Analysis:
     def _growth(self, site: OpSite) -> tuple[Growth | None, bool]:
         """The site's Growth (None if it does not grow) and whether a tensor input grows."""
         n = self._aligned(site)
-        growing_input = any(self._input_grows(site, k, i)[0]
-                            for k in range(n) for i in range(len(self.by_step[site.id][1][k].inputs)))
         if site.id not in self.growth:
-            return None, growing_input
+            return None, any(self._input_grows(site, k, i)[0]
+                             for k in range(n) for i in range(len(self.by_step[site.id][1][k].inputs)))
         k, (dims, by) = self.growth[site.id]
         calls = [self.by_step[site.id][s][k] for s in self.decode_steps]
         prefill = self.by_step[site.id].get(0, [])
@@ -186,24 +185,37 @@ class _Analysis:
                         calls=n, via=site.via)
         carried = self._carried(site, k)
         if carried is not None:
-            growth.carried = True
-            integer = calls[-1].inputs[carried][2]
-            growth.kind = "input" if integer else "cache"
-            pieces = [shape for i, (_, shape, _) in enumerate(calls[-1].inputs)
-                      if i != carried and len(shape) == len(calls[-1].out)]
-            growth.piece = pieces[0][dims[0]] if pieces else None
-            if not integer:
-                growth.kv_dim = self._kv_dim(site, k, carried, dims)
-                growth.layout = _layout(len(calls[-1].out), dims[0], growth.kv_dim)
-                last = self.by_step[site.id][self.decode_steps[-1]]
-                growth.call_shapes = [list(c.out) for c in last if c.out is not None]
+            self._describe_carried(growth, site, k, carried, calls[-1])
             return growth, True
-        inputs = [self._input_grows(site, k, i) for i in range(len(calls[0].inputs))]
-        if any(grows for grows, _ in inputs):
-            growth.kind = "input" if any(grows and outside for grows, outside in inputs) else "derived"
-        elif site.op in SLICE_OPS:
+        return growth, self._uncarried_kind(growth, site, k, len(calls[0].inputs))
+
+    def _uncarried_kind(self, growth: Growth, site: OpSite, k: int, inputs: int) -> bool:
+        """Sets the kind of a growth that carries nothing over: a growing input from outside the step, one derived
+        from such an input, a slice with a moving bound, or a tensor created per step; returns whether an input
+        grows."""
+        grown = [self._input_grows(site, k, i) for i in range(inputs)]
+        if any(grows for grows, _ in grown):
+            growth.kind = "input" if any(grows and outside for grows, outside in grown) else "derived"
+            return True
+        if site.op in SLICE_OPS:
             growth.kind = "slice"
-        return growth, any(grows for grows, _ in inputs)
+        return False
+
+    def _describe_carried(self, growth: Growth, site: OpSite, k: int, carried: int, last_call: OpCall) -> None:
+        """A growth whose input `carried` is its own output of the step before: a growing integer input, or a KV
+        cache with its piece per step, the dim k and v share (if one tensor holds both) and its layout."""
+        growth.carried = True
+        integer = last_call.inputs[carried][2]
+        growth.kind = "input" if integer else "cache"
+        pieces = [shape for i, (_, shape, _) in enumerate(last_call.inputs)
+                  if i != carried and len(shape) == len(last_call.out)]
+        growth.piece = pieces[0][growth.dims[0]] if pieces else None
+        if integer:
+            return
+        growth.kv_dim = self._kv_dim(site, k, carried, growth.dims)
+        growth.layout = _layout(len(last_call.out), growth.dims[0], growth.kv_dim)
+        last = self.by_step[site.id][self.decode_steps[-1]]
+        growth.call_shapes = [list(c.out) for c in last if c.out is not None]
 
     def _scalars(self, site: OpSite) -> list[ScalarChange]:
         for k in range(self._aligned(site)):
