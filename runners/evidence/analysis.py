@@ -31,18 +31,51 @@ def analyse(tracer: EvidenceTracer, steps: int, prompt_shape: list[int], new_tok
     return _Analysis(tracer, steps).build(prompt_shape, new_tokens)
 
 
+def _statement_table(tree: ast.Module) -> dict[int, tuple[int, bool]]:
+    """Each line -> (the first line of the innermost statement holding it, whether it is a branch's test)."""
+    table: dict[int, tuple[int, bool]] = {}
+    statements = sorted((n for n in ast.walk(tree) if isinstance(n, ast.stmt)),
+                        key=lambda n: (n.end_lineno or n.lineno) - n.lineno, reverse=True)
+    for node in statements:
+        for n in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+            table[n] = (node.lineno, table.get(n, (0, False))[1])
+    for node in ast.walk(tree):
+        for first, last in _test_spans(node):
+            for n in range(first, last + 1):
+                table[n] = (table.get(n, (n, False))[0], True)
+    return table
+
+
+def _test_spans(node: ast.AST) -> list[tuple[int, int]]:
+    """The lines of a branch's test. The jump on a condition may carry the line of the `if` or of the test: both
+    count."""
+    if isinstance(node, (ast.If, ast.While, ast.Assert, ast.IfExp)):
+        return [(min(node.lineno, node.test.lineno), node.test.end_lineno or node.test.lineno)]
+    if isinstance(node, ast.comprehension):
+        return [(test.lineno, test.end_lineno or test.lineno) for test in node.ifs]
+    return []
+
+
 def _steady(shapes: list[tuple[int, ...] | None]) -> tuple[list[int], int] | None:
     """(dims, by) when every step adds the same positive amount along the same dims, else None."""
-    if len(shapes) < 2 or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+    if not _comparable(shapes):
         return None
     deltas = {tuple(b - a for a, b in zip(s0, s1)) for s0, s1 in zip(shapes, shapes[1:])}
-    if len(deltas) != 1:
-        return None
-    delta = deltas.pop()
-    if any(d < 0 for d in delta) or not any(delta):
+    delta = deltas.pop() if len(deltas) == 1 else None
+    if not _grows(delta):
         return None
     dims = [i for i, d in enumerate(delta) if d]
     return dims, delta[dims[0]]
+
+
+def _comparable(shapes: list[tuple[int, ...] | None]) -> bool:
+    """Two or more shapes, every one known and of one rank."""
+    return len(shapes) >= 2 and all(s is not None for s in shapes) and len({len(s) for s in shapes}) == 1
+
+
+def _grows(delta: tuple[int, ...] | None) -> bool:
+    """A step's change of shape adds to some dim and takes from none."""
+    return delta is not None and all(d >= 0 for d in delta) and any(delta)
 
 
 _LAYOUTS = {4: {2: "[b, h, s, d]", 1: "[b, s, h, d]", 0: "[s, b, h, d]", 3: "[b, h, d, s]"},
@@ -236,28 +269,11 @@ class _Analysis:
     def _statement(self, file: str, line: int) -> tuple[int, bool]:
         """(first line of the innermost statement holding `line`, whether `line` is a branch's test)."""
         if file not in self._statements:
-            table: dict[int, tuple[int, bool]] = {}
             try:
                 tree = ast.parse((self.t.folder / file).read_text())
             except (OSError, SyntaxError, ValueError):
                 tree = None
-            if tree is not None:
-                statements = sorted((n for n in ast.walk(tree) if isinstance(n, ast.stmt)),
-                                    key=lambda n: (n.end_lineno or n.lineno) - n.lineno, reverse=True)
-                for node in statements:
-                    for n in range(node.lineno, (node.end_lineno or node.lineno) + 1):
-                        table[n] = (node.lineno, table.get(n, (0, False))[1])
-                for node in ast.walk(tree):
-                    # The jump on a condition may carry the line of the `if` or of the test: both count.
-                    spans = []
-                    if isinstance(node, (ast.If, ast.While, ast.Assert, ast.IfExp)):
-                        spans = [(min(node.lineno, node.test.lineno), node.test.end_lineno or node.test.lineno)]
-                    elif isinstance(node, ast.comprehension):
-                        spans = [(test.lineno, test.end_lineno or test.lineno) for test in node.ifs]
-                    for first, last in spans:
-                        for n in range(first, last + 1):
-                            table[n] = (table.get(n, (n, False))[0], True)
-            self._statements[file] = table
+            self._statements[file] = _statement_table(tree) if tree is not None else {}
         return self._statements[file].get(line, (line, False))
 
     def _entry(self, lines: dict[SourceLine, LineEvidence], file: str, line: int, function: str) -> LineEvidence:
