@@ -78,33 +78,43 @@ def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int, tokens
 
 def _line_findings(line: SourceLine, entry: LineEvidence, evidence: Evidence) -> list[Finding]:
     messages: dict[str, list[str]] = defaultdict(list)
-    origins = [g for g in entry.growing if g.kind != "derived"]
-    for g in origins:
-        code, message = _growth_text(g, [s for s in entry.scalars if s.op == g.op and s.via == g.via],
-                                     evidence.new_tokens, evidence.recomputes_sequence == line)
+    for code, message in [*_growth_messages(line, entry, evidence), *_moving_int_messages(entry)]:
         messages[code].append(message)
-    explained = {(g.op, g.via) for g in origins}
-    for (op, via), scalars in grouped_by_op(s for s in entry.scalars if (s.op, s.via) not in explained):
-        where = f" (in {via})" if via else ""
-        if op in _WRITES:
-            messages["GM302"].append(f"`{op}`{where} writes at Python-int bounds that change every Decode step: "
-                                     f"{_ints_text(scalars)}")
-        elif op in SLICE_OPS:
-            messages["GM302"].append(f"`{op}`{where} slices at Python-int bounds that change every Decode step: "
-                                     f"{_ints_text(scalars)}")
-        else:
-            messages["GM501"].append(f"`{op}`{where} gets Python ints that change every Decode step: "
-                                     f"{_ints_text(scalars)}")
-    for sync in entry.syncs:
-        if sync.decode:
-            where = f" (in {sync.via})" if sync.via else ""
-            per_step = sync.decode / evidence.steps
-            count = f"{per_step:g}x per Decode step"
-            messages[SYNC_CODES[sync.kind]].append(
-                f"{_SYNC_WORDS[sync.kind]} (`{sync.op}`{where}) reads the device on the host, {count}")
+    for sync in (sync for sync in entry.syncs if sync.decode):
+        messages[SYNC_CODES[sync.kind]].append(_sync_text(sync, evidence.steps))
     return [Finding(code, line.file, line.line, 1, "; ".join(texts), _RULES[code].SKILL, function=entry.function,
                     source="trace", autofix=False, trace=SEEN)
             for code, texts in sorted(messages.items())]
+
+
+def _growth_messages(line: SourceLine, entry: LineEvidence, evidence: Evidence) -> list[tuple[str, str]]:
+    """(code, message) for each growth that starts at the line (not one derived from a growing input)."""
+    return [_growth_text(g, [s for s in entry.scalars if s.op == g.op and s.via == g.via], evidence.new_tokens,
+                         evidence.recomputes_sequence == line)
+            for g in entry.growing if g.kind != "derived"]
+
+
+def _moving_int_messages(entry: LineEvidence) -> list[tuple[str, str]]:
+    """(code, message) for each op whose Python ints change every step, where no growth at the line explains them."""
+    explained = {(g.op, g.via) for g in entry.growing if g.kind != "derived"}
+    return [_moving_int_text(op, via, scalars)
+            for (op, via), scalars in grouped_by_op(s for s in entry.scalars if (s.op, s.via) not in explained)]
+
+
+def _sync_text(sync, steps: int) -> str:
+    where, count = f" (in {sync.via})" if sync.via else "", f"{sync.decode / steps:g}x per Decode step"
+    return f"{_SYNC_WORDS[sync.kind]} (`{sync.op}`{where}) reads the device on the host, {count}"
+
+
+def _moving_int_text(op: str, via: str | None, scalars: list) -> tuple[str, str]:
+    """(code, message) for an op that gets Python ints changing every Decode step: bounds of a write or a slice
+    (GM302), or any other argument (GM501)."""
+    where, ints = f" (in {via})" if via else "", _ints_text(scalars)
+    if op in _WRITES:
+        return "GM302", f"`{op}`{where} writes at Python-int bounds that change every Decode step: {ints}"
+    if op in SLICE_OPS:
+        return "GM302", f"`{op}`{where} slices at Python-int bounds that change every Decode step: {ints}"
+    return "GM501", f"`{op}`{where} gets Python ints that change every Decode step: {ints}"
 
 
 def _param_findings(evidence: Evidence) -> list[Finding]:
