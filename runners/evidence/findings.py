@@ -46,30 +46,39 @@ def _ints_text(scalars: list[ScalarChange]) -> str:
     return ", ".join(f"{s.arg} {_series(s.values)} ({delta_text(s.delta)})" for s in scalars)
 
 
+def _cache_text(g: Growth, where: str) -> str:
+    layout = f", layout {g.layout}" if g.layout else ""
+    stacked = f", k and v stacked along dim {g.kv_dim}" if g.kv_dim is not None else ""
+    piece = f"; the new piece is {g.piece} along dim {g.dims[0]}" if g.piece is not None else ""
+    return (f"the KV cache grows with `{g.op}`{where} by {g.by} along {_dims(g)} every Decode step"
+            f"{layout}{stacked}: {_series(g.shapes)}; one input is this line's own output of the "
+            f"step before (a carried cache){piece}")
+
+
+def _input_text(g: Growth, where: str, grows: str, new_tokens: int, tokens: bool) -> tuple[str, str]:
+    """A growing input from outside the sources: the token sequence (no KV cache), a mask, or a cache."""
+    if tokens:
+        return "GM301", (f"no KV cache: the model gets the whole token sequence again every Decode step "
+                         f"(`{g.op}`{where} output {grows}) and recomputes every position; keep a KV cache "
+                         f"and feed only the {new_tokens} new token(s)")
+    if g.dtype.startswith(("int", "uint", "long")) or g.dtype == "bool":
+        return "GM201", (f"`{g.op}`{where} gets an integer or boolean tensor from outside the sources, not the "
+                         f"tokens, that {grows}: a mask the caller grows with the sequence (generate()'s 2-D "
+                         "attention mask), a new shape every step; hand it at the full length the static buffers "
+                         "hold")
+    return "GM301", (f"`{g.op}`{where} gets a tensor from outside the sources that {grows}; "
+                     "a cache grown by the caller has a new shape every step")
+
+
 def _growth_text(g: Growth, scalars: list[ScalarChange], new_tokens: int, tokens: bool = False) -> tuple[str, str]:
     """(code, message) for a growing tensor that is a cause; `tokens`: it is where the growing token sequence
     enters (Evidence.recomputes_sequence)."""
     where = f" (in {g.via})" if g.via else ""
     grows = f"grows by {g.by} along {_dims(g)} every Decode step: {_series(g.shapes)}"
     if g.kind == "cache":
-        layout = f", layout {g.layout}" if g.layout else ""
-        stacked = f", k and v stacked along dim {g.kv_dim}" if g.kv_dim is not None else ""
-        piece = f"; the new piece is {g.piece} along dim {g.dims[0]}" if g.piece is not None else ""
-        return "GM301", (f"the KV cache grows with `{g.op}`{where} by {g.by} along {_dims(g)} every Decode step"
-                         f"{layout}{stacked}: {_series(g.shapes)}; one input is this line's own output of the "
-                         f"step before (a carried cache){piece}")
+        return "GM301", _cache_text(g, where)
     if g.kind == "input":
-        if tokens:
-            return "GM301", (f"no KV cache: the model gets the whole token sequence again every Decode step "
-                             f"(`{g.op}`{where} output {grows}) and recomputes every position; keep a KV cache "
-                             f"and feed only the {new_tokens} new token(s)")
-        if g.dtype.startswith(("int", "uint", "long")) or g.dtype == "bool":
-            return "GM201", (f"`{g.op}`{where} gets an integer or boolean tensor from outside the sources, not the "
-                             f"tokens, that {grows}: a mask the caller grows with the sequence (generate()'s 2-D "
-                             "attention mask), a new shape every step; hand it at the full length the static buffers "
-                             "hold")
-        return "GM301", (f"`{g.op}`{where} gets a tensor from outside the sources that {grows}; "
-                         "a cache grown by the caller has a new shape every step")
+        return _input_text(g, where, grows, new_tokens, tokens)
     ints = f"; Python ints {_ints_text(scalars)}" if scalars else ""
     if g.kind == "slice":
         return "GM302", f"`{g.op}`{where} reads a slice of a fixed tensor that {grows}{ints}"
@@ -225,6 +234,22 @@ def reconcile_details(static: list[Finding], evidence: Evidence) -> Reconciled:
     by_line: dict[tuple[str, int], list[Finding]] = defaultdict(list)
     for t in trace_findings:
         by_line[(t.path, t.line)].append(t)
+    kept, dropped = _judged_static(static, evidence, by_line)
+    added: list[Finding] = []
+    for t in trace_findings:
+        i = _covering(kept, t, evidence)
+        if i is None:
+            added.append(t)
+        elif t.message not in kept[i].evidence:
+            kept[i] = replace(kept[i], evidence=_join(kept[i].evidence, f"trace: {t.message}"),
+                              trace=kept[i].trace or SEEN)
+    return Reconciled(kept + added, dropped, added)
+
+
+def _judged_static(static: list[Finding], evidence: Evidence, by_line: dict[tuple[str, int], list[Finding]]
+                   ) -> tuple[list[Finding], list[Finding]]:
+    """(kept, dropped): each static finding the trace can judge, with what it saw, or dropped where it saw the line
+    run in Decode without the hazard; the others kept as they are."""
     kept: list[Finding] = []
     dropped: list[Finding] = []
     for f in static:
@@ -236,21 +261,17 @@ def reconcile_details(static: list[Finding], evidence: Evidence) -> Reconciled:
             dropped.append(f)
         else:
             kept.append(replace(f, trace=verdict, evidence=_join(f.evidence, seen)))
-    added: list[Finding] = []
-    for t in trace_findings:
-        statement = evidence.lines.get(SourceLine(t.path, t.line))
-        lines = {t.line, statement.statement} if statement and statement.statement else {t.line}
-        explained_by = _RULES[t.code].EXPLAINED_BY
-        covering = [i for i, f in enumerate(kept) if f.path == t.path and (
-            f.code in explained_by and (f.line in lines or _same_parameter(f, t)) or _uses_parameter(f, t))]
-        if not covering:
-            added.append(t)
-            continue
-        i = covering[0]
-        if t.message not in kept[i].evidence:
-            kept[i] = replace(kept[i], evidence=_join(kept[i].evidence, f"trace: {t.message}"),
-                              trace=kept[i].trace or SEEN)
-    return Reconciled(kept + added, dropped, added)
+    return kept, dropped
+
+
+def _covering(kept: list[Finding], t: Finding, evidence: Evidence) -> int | None:
+    """The index of the first kept finding that already stands for trace finding `t` (its rule explains it at the
+    same statement or parameter, or it is about a use of the parameter `t` saw change), or None."""
+    statement = evidence.lines.get(SourceLine(t.path, t.line))
+    lines = {t.line, statement.statement} if statement and statement.statement else {t.line}
+    explained_by = _RULES[t.code].EXPLAINED_BY
+    return next((i for i, f in enumerate(kept) if f.path == t.path and (
+        f.code in explained_by and (f.line in lines or _same_parameter(f, t)) or _uses_parameter(f, t))), None)
 
 
 def _same_parameter(static: Finding, trace: Finding) -> bool:
