@@ -367,6 +367,16 @@ class _Analysis:
                 if found is not None:
                     self._entry(lines, site.file, site.line, site.function).position_tests.append(found)
 
+    def _compared(self, call: OpCall, last: int) -> tuple[int, int] | None:
+        """(the one value of the call's tensor minus the step's last position, the Python int it is compared with),
+        or None where the call is not such a comparison."""
+        bound = dict(call.ints).get("arg1")
+        producer = call.inputs[0][0] if len(call.inputs) == 1 else None
+        if bound is None or producer is None:
+            return None
+        values = self.t.sites_by_id[producer[0]].calls[producer[2]].values
+        return (values[0] - last, bound) if values is not None and len(values) == 1 else None
+
     def _position_test(self, site: OpSite, prompt: int, new_tokens: int) -> PositionTest | None:
         """The site's comparison when, in every call of every Decode step, its one tensor held the step's last
         position plus the same offset (0 or 1) and the other side was the same Python int."""
@@ -375,18 +385,10 @@ class _Analysis:
         seen = set()
         for step in self.decode_steps:
             calls = self.by_step[site.id].get(step, [])
-            if not calls:
+            compared = [self._compared(call, prompt + step * new_tokens - 1) for call in calls]
+            if not calls or None in compared:
                 return None
-            last = prompt + step * new_tokens - 1
-            for call in calls:
-                bound = dict(call.ints).get("arg1")
-                producer = call.inputs[0][0] if len(call.inputs) == 1 else None
-                if bound is None or producer is None:
-                    return None
-                values = self.t.sites_by_id[producer[0]].calls[producer[2]].values
-                if values is None or len(values) != 1:
-                    return None
-                seen.add((values[0] - last, bound))
+            seen.update(compared)
         if len(seen) != 1:
             return None
         offset, bound = seen.pop()
@@ -429,23 +431,24 @@ class _Analysis:
         return any(integer and (i == carried or self._input_grows(site, k, i) == (True, True))
                    for i, (_, _, integer) in enumerate(call.inputs))
 
+    def _changing_parameters(self, record: dict) -> dict[str, ScalarChange]:
+        """A function's Python-int parameters that change at every Decode step, in the k-th call of each step."""
+        params: dict[str, ScalarChange] = {}
+        grouped: dict[int, list[dict[str, int]]] = defaultdict(list)
+        for step, values in record["calls"]:
+            grouped[step].append(values)
+        n = min((len(grouped.get(s, [])) for s in self.decode_steps), default=0)
+        for per_step in ([grouped[s][k] for s in self.decode_steps] for k in range(n)):
+            for name in per_step[0]:
+                change = None if name in params else _changes_every_step(record["name"], name, per_step)
+                if change is not None:
+                    params[name] = change
+        return params
+
     def _functions(self) -> dict[SourceLine, FunctionEvidence]:
         out: dict[SourceLine, FunctionEvidence] = {}
         for (file, line), record in sorted(self.t.function_calls.items()):
-            params: dict[str, ScalarChange] = {}
-            grouped: dict[int, list[dict[str, int]]] = defaultdict(list)
-            for step, values in record["calls"]:
-                grouped[step].append(values)
-            n = min((len(grouped.get(s, [])) for s in self.decode_steps), default=0)
-            for k in range(n):
-                per_step = [grouped[s][k] for s in self.decode_steps]
-                for name in per_step[0]:
-                    if name in params or not all(name in p for p in per_step):
-                        continue
-                    values = [p[name] for p in per_step]
-                    changed, delta = _change(values)
-                    if changed:
-                        params[name] = ScalarChange(record["name"], name, values, delta)
+            params = self._changing_parameters(record)
             out[SourceLine(file, line)] = FunctionEvidence(
                 record["name"], [p for p in (PREFILL, DECODE) if p in record["phases"]], params)
         return out
@@ -453,6 +456,15 @@ class _Analysis:
     def _coverage(self) -> dict[str, dict[str, str]]:
         return {file: {phase: line_ranges(lines) for phase, lines in sorted(phases.items())}
                 for file, phases in sorted(self.t.coverage.items())}
+
+
+def _changes_every_step(function: str, name: str, per_step: list[dict[str, int]]) -> ScalarChange | None:
+    """The change of parameter `name` where every step passed it and it changed at every one, else None."""
+    if not all(name in p for p in per_step):
+        return None
+    values = [p[name] for p in per_step]
+    changed, delta = _change(values)
+    return ScalarChange(function, name, values, delta) if changed else None
 
 
 def _change(values: list[int]) -> tuple[bool, int | None]:
