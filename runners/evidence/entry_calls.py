@@ -151,14 +151,18 @@ def record_entry_calls(model: torch.nn.Module, prefill: Callable[[], Any], decod
     return result
 
 
+def _plain_method(name: str, value: Any) -> bool:
+    """A public function other than the step entries."""
+    return inspect.isfunction(value) and not name.startswith("_") and name not in ("forward", "prefill", "decode")
+
+
 def _own_methods(cls: type) -> list[str]:
     """Plain methods the model's own classes define (not torch.nn.Module's), except the step entries."""
     names = []
     for klass in cls.__mro__:
         if klass is torch.nn.Module or klass.__module__.startswith("torch."):
             break
-        names += [n for n, v in vars(klass).items() if inspect.isfunction(v) and not n.startswith("_")
-                  and n not in ("forward", "prefill", "decode") and n not in names]
+        names += [n for n, v in vars(klass).items() if _plain_method(n, v) and n not in names]
     # What the class finally resolves each name to must be a plain method (a subclass may make it a property).
     return [n for n in names if inspect.isfunction(inspect.getattr_static(cls, n))]
 
@@ -291,8 +295,8 @@ def _counts_positions(prefill: Any, steps: list[torch.Tensor], prompt_len: int) 
 def _causal_rows(prefill: Any, steps: list[Any], prompt_len: int) -> bool:
     """Boolean `[..., tokens, S]` tensors equal to rows of `tril(ones(S, S))`: the prompt's rows at Prefill, the
     next position's row at each Decode step."""
-    if not steps or not all(isinstance(v, torch.Tensor) and v.dtype is torch.bool and v.dim() >= 2
-                            and v.shape[-2] == 1 and v.shape[-1] == steps[0].shape[-1] for v in steps):
+    if not steps or not isinstance(steps[0], torch.Tensor) \
+            or not all(_one_bool_row(v, steps[0].shape[-1]) for v in steps):
         return False
     size = steps[0].shape[-1]
     if size < prompt_len + len(steps):
@@ -300,10 +304,19 @@ def _causal_rows(prefill: Any, steps: list[Any], prompt_len: int) -> bool:
     columns = torch.arange(size, device=steps[0].device)
     if not all(bool((v == (columns <= prompt_len + step)).all()) for step, v in enumerate(steps)):
         return False
-    if prefill is None:
-        return True
+    return prefill is None or _prompt_rows(prefill, prompt_len, columns)
+
+
+def _one_bool_row(value: Any, size: int) -> bool:
+    """A boolean `[..., 1, size]` tensor."""
+    return isinstance(value, torch.Tensor) and value.dtype is torch.bool and value.dim() >= 2 \
+        and value.shape[-2] == 1 and value.shape[-1] == size
+
+
+def _prompt_rows(prefill: Any, prompt_len: int, columns: torch.Tensor) -> bool:
+    """Prefill's mask: the causal rows of the prompt's positions over `columns`."""
     if not (isinstance(prefill, torch.Tensor) and prefill.dtype is torch.bool
-            and prefill.shape[-2:] == (prompt_len, size)):
+            and prefill.shape[-2:] == (prompt_len, len(columns))):
         return False
     rows = torch.arange(prompt_len, device=prefill.device)[:, None]
     return bool((prefill == (columns[None, :] <= rows)).all())
