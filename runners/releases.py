@@ -110,21 +110,33 @@ def names_used(texts: dict[str, str]) -> list[NameUse]:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        imports_transformers, methods = False, {}
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defined.add(node.name)
-            imports_transformers = imports_transformers or _imports_transformers(node)
-            for fact in _facts_at(node):
-                held = methods if fact.shows_as in (_ATTRIBUTE, _KEYWORD) else found
-                held.setdefault(fact, f"{path}:{node.lineno}")
+        imports_transformers, methods = _read_file(tree, path, found, defined)
         # A method called by name is transformers' only in a file that imports transformers: code with a cache of
         # its own (its own get_usable_length, in a file not read here) is not held to transformers' releases.
         if imports_transformers:
             for fact, where in methods.items():
                 found.setdefault(fact, where)
     return [NameUse(fact, where) for fact, where in found.items()
-            if not (fact.shows_as in (_ATTRIBUTE, _KEYWORD) and (fact.keyword_of or fact.name) in defined)]
+            if not (_called(fact) and (fact.keyword_of or fact.name) in defined)]
+
+
+def _called(fact: ReleaseFact) -> bool:
+    """A method (or a method's keyword) the code calls by name, rather than a module or a name it imports."""
+    return fact.shows_as in (_ATTRIBUTE, _KEYWORD)
+
+
+def _read_file(tree: ast.Module, path: str, found: dict[ReleaseFact, str], defined: set[str]
+               ) -> tuple[bool, dict[ReleaseFact, str]]:
+    """Adds the file's imported names to `found` and its function names to `defined`; returns whether it imports
+    transformers, and the methods it calls by name (where first)."""
+    imports_transformers, methods = False, {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        imports_transformers = imports_transformers or _imports_transformers(node)
+        for fact in _facts_at(node):
+            (methods if _called(fact) else found).setdefault(fact, f"{path}:{node.lineno}")
+    return imports_transformers, methods
 
 
 def _imports_transformers(node: ast.AST) -> bool:
@@ -136,15 +148,27 @@ def _imports_transformers(node: ast.AST) -> bool:
 def _facts_at(node: ast.AST) -> list[ReleaseFact]:
     if isinstance(node, ast.Import):
         return _modules_named([alias.name for alias in node.names])
-    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers"):
-        names = [alias.name for alias in node.names]
-        return _modules_named([node.module]) + [_IMPORTED_NAMES[name] for name in names if name in _IMPORTED_NAMES]
+    if isinstance(node, ast.ImportFrom):
+        return _imported_facts(node)
     if isinstance(node, ast.Attribute) and node.attr in _METHODS:
         return [_METHODS[node.attr]]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        return [fact for fact in _KEYWORDS if fact.keyword_of == node.func.attr
-                and any(keyword.arg == fact.name for keyword in node.keywords)]
-    return []
+    return _keywords_passed(node) if isinstance(node, ast.Call) else []
+
+
+def _imported_facts(node: ast.ImportFrom) -> list[ReleaseFact]:
+    """The module a `from transformers... import ...` reads, and the names it imports."""
+    if not (node.module or "").startswith("transformers"):
+        return []
+    names = [alias.name for alias in node.names]
+    return _modules_named([node.module]) + [_IMPORTED_NAMES[name] for name in names if name in _IMPORTED_NAMES]
+
+
+def _keywords_passed(call: ast.Call) -> list[ReleaseFact]:
+    """The keyword facts of a method call that passes their keyword (`x._extract_past...(o, standardize_...=)`)."""
+    if not isinstance(call.func, ast.Attribute):
+        return []
+    passed = {keyword.arg for keyword in call.keywords}
+    return [fact for fact in _KEYWORDS if fact.keyword_of == call.func.attr and fact.name in passed]
 
 
 def _modules_named(modules: list[str]) -> list[ReleaseFact]:
