@@ -21,31 +21,40 @@ def reachable_functions(module: ast.Module) -> set[Function]:
     classes = {s.name: s for s in module.body if isinstance(s, ast.ClassDef)}
     methods = {name: _methods(cls) for name, cls in classes.items()}
 
-    pending: list[tuple[Function, str | None]] = [
-        (method, name) for name, found in methods.items() for method_name, method in found.items()
-        if method_name in STEP_METHODS
-    ] + [(function, None) for name, function in functions.items() if name in STEP_METHODS]
+    pending = _step_entries(functions, methods)
     reached: set[Function] = set()
     while pending:
         function, owner = pending.pop()
         if function in reached:
             continue
         twin = static_twin(function)
-        if twin is not None:  # its own body runs for every caller but the entries: only its twin is step code
-            found = _lookup(owner, twin, classes, methods)
-            if found is not None:
-                pending.append((found, owner))
-            continue
-        reached.add(function)
-        on_self, plain = _calls(function)
-        for name in on_self:
-            method = _lookup(owner, name, classes, methods)
-            if method is not None:
-                pending.append((method, owner))
-        for name in plain:
-            if name in functions:
-                pending.append((functions[name], None))
+        if twin is None:
+            reached.add(function)
+        # A method with a twin runs its own body for every caller but the entries: only its twin is step code.
+        pending += _callees(function, owner, twin, functions, classes, methods)
     return reached
+
+
+def _step_entries(functions: dict[str, Function], methods: dict[str, dict[str, Function]]
+                  ) -> list[tuple[Function, str | None]]:
+    """The methods (with their class) and functions named as step entries: where the walk starts."""
+    return [(method, name) for name, found in methods.items() for method_name, method in found.items()
+            if method_name in STEP_METHODS] + [(function, None) for name, function in functions.items()
+                                               if name in STEP_METHODS]
+
+
+def _callees(function: Function, owner: str | None, twin: str | None, functions: dict[str, Function],
+             classes: dict[str, ast.ClassDef], methods: dict[str, dict[str, Function]]
+             ) -> list[tuple[Function, str | None]]:
+    """What a reached function hands on to the step: its twin alone where it has one, else every method it calls
+    on `self` and every function of the file it calls by name."""
+    if twin is not None:
+        found = _lookup(owner, twin, classes, methods)
+        return [(found, owner)] if found is not None else []
+    on_self, plain = _calls(function)
+    found = [(method, owner) for method in (_lookup(owner, name, classes, methods) for name in on_self)
+             if method is not None]
+    return found + [(functions[name], None) for name in plain if name in functions]
 
 
 def static_twin(function: Function) -> str | None:
