@@ -400,55 +400,58 @@ def process_seconds() -> float | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    if args.steps < 1:
-        raise WorkerFailure(f"--steps must be at least 1, got {args.steps}")
-    backend, _ = resolve(args.backend)
-    folder = args.folder.resolve()
-    if args.compile_log:
-        _log_compiles_to(args.compile_log)
-
-    started = time.perf_counter()
-    harness = load_harness(folder)
-    model = call_user("harness.build_model", folder, harness.build_model).to(backend.device)
-    load_s = time.perf_counter() - started
-    prompt = call_user("harness.make_prompt", folder, harness.make_prompt).to(backend.device)
+def _checked_length(harness, prompt: torch.Tensor, steps: int) -> int:
+    """The harness's MAX_SEQ_LEN, which the prompt and the steps must fit."""
     limit = max_seq_len(harness)
-    if prompt.shape[1] + args.steps > limit:
-        raise WorkerFailure(f"prompt ({prompt.shape[1]}) + steps ({args.steps}) exceeds the harness "
+    if prompt.shape[1] + steps > limit:
+        raise WorkerFailure(f"prompt ({prompt.shape[1]}) + steps ({steps}) exceeds the harness "
                             f"MAX_SEQ_LEN ({limit}); lower --steps or raise MAX_SEQ_LEN")
+    return limit
 
-    if args.side == "adapted":
-        batch = max([prompt.shape[0], *(args.batch_buckets or [])])
-        call_user("model.setup_caches", folder, lambda: size_static_path(model, harness, batch, args.static_length))
-    if args.batch_buckets:
-        bucket_sweep(args, backend, folder, model, prompt)
-        return
 
+def _check_generation(trace, steps: int) -> None:
+    """The timed generation pass must choose the first pass's tokens."""
+    generation = trace.generation
+    if generation.tokens and [row[:steps] for row in generation.tokens] != torch.cat(trace.tokens, dim=1).tolist():
+        raise WorkerFailure("the timed generation pass chose other tokens than the first pass of the same process "
+                            "(state left over from the first pass?)")
+
+
+def _record_compiled(result: WorkerResult, adapted) -> None:
+    """What compiling the adapted Decode showed: breaks, recompiles, graphs, stance failures, static addresses."""
+    result.graph_breaks = adapted.graph_breaks
+    result.decode_lines = adapted.decode_lines
+    result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line} for r in adapted.break_reasons]
+    result.recompiles = len(adapted.recompiles)
+    result.recompile_reasons = [_reason_text(r) for r in adapted.recompiles]
+    result.recompile_details = [r.to_dict() for r in adapted.recompiles]
+    result.recompile_limit_hit = adapted.recompile_limit_hit
+    result.fullgraph = adapted.fullgraph
+    result.explain_s = adapted.explain_s
+    result.graphs_at_warmup = adapted.graphs_at_warmup
+    result.graphs_after_warmup = adapted.graphs_after_warmup
+    result.stance_failures = adapted.stance_failures
+    result.static_addresses = adapted.static_addresses
+    result.cuda_graphs = adapted.cuda_graphs
+
+
+def _run_side(args, harness, model, prompt: torch.Tensor, backend, folder):
+    """(trace, compiled run or None): the original side runs eagerly; the adapted side compiles its Decode."""
     # inference_mode works with torch.compile on torch 2.13 (the tests compile under it).
     with torch.inference_mode():
         if args.side == "original":
-            trace = run_original(harness, model, prompt, args.steps, backend, folder)
-            adapted = None
-        else:
-            adapted = run_adapted(model, prompt, args.steps, backend, folder, args.npu_compile_cache,
-                                  count_kernels=args.count_ops and _inductor_based(backend))
-            trace = adapted.trace
+            return run_original(harness, model, prompt, args.steps, backend, folder), None
+        adapted = run_adapted(model, prompt, args.steps, backend, folder, args.npu_compile_cache,
+                              count_kernels=args.count_ops and _inductor_based(backend))
+        return adapted.trace, adapted
 
-    generation = trace.generation
-    if generation.tokens and [row[:args.steps] for row in generation.tokens] != torch.cat(trace.tokens, dim=1).tolist():
-        raise WorkerFailure("the timed generation pass chose other tokens than the first pass of the same process "
-                            "(state left over from the first pass?)")
+
+def _result(args, backend, model, prompt: torch.Tensor, limit: int, load_s: float, trace, adapted, memory: dict,
+            decode_graph: dict) -> WorkerResult:
+    """The side's record, without what only compiling shows (_record_compiled)."""
     parameter = next(model.parameters(), None)
-    memory = peak_memory(backend.device)
-    # After every timed step, every logit and the peak memory are recorded: the capture resets Dynamo and runs a
-    # step again.
-    decode_graph = count_decode(args.side, harness, model, prompt, trace, static_length(harness, args.static_length),
-                                folder) if args.count_ops else {}
-    if adapted and "inductor_kernels" in decode_graph:
-        decode_graph["inductor_kernels"] = adapted.inductor_kernels
-    result = WorkerResult(
+    generation = trace.generation
+    return WorkerResult(
         side=args.side,
         backend=backend.name if adapted else "eager",
         tokens=torch.cat(trace.tokens, dim=1).tolist(),
@@ -471,30 +474,61 @@ def main(argv: list[str] | None = None) -> None:
         compile_options=backend.compile_options(adapted.fullgraph, args.npu_compile_cache) if adapted else {},
         decode_graph=decode_graph,
     )
-    if adapted:
-        result.graph_breaks = adapted.graph_breaks
-        result.decode_lines = adapted.decode_lines
-        result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line} for r in adapted.break_reasons]
-        result.recompiles = len(adapted.recompiles)
-        result.recompile_reasons = [_reason_text(r) for r in adapted.recompiles]
-        result.recompile_details = [r.to_dict() for r in adapted.recompiles]
-        result.recompile_limit_hit = adapted.recompile_limit_hit
-        result.fullgraph = adapted.fullgraph
-        result.explain_s = adapted.explain_s
-        result.graphs_at_warmup = adapted.graphs_at_warmup
-        result.graphs_after_warmup = adapted.graphs_after_warmup
-        result.stance_failures = adapted.stance_failures
-        result.static_addresses = adapted.static_addresses
-        result.cuda_graphs = adapted.cuda_graphs
 
-    if args.logits:
-        args.logits.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(torch.stack(trace.logits), args.logits)
-    # Last, so that they cover everything this process did but exit.
+
+def _decode_graph(args, harness, model, prompt: torch.Tensor, trace, adapted, folder) -> dict:
+    """The Decode graph's ops (and inductor's kernels, counted while compiling)."""
+    # After every timed step, every logit and the peak memory are recorded: the capture resets Dynamo and runs a
+    # step again.
+    found = count_decode(args.side, harness, model, prompt, trace, static_length(harness, args.static_length), folder)
+    if adapted and "inductor_kernels" in found:
+        found["inductor_kernels"] = adapted.inductor_kernels
+    return found
+
+
+def _record_process(result: WorkerResult) -> None:
+    """The worker's own time, CPU time and the machine's load."""
     result.worker_s = time.perf_counter() - STARTED
     result.process_s = process_seconds()
     result.load_avg_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     result.cpu_count = os.cpu_count() or 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.steps < 1:
+        raise WorkerFailure(f"--steps must be at least 1, got {args.steps}")
+    backend, _ = resolve(args.backend)
+    folder = args.folder.resolve()
+    if args.compile_log:
+        _log_compiles_to(args.compile_log)
+
+    started = time.perf_counter()
+    harness = load_harness(folder)
+    model = call_user("harness.build_model", folder, harness.build_model).to(backend.device)
+    load_s = time.perf_counter() - started
+    prompt = call_user("harness.make_prompt", folder, harness.make_prompt).to(backend.device)
+    limit = _checked_length(harness, prompt, args.steps)
+
+    if args.side == "adapted":
+        batch = max([prompt.shape[0], *(args.batch_buckets or [])])
+        call_user("model.setup_caches", folder, lambda: size_static_path(model, harness, batch, args.static_length))
+    if args.batch_buckets:
+        bucket_sweep(args, backend, folder, model, prompt)
+        return
+
+    trace, adapted = _run_side(args, harness, model, prompt, backend, folder)
+    _check_generation(trace, args.steps)
+    memory = peak_memory(backend.device)
+    decode_graph = _decode_graph(args, harness, model, prompt, trace, adapted, folder) if args.count_ops else {}
+    result = _result(args, backend, model, prompt, limit, load_s, trace, adapted, memory, decode_graph)
+    if adapted:
+        _record_compiled(result, adapted)
+
+    if args.logits:
+        args.logits.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(torch.stack(trace.logits), args.logits)
+    _record_process(result)  # last, so that it covers everything this process did but exit
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result.to_dict(), indent=2))
 
