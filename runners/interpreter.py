@@ -172,6 +172,16 @@ def check(named: str, said_by: str) -> Interpreter:
     """The interpreter `named` (by `said_by`, e.g. "--python"), checked in one short run of it: it exists, runs,
     is Python 3.10 or later, has torch, and finds graphmode's worker modules through the import folder. Anything
     missing is an InterpreterError naming it and the command that fixes it."""
+    where = f"{said_by} {named}"
+    path = _runnable_file(named, where)
+    facts = _facts_of(path, where)
+    _check_facts(facts, path, where)
+    return Interpreter(path=str(path), python=facts["python"], torch=facts["torch"],
+                       transformers=facts.get("transformers"))
+
+
+def _runnable_file(named: str, where: str) -> Path:
+    """The interpreter's path (a bare name looked up on PATH, symbolic links kept): an executable file."""
     path = Path(named).expanduser()
     if os.sep not in named and not path.exists():  # a bare name ("python3.10") is looked up on PATH
         import shutil
@@ -179,7 +189,6 @@ def check(named: str, said_by: str) -> Interpreter:
         found = shutil.which(named)
         path = Path(found) if found else path
     path = Path(os.path.abspath(path))  # symbolic links kept (Interpreter.path)
-    where = f"{said_by} {named}"
     if not path.exists():
         raise InterpreterError(f"{where}: no such file ({path}); name a Python interpreter, e.g. a venv's bin/python "
                                f"(`python -m venv DIR && DIR/bin/pip install {_torch_requirement()} transformers==X`)")
@@ -187,17 +196,26 @@ def check(named: str, said_by: str) -> Interpreter:
         raise InterpreterError(f"{where}: {path} is a folder; name its Python interpreter (e.g. {path}/bin/python)")
     if not os.access(path, os.X_OK):
         raise InterpreterError(f"{where}: {path} is not executable; name a Python interpreter")
-    environment = worker_environment_for(str(path))
+    return path
+
+
+def _facts_of(path: Path, where: str) -> dict:
+    """What one short run of the interpreter says of itself (Python, torch, transformers, worker modules)."""
     try:
         done = subprocess.run([str(path), "-c", _FACTS, *WORKER_MODULES], capture_output=True, text=True,
-                              env=environment, timeout=_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                              env=worker_environment_for(str(path)), timeout=_CHECK_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InterpreterError(f"{where}: {path} did not run as a Python interpreter ({error})") from None
     line = next((printed for printed in done.stdout.splitlines() if printed.startswith(_FACTS_PREFIX)), None)
     if done.returncode != 0 or line is None:
         said = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["it printed nothing"])[-1]
         raise InterpreterError(f"{where}: {path} did not run as a Python interpreter ({said[:200]})")
-    facts = json.loads(line[len(_FACTS_PREFIX):])
+    return json.loads(line[len(_FACTS_PREFIX):])
+
+
+def _check_facts(facts: dict, path: Path, where: str) -> None:
+    """Python and torch new enough, and graphmode's worker modules found."""
     if release(facts["python"]) < MIN_PYTHON:
         raise InterpreterError(f"{where}: {path} is Python {facts['python']}; graphmode's workers need Python "
                                f"{'.'.join(map(str, MIN_PYTHON))} or later: make the venv with a newer Python")
@@ -212,8 +230,6 @@ def check(named: str, said_by: str) -> Interpreter:
         raise InterpreterError(f"{where}: {path} cannot find graphmode's worker modules "
                                f"({', '.join(facts['missing_modules'])}) through {import_path()}; graphmode's "
                                "installation is incomplete (reinstall graphmode where the graphmode command runs)")
-    return Interpreter(path=str(path), python=facts["python"], torch=facts["torch"],
-                       transformers=facts.get("transformers"))
 
 
 def worker_environment_for(path: str) -> dict[str, str]:
