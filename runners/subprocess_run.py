@@ -79,15 +79,24 @@ def _run(module: str, args: list[str], *, name: str, timeout_s: float, log_dir: 
         (log_dir / f"{name}.stdout.log").write_text(stdout)
         (log_dir / f"{name}.stderr.log").write_text(stderr)
     if timed_out:
-        said = [line.strip() for line in stdout.splitlines() if line.strip()] \
-            or [line.strip() for line in stderr.splitlines() if line.strip()]
-        last = f"; the last line it printed: {said[-1][:200]}" if said else "; it printed nothing"
-        raise error(f"the {name} worker ({' '.join(command[2:4])}) timed out after {timeout_s:g} s{last} "
-                    "(--timeout sets the limit)")
+        raise error(f"the {name} worker ({' '.join(command[2:4])}) timed out after {timeout_s:g} s"
+                    f"{_last_words(stdout, stderr)} (--timeout sets the limit)")
     if proc.returncode != 0:
-        message = _error_line(stderr)
-        if message is None:
-            tail = [line for line in stderr.splitlines() if line.strip()]
-            message = f"exit status {proc.returncode}" + (f": {tail[-1].strip()}" if tail else "")
-        raise error(f"the {name} worker failed: {message}")
+        raise error(f"the {name} worker failed: {_failure(proc.returncode, stderr)}")
     return seconds
+
+
+def _last_words(stdout: str, stderr: str) -> str:
+    """The last line a stopped worker printed (its stdout first), for the message."""
+    said = [line.strip() for line in stdout.splitlines() if line.strip()] \
+        or [line.strip() for line in stderr.splitlines() if line.strip()]
+    return f"; the last line it printed: {said[-1][:200]}" if said else "; it printed nothing"
+
+
+def _failure(returncode: int, stderr: str) -> str:
+    """The error line a failed worker wrote, else its exit status and last line."""
+    message = _error_line(stderr)
+    if message is not None:
+        return message
+    tail = [line for line in stderr.splitlines() if line.strip()]
+    return f"exit status {returncode}" + (f": {tail[-1].strip()}" if tail else "")
