@@ -90,11 +90,22 @@ def load_harness(folder: Path) -> ModuleType:
         raise HarnessError(
             f"{where}: importing {path.name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
 
+    _check_contract(module, path)
+    return module
+
+
+def _check_contract(module: ModuleType, path: Path) -> None:
+    """The harness defines the required functions, and its settings are well formed."""
     missing = [name for name in REQUIRED_FUNCTIONS if not callable(getattr(module, name, None))]
     if missing:
         raise HarnessError(
             f"{path}: the harness does not define {', '.join(missing)} "
             f"(required: {', '.join(REQUIRED_FUNCTIONS)})")
+    _check_settings(module, path)
+
+
+def _check_settings(module: ModuleType, path: Path) -> None:
+    """MAX_SEQ_LEN a positive int, SOURCES (where given) a list of file names."""
     max_seq_len = getattr(module, "MAX_SEQ_LEN", DEFAULT_MAX_SEQ_LEN)
     if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len <= 0:
         raise HarnessError(f"{path}: MAX_SEQ_LEN must be a positive int, got {max_seq_len!r}")
@@ -102,7 +113,6 @@ def load_harness(folder: Path) -> ModuleType:
     if sources is not None and (not isinstance(sources, (list, tuple))
                                 or not all(isinstance(s, str) for s in sources)):
         raise HarnessError(f"{path}: SOURCES must be a list of file names, got {sources!r}")
-    return module
 
 
 def max_seq_len(harness: ModuleType) -> int:
