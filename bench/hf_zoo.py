@@ -5,12 +5,13 @@
 
 `--all-decoders` sweeps every decoder-only model type of the installed transformers that has a causal LM class (its
 AutoModelForCausalLM mapping, encoder-decoders left out), which is how a type the project's zoo does not list is
-checked; `--skip-done` takes the rows of types whose report.json is already in OUT, so a sweep of many types runs in
-parts.
+checked; each row is kept in OUT/rows/TYPE.json (a refusal writes no report.json), and `--skip-done` takes the
+rows of types already run, so a sweep of many types runs in parts.
 
 Each model type is built tiny (2 layers, hidden size 64) from the installed transformers' own config class, driven on
 transformers' own static-cache path with Decode compiled, and compared with its default dynamic cache run eagerly.
-Every row comes from that run's report.json; nothing here is measured twice or edited. The table (markdown) is
+Every row comes from that run's report.json (a refusal's, from the command's last line); nothing here is measured
+twice or edited. The table (markdown) is
 printed and written to OUT/zoo.md, each run's report under OUT/hf-TYPE-tiny/. On a 2-core CPU with inductor it takes
 about 2 minutes a model.
 """
@@ -108,6 +109,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counts(rows: list[dict], asked: int) -> str:
+    """One line: how many types verified, did not, were refused before running (exit 2), stopped at the time limit,
+    and were not run (yet)."""
+    verified = sum(1 for row in rows if row.get("passed") is True)
+    refused = sum(1 for row in rows if row.get("exit") == 2)
+    stopped = sum(1 for row in rows if row.get("exit") is None)
+    failed = len(rows) - verified - refused - stopped
+    return (f"{asked} types: {verified} verified, {failed} not verified, {refused} refused before anything ran (the "
+            f"last column says why), {stopped} stopped at the time limit, {asked - len(rows)} not run.\n\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("types", nargs="*", default=list(ZOO), help=f"model types (default: {' '.join(ZOO)})")
@@ -117,32 +129,38 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="the most one model may take (s)")
     parser.add_argument("--all-decoders", action="store_true",
                         help="every decoder-only type of the installed transformers with a causal LM class")
-    parser.add_argument("--skip-done", action="store_true", help="types whose report.json is in OUT are not run again")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="types with a row or a report.json in OUT are not run again")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many types (with --skip-done: the "
                                                                     "next ones)")
     parser.add_argument("--from-reports", action="store_true",
-                        help="run nothing: the table from the report.json files already in OUT (after rerunning "
-                             "some types, say, on a quieter machine)")
+                        help="run nothing: the table from the rows and report.json files already in OUT (after "
+                             "rerunning some types, say, on a quieter machine)")
     args = parser.parse_args()
     rows = []
     types = decoder_types() if args.all_decoders else args.types
     ran = 0
     for model_type in types:
-        done = (args.out / f"hf-{model_type}-tiny" / "report.json").is_file()
+        saved = args.out / "rows" / f"{model_type}.json"
+        done = saved.is_file() or (args.out / f"hf-{model_type}-tiny" / "report.json").is_file()
         if args.from_reports or (args.skip_done and done):
-            rows.append(read_row(model_type, args.out))
+            if done:
+                rows.append(json.loads(saved.read_text()) if saved.is_file() else read_row(model_type, args.out))
             continue
         if args.limit is not None and ran >= args.limit:
             continue
         ran += 1
         rows.append(run_one(model_type, args.backend, args.runs, args.out, args.timeout))
+        # Each row is kept as it ends: a refusal writes no report.json, and its reason is only in the command's output.
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(rows[-1], indent=2) + "\n", encoding="utf-8")
         print(f"{model_type}: exit {rows[-1]['exit']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
     import torch
 
     versions = {r.get("transformers") for r in rows if r.get("transformers")}
     header = (f"transformers {', '.join(sorted(versions)) or 'n/a'}, torch {torch.__version__}, backend "
               f"{args.backend}, {args.runs} run(s) per side, CPU\n\n")
-    text = header + table(rows)
+    text = header + counts(rows, len(types)) + table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zoo.md").write_text(text, encoding="utf-8")
     (args.out / "zoo.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
