@@ -1,0 +1,313 @@
+"""Lengths an attention method reads off the cache it is carried, counted from the positions on the static path.
+
+Some remote code counts the tokens so far from the carried cache's length and makes the new tokens' positions of
+that count. Qwen-7B's first modeling_qwen.py:
+
+    kv_seq_len = hidden_states.size()[1]
+    if layer_past:
+        kv_seq_len += layer_past[0].shape[1]                  # the cache is [batch, seq, heads, dim]
+    ...                                                       # a dynamic-NTK alpha set from kv_seq_len
+    rotary_pos_emb = self.rotary_emb(kv_seq_len, ntk_alpha=ntk_alpha)   # a table of kv_seq_len rows
+    q_pos_emb = q_pos_emb[:, -cur_len:, :, :]                 # its last rows: the new tokens'
+    ...
+    seq_start = key.size(1) - query.size(1)                   # after the cat: the key length
+    seq_end = key.size(1)
+    logn_tensor = self.logn_tensor[:, seq_start:seq_end, :, :]
+
+Once the cache is a static buffer, the static path carries none: `kv_seq_len` would count the new tokens alone,
+and every Decode token would be rotated as position 0. So the rewrite of the cache and of these lines go together
+(`plan_cache_lengths`), or neither does:
+
+- the length becomes `graphmode_key_slots(self, <slots>)`: the slots written so far in an eager call (Prefill, where
+  it equals the original count, so an NTK alpha set from it is the same), every slot in a compiled graph (a
+  constant, so a branch on it is settled and a table built for it has a fixed size);
+- the last rows of a table built for that length (`t[:, -n:]`) become its rows at the positions;
+- rows cut at the key length (`B[:, K - Q : K]`, K read off the keys after the cat) become the rows at the
+  positions.
+
+A read of the cache's length in another form, or the length used otherwise than to build a table, to compare or
+inside a branch on such a comparison, is not planned: the cache is then left as it is, and both lines go to a
+person.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS
+from graphmode.transforms.cstutil import code_of, names_in, nodes_of_type, single_assignment, walk
+
+
+@dataclass
+class CacheLengths:
+    """What the static path changes in one method: node -> replacement, with the summary of each edit."""
+
+    replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    drop: set[cst.CSTNode] = field(default_factory=set)
+    edits: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+
+
+def plan_cache_lengths(method: cst.FunctionDef, cache: str, keys: str, dim: int, slots: str, where: str,
+                       line_of: Callable[[cst.CSTNode], int], served: set[str]) -> CacheLengths:
+    """The rewrite of the lengths `method` reads off `cache` (the parameter the pair of cats grows, `keys` the
+    name the keys are grown into along `dim`), for the static path that writes at `slots`; `line_of` gives a
+    node's line, for the problems. Lengths bound to a name in `served` are read only where another rewrite already
+    takes the positions instead (offset_windows' calls)."""
+    plan = CacheLengths()
+    held = _held_by(method, cache)
+    reads = [stmt for stmt in _statements(method) if _length_reads(stmt, held) and not _assigns(stmt, served)]
+    lengths: dict[str, cst.If] = {}
+    for stmt in reads:
+        found = _counted_length(stmt, cache, dim)
+        guard = _guard_of(method, stmt, cache) if found is not None else None
+        if guard is None:
+            plan.problems.append((stmt, f"`{where}` reads the length of the cache `{cache}` here "
+                                        f"(`{_first_line(stmt)}`), which the static path does not carry, in a form "
+                                        f"not recognised (expected `if {cache}: n += {cache}[0].shape[{dim}]`, the "
+                                        "keys' length along the dim the cache grows)"))
+            continue
+        lengths[found] = guard
+    for name, stmt in lengths.items():
+        misuse = _misused(method, name, stmt)
+        if misuse is not None:
+            plan.problems.append((stmt, f"`{where}` counts `{name}` here from the length of the cache `{cache}`, "
+                                        f"which the static path does not carry, and uses it at line {line_of(misuse)} "
+                                        f"(`{_first_line(misuse)}`) in a form whose static value is not known (it "
+                                        "is taken from the positions only to build a table, to compare, or in a "
+                                        "branch on such a comparison)"))
+            continue
+        start = _count_before(method, stmt, name)
+        if start is not None:
+            plan.drop.add(start)
+        counted = cst.parse_statement(f"{name} = {KEY_SLOTS}(self, {slots})\n").with_changes(
+            leading_lines=[*(start or stmt).leading_lines, cst.EmptyLine(indent=True, comment=cst.Comment(
+                "# graphmode: the tokens so far, counted from the positions (the static path carries no cache to "
+                "measure); every slot in a compiled graph."))])
+        plan.replace[stmt] = counted
+        plan.edits.append((stmt, f"`{name}`, counted from the length of `{cache}`, taken from the positions "
+                                 f"(`{KEY_SLOTS}(self, {slots})`)"))
+        _plan_last_rows(method, name, slots, plan)
+    if lengths:
+        _plan_key_length_rows(method, keys, dim, slots, plan)
+    return plan
+
+
+def _count_before(method: cst.FunctionDef, guard: cst.If, name: str) -> cst.SimpleStatementLine | None:
+    """The statement right before the guard that starts the count (`n = x.size(1)`), which the count taken from
+    the positions replaces too; None when there is none."""
+    for block in [method.body, *nodes_of_type(method.body, cst.IndentedBlock)]:
+        body = list(block.body)
+        if guard in body and body.index(guard) > 0:
+            before = body[body.index(guard) - 1]
+            assigned = single_assignment(before)
+            if assigned is not None and assigned[0] == name and name not in names_in(assigned[1]):
+                return before
+    return None
+
+
+def _assigns(stmt: cst.BaseStatement, names: set[str]) -> bool:
+    """`stmt` binds one of `names` (`n = ...`, `n += ...`)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+        [small.target] if isinstance(small, cst.AugAssign) else []
+    return any(isinstance(t, cst.Name) and t.value in names for t in targets)
+
+
+def _first_line(node: cst.CSTNode) -> str:
+    return code_of(node).strip().splitlines()[0]
+
+
+def _statements(method: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The method's statements at every depth, an `if` as one (its test) apart from the statements under it."""
+    found = []
+    for node in walk(method.body):
+        if isinstance(node, cst.SimpleStatementLine) or isinstance(node, (cst.If, cst.While)):
+            found.append(node)
+    return found
+
+
+def _held_by(method: cst.FunctionDef, cache: str) -> set[str]:
+    """`cache` and the names bound to its tensors alone (`past_key, past_value = layer_past[0], layer_past[1]`)."""
+    held = {cache}
+    for stmt in nodes_of_type(method.body, cst.SimpleStatementLine):
+        if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign) or names_in(stmt.body[0].value) != {cache}:
+            continue
+        value = stmt.body[0].value
+        parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        if not all(isinstance(p, (cst.Name, cst.Subscript)) for p in parts):
+            continue
+        for target in stmt.body[0].targets:
+            held |= {n.value for n in nodes_of_type(target.target, cst.Name)}
+    return held
+
+
+def _measures(node: cst.CSTNode, held: set[str]) -> bool:
+    """`X.shape` or `X.size(...)` with X read off a name in `held` (`len(cache)` counts its tensors, not slots)."""
+    if not (isinstance(node, cst.Attribute) and node.attr.value in ("shape", "size")):
+        return False
+    base = node.value
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    return isinstance(base, cst.Name) and base.value in held
+
+
+def _length_reads(stmt: cst.BaseStatement, held: set[str]) -> bool:
+    """Whether the statement itself (an `if` or `while` by its test) measures a tensor of the cache."""
+    part = stmt.test if isinstance(stmt, (cst.If, cst.While)) else stmt
+    return any(_measures(node, held) for node in walk(part))
+
+
+def _counted_length(stmt: cst.BaseStatement, cache: str, dim: int) -> str | None:
+    """`n += cache[0].shape[dim]` (or `.size(dim)`): the keys' length added to a count -> "n"."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 \
+            or not isinstance(stmt.body[0], cst.AugAssign) or not isinstance(stmt.body[0].operator, cst.AddAssign) \
+            or not isinstance(stmt.body[0].target, cst.Name):
+        return None
+    text = code_of(stmt.body[0].value).replace(" ", "")
+    if text not in {f"{cache}[0].shape[{dim}]", f"{cache}[0].size({dim})"}:
+        return None
+    return stmt.body[0].target.value
+
+
+def _guard_of(method: cst.FunctionDef, stmt: cst.BaseStatement, cache: str) -> cst.If | None:
+    """The `if cache:` / `if cache is not None:` whose block holds `stmt` alone (comments aside), with no else."""
+    for node in nodes_of_type(method.body, cst.If):
+        test = code_of(node.test).strip()
+        if test in (cache, f"{cache} is not None") and node.orelse is None \
+                and isinstance(node.body, cst.IndentedBlock) and list(node.body.body) == [stmt]:
+            return node
+    return None
+
+
+def _misused(method: cst.FunctionDef, name: str, stmt: cst.BaseStatement) -> cst.CSTNode | None:
+    """The first statement that reads `name` in a form the static length does not serve; None when every read is
+    an argument of a call (a table built for that length), in a comparison, or under an `if` that compares it."""
+    skipped = set(walk(stmt))
+    guarded_by_test: set[cst.CSTNode] = set()
+    for node in nodes_of_type(method.body, cst.If):
+        if name in names_in(node.test):
+            guarded_by_test |= set(walk(node.body))
+    for node in walk(method.body):
+        if node in skipped or not isinstance(node, (cst.SimpleStatementLine, cst.If, cst.While)):
+            continue
+        part = node.test if isinstance(node, (cst.If, cst.While)) else node
+        if name not in names_in(part) or node in guarded_by_test:
+            continue
+        if isinstance(node, (cst.If, cst.While)):
+            continue  # a test: a compiled graph settles it on the static length
+        if single_assignment(node) is not None and single_assignment(node)[0] == name \
+                and name not in names_in(single_assignment(node)[1]):
+            continue  # the count before the cache's length is added (`n = x.size(1)`)
+        if all(_as_call_argument(node, read) for read in nodes_of_type(node, cst.Name) if read.value == name):
+            continue
+        return node
+    return None
+
+
+def _as_call_argument(stmt: cst.CSTNode, read: cst.Name) -> bool:
+    """`read` is a whole argument of a call in `stmt`: `f(n, ...)`, `f(..., length=n)`."""
+    return any(arg.value is read for call in nodes_of_type(stmt, cst.Call) for arg in call.args)
+
+
+def _views(value: cst.BaseExpression, tables: set[str], length: str) -> bool:
+    """A table built for the length (`f(length, ...)`), or a view of one: a name holding it, a tuple of them,
+    `(t,) * 2`, `t.to(...)`."""
+    if isinstance(value, cst.Name):
+        return value.value in tables
+    if isinstance(value, cst.Call):
+        if any(isinstance(a.value, cst.Name) and a.value.value == length for a in value.args):
+            return True
+        return isinstance(value.func, cst.Attribute) and _views(value.func.value, tables, length)
+    if isinstance(value, cst.Tuple):
+        return bool(value.elements) and all(_views(e.value, tables, length) for e in value.elements)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+        return _views(value.left, tables, length) and isinstance(value.right, cst.Integer)
+    return False
+
+
+def _tables(method: cst.FunctionDef, length: str) -> set[str]:
+    """Names bound to a table built for the length, or to a view of one."""
+    tables: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for assign in nodes_of_type(method.body, cst.Assign):
+            if not _views(assign.value, tables, length):
+                continue
+            bound = {n.value for t in assign.targets for n in nodes_of_type(t.target, cst.Name)}
+            if not bound <= tables:
+                tables |= bound
+                grew = True
+    return tables
+
+
+def _last_rows(element: cst.SubscriptElement) -> bool:
+    """`-n:`: the last n rows."""
+    cut = element.slice
+    return isinstance(cut, cst.Slice) and cut.upper is None and cut.step is None \
+        and isinstance(cut.lower, cst.UnaryOperation) and isinstance(cut.lower.operator, cst.Minus)
+
+
+def _plan_last_rows(method: cst.FunctionDef, length: str, slots: str, plan: CacheLengths) -> None:
+    """`t[:, -n:]` of a table built for the length -> `t[:, slots]`: its rows at the positions (the table starts at
+    position 0, and a compiled graph builds it for every slot)."""
+    tables = _tables(method, length)
+    for subscript in nodes_of_type(method.body, cst.Subscript):
+        if not (isinstance(subscript.value, cst.Name) and subscript.value.value in tables):
+            continue
+        cuts = [i for i, element in enumerate(subscript.slice) if _last_rows(element)]
+        if len(cuts) != 1:
+            continue
+        elements = list(subscript.slice)
+        count = code_of(elements[cuts[0]].slice.lower.expression)
+        elements[cuts[0]] = elements[cuts[0]].with_changes(slice=cst.Index(cst.parse_expression(slots)))
+        plan.replace[subscript] = subscript.with_changes(slice=elements)
+        plan.edits.append((subscript, f"the rows of `{subscript.value.value}` (a table built for `{length}`) at the "
+                                      f"positions (`{slots}`) instead of its last `{count}`"))
+
+
+def _key_length(value: cst.BaseExpression, keys: str, dim: int) -> bool:
+    """`keys.size(dim)` or `keys.shape[dim]`."""
+    text = code_of(value).replace(" ", "")
+    return text in {f"{keys}.size({dim})", f"{keys}.shape[{dim}]"}
+
+
+def _plan_key_length_rows(method: cst.FunctionDef, keys: str, dim: int, slots: str, plan: CacheLengths) -> None:
+    """`self.B[:, start:end]` with `start = K - Q` and `end = K` (K the keys' length after the cat, bound to names or
+    written in place) -> `self.B[:, slots]`: a compiled graph's keys are every slot, the new tokens' rows are at the
+    positions."""
+    bound = {}
+    for stmt in nodes_of_type(method.body, cst.SimpleStatementLine):
+        assigned = single_assignment(stmt)
+        if assigned is not None:
+            bound.setdefault(assigned[0], []).append(assigned[1])
+
+    def resolved(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+        if isinstance(node, cst.Name) and len(bound.get(node.value, [])) == 1:
+            return bound[node.value][0]
+        return node
+
+    for subscript in nodes_of_type(method.body, cst.Subscript):
+        if not (isinstance(subscript.value, cst.Attribute) and code_of(subscript.value.value).strip() == "self"):
+            continue
+        for index, element in enumerate(subscript.slice):
+            cut = element.slice
+            if not isinstance(cut, cst.Slice) or cut.step is not None:
+                continue
+            start, end = resolved(cut.lower), resolved(cut.upper)
+            if end is None or start is None or not _key_length(end, keys, dim) \
+                    or not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Subtract)
+                            and _key_length(start.left, keys, dim)):
+                continue
+            elements = list(subscript.slice)
+            elements[index] = element.with_changes(slice=cst.Index(cst.parse_expression(slots)))
+            plan.replace[subscript] = subscript.with_changes(slice=elements)
+            plan.edits.append((subscript, f"the rows of `{code_of(subscript.value)}` at the positions (`{slots}`) "
+                                          f"instead of cut at the key length `{code_of(cut.upper)}`"))
+            break
+
