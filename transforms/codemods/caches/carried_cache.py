@@ -216,6 +216,7 @@ class _Plan:
     derive: dict[cst.CSTNode, cst.BaseStatement] = field(default_factory=dict)  # positions counted after the key
     key_slots: bool = False  # a tensor made for `past + new` keys is made for the key slots (KEY_SLOTS)
     slot_helpers: set[str] = field(default_factory=set)  # the helpers that hide unwritten slots where keys are read
+    length_helpers: set[str] = field(default_factory=set)  # those that stand for lengths read off the cache
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -317,6 +318,7 @@ class CarriedCache(GraphCodemod):
             generated += [MASK_BUILDER, MASK_CLASS, MASK_ROWS]
         if plan.key_slots:
             generated.append(KEY_SLOTS)
+        generated += sorted(plan.length_helpers - set(generated))
         if self._off_module:
             generated.append(SLOTS_OFF_MODULE)
         generated += sorted(plan.slot_helpers)
@@ -555,7 +557,7 @@ class CarriedCache(GraphCodemod):
             return False
         plan.replace.update(lengths.replace)
         plan.drop |= lengths.drop
-        plan.key_slots = plan.key_slots or bool(lengths.replace)
+        plan.length_helpers |= lengths.helpers
         for node, summary in lengths.edits:
             self.record_edit(node, summary)
         return True

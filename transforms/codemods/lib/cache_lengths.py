@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphmode.transforms.codemods.lib.helper_names import POSITION_LIMIT
 from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS
 from graphmode.transforms.cstutil import code_of, names_in, nodes_of_type, single_assignment, walk
 
@@ -46,6 +47,7 @@ class CacheLengths:
 
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
     drop: set[cst.CSTNode] = field(default_factory=set)
+    helpers: set[str] = field(default_factory=set)  # the helpers the replacements call
     edits: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
@@ -87,9 +89,15 @@ def plan_cache_lengths(method: cst.FunctionDef, cache: str, keys: str, dim: int,
                 "# graphmode: the tokens so far, counted from the positions (the static path carries no cache to "
                 "measure); every slot in a compiled graph."))])
         plan.replace[stmt] = counted
+        plan.helpers.add(KEY_SLOTS)
         plan.edits.append((stmt, f"`{name}`, counted from the length of `{cache}`, taken from the positions "
                                  f"(`{KEY_SLOTS}(self, {slots})`)"))
-        _plan_last_rows(method, name, slots, plan)
+        whole_read = _plan_tables(method, name, slots, plan)
+        if whole_read is not None:
+            plan.problems.append((stmt, f"`{where}` counts `{name}` here from the length of the cache `{cache}` and "
+                                        f"builds a table for it, which line {line_of(whole_read)} "
+                                        f"(`{_first_line(whole_read)}`) reads whole: a table built for the static "
+                                        "path's slots would have more rows than that code expects"))
     if lengths:
         _plan_key_length_rows(method, keys, dim, slots, plan)
     return plan
@@ -210,7 +218,10 @@ def _misused(method: cst.FunctionDef, name: str, stmt: cst.BaseStatement) -> cst
 
 
 def _as_call_argument(stmt: cst.CSTNode, read: cst.Name) -> bool:
-    """`read` is a whole argument of a call in `stmt`: `f(n, ...)`, `f(..., length=n)`."""
+    """`read` is a whole argument of a call in `stmt`, `f(n, ...)` or `f(..., length=n)`, and the statement binds
+    what the call builds (a table for that length, which `_plan_tables` follows)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return False
     return any(arg.value is read for call in nodes_of_type(stmt, cst.Call) for arg in call.args)
 
 
@@ -230,22 +241,6 @@ def _views(value: cst.BaseExpression, tables: set[str], length: str) -> bool:
     return False
 
 
-def _tables(method: cst.FunctionDef, length: str) -> set[str]:
-    """Names bound to a table built for the length, or to a view of one."""
-    tables: set[str] = set()
-    grew = True
-    while grew:
-        grew = False
-        for assign in nodes_of_type(method.body, cst.Assign):
-            if not _views(assign.value, tables, length):
-                continue
-            bound = {n.value for t in assign.targets for n in nodes_of_type(t.target, cst.Name)}
-            if not bound <= tables:
-                tables |= bound
-                grew = True
-    return tables
-
-
 def _last_rows(element: cst.SubscriptElement) -> bool:
     """`-n:`: the last n rows."""
     cut = element.slice
@@ -253,22 +248,50 @@ def _last_rows(element: cst.SubscriptElement) -> bool:
         and isinstance(cut.lower, cst.UnaryOperation) and isinstance(cut.lower.operator, cst.Minus)
 
 
-def _plan_last_rows(method: cst.FunctionDef, length: str, slots: str, plan: CacheLengths) -> None:
-    """`t[:, -n:]` of a table built for the length -> `t[:, slots]`: its rows at the positions (the table starts at
-    position 0, and a compiled graph builds it for every slot)."""
-    tables = _tables(method, length)
-    for subscript in nodes_of_type(method.body, cst.Subscript):
-        if not (isinstance(subscript.value, cst.Name) and subscript.value.value in tables):
+def _cut(value: cst.BaseExpression, tables: set[str]) -> int | None:
+    """`t[:, -n:]` of a name holding a whole table -> the index of its `-n:` element; None for anything else."""
+    if not (isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name) and value.value.value in tables):
+        return None
+    cuts = [i for i, element in enumerate(value.slice) if _last_rows(element)]
+    return cuts[0] if len(cuts) == 1 else None
+
+
+def _plan_tables(method: cst.FunctionDef, length: str, slots: str, plan: CacheLengths) -> cst.CSTNode | None:
+    """Tables built for the length, followed in source order: the call that builds one is given every slot the
+    static path holds (`graphmode_position_limit`), so Prefill builds it once at its full size and no compiled step
+    grows it; its last rows (`t[:, -n:]`) become its rows at the positions. Returns the first statement that reads a
+    whole table otherwise (the static path would hand it more rows than the model's own code expects), else None."""
+    whole: set[str] = set()  # names holding a whole table at this point of the method
+    for stmt in _statements(method):
+        if isinstance(stmt, (cst.If, cst.While)):
+            continue  # a test (`is not None`, `isinstance`) reads no rows
+        small = stmt.body[0] if len(stmt.body) == 1 else None
+        bound = {n.value for t in small.targets for n in nodes_of_type(t.target, cst.Name)} \
+            if isinstance(small, cst.Assign) else set()
+        if isinstance(small, cst.Assign) and _views(small.value, whole, length):
+            for call in nodes_of_type(small.value, cst.Call):
+                for arg in call.args:
+                    if isinstance(arg.value, cst.Name) and arg.value.value == length:
+                        plan.replace[arg] = arg.with_changes(value=cst.parse_expression(f"{POSITION_LIMIT}(self)"))
+                        plan.helpers.add(POSITION_LIMIT)
+                        plan.edits.append((call, f"`{code_of(call.func)}` builds its table for every slot the static "
+                                                 f"path holds (`{POSITION_LIMIT}(self)`) instead of `{length}`: once, "
+                                                 "in Prefill; its rows are taken at the positions"))
+            whole |= bound
             continue
-        cuts = [i for i, element in enumerate(subscript.slice) if _last_rows(element)]
-        if len(cuts) != 1:
-            continue
-        elements = list(subscript.slice)
-        count = code_of(elements[cuts[0]].slice.lower.expression)
-        elements[cuts[0]] = elements[cuts[0]].with_changes(slice=cst.Index(cst.parse_expression(slots)))
-        plan.replace[subscript] = subscript.with_changes(slice=elements)
-        plan.edits.append((subscript, f"the rows of `{subscript.value.value}` (a table built for `{length}`) at the "
-                                      f"positions (`{slots}`) instead of its last `{count}`"))
+        index = _cut(small.value, whole) if isinstance(small, cst.Assign) else None
+        if index is not None:
+            subscript = small.value
+            elements = list(subscript.slice)
+            count = code_of(elements[index].slice.lower.expression)
+            elements[index] = elements[index].with_changes(slice=cst.Index(cst.parse_expression(slots)))
+            plan.replace[subscript] = subscript.with_changes(slice=elements)
+            plan.edits.append((subscript, f"the rows of `{subscript.value.value}` (a table built for `{length}`) at "
+                                          f"the positions (`{slots}`) instead of its last `{count}`"))
+        elif names_in(stmt) & whole:
+            return stmt
+        whole -= bound
+    return None
 
 
 def _key_length(value: cst.BaseExpression, keys: str, dim: int) -> bool:
