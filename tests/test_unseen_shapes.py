@@ -15,8 +15,9 @@ Each target under tests/fixtures/targets is a small model in a style of code we 
   module, and SDPA with `is_causal` for the prompt and no mask at all for a new token;
 - mla_cache: DeepSeek-V2 style remote code: multi-head latent attention through a cache object, keys and values of
   different head sizes, no KV head count in `__init__` (adapted and run in tests/test_mla_cache.py);
-- length_positions: Qwen-7B (v1) style remote code: the rotary position, an NTK alpha and log-n rows counted from the
-  carried cache's length ([batch, seq, heads, dim], grown along dim 1), not from positions (tests/test_cache_lengths.py);
+- length_positions: Qwen-7B (v1) style remote code: the rotary position, an NTK alpha and log-n rows counted from
+  the carried cache's length ([batch, seq, heads, dim], grown along dim 1), not from positions (in process in
+  tests/test_cache_lengths.py);
 - moe_dispatch: a graph-ready decoder whose MoE feed-forward dispatches as DeepSeek-V2's remote code does (counts
   read on the host with `.cpu().numpy()`, slices per expert in a Python loop): given a static dispatch (static_moe).
 """
