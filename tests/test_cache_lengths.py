@@ -122,8 +122,8 @@ def test_a_length_the_positions_cannot_give_leaves_the_cache_as_it_is(tmp_path):
     lines = source.splitlines()
     left = {m.line: m.reason for m in result.manual if m.codemod == "carried_cache"}
     assert [lines[line - 1].strip() for line in sorted(left)] == [
-        "if layer_past:", "key = torch.cat((past_key, key), dim=1)"]
+        "kv_seq_len += layer_past[0].shape[1]", "key = torch.cat((past_key, key), dim=1)"]
     length_line, cat_line = sorted(left)
     offset_line = next(i for i, text in enumerate(lines, 1) if "offset=kv_seq_len - cur_len" in text)
-    assert f"uses it at line {offset_line}" in left[length_line]
+    assert f"makes positions of it at line {offset_line}" in left[length_line]
     assert f"reads its length at line {length_line}" in left[cat_line]

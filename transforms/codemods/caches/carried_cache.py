@@ -546,8 +546,8 @@ class CarriedCache(GraphCodemod):
         cache = _carried(method, keys)
         if cache is None:
             return True
-        lengths = plan_cache_lengths(method, cache, keys.target, dim, slots, where, lambda n: self._lines(n)[0],
-                                     served)
+        lengths = plan_cache_lengths(method, cache, keys.target, {dim, keys.dim}, slots, where,
+                                     lambda n: self._lines(n)[0], served)
         if lengths.problems:
             plan.problems += lengths.problems
             line = self._lines(lengths.problems[0][0])[0]

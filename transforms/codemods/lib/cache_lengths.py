@@ -25,9 +25,12 @@ and every Decode token would be rotated as position 0. So the rewrite of the cac
 - rows cut at the key length (`B[:, K - Q : K]`, K read off the keys after the cat) become the rows at the
   positions.
 
-A read of the cache's length in another form, or the length used otherwise than to build a table, to compare or
-inside a branch on such a comparison, is not planned: the cache is then left as it is, and both lines go to a
-person.
+Only a length that makes positions is planned: one a table is built for and cut to its last rows, or one that
+bounds a slice or is handed on as an offset (`offset=kv_seq_len - cur_len`). One that only sizes a table the model
+indexes by its own `position_ids` (GPT-NeoX, Falcon) or a bias it cuts from the end (MPT) is left as it was: the
+static path's count serves it. A length that makes positions but is read in another form, or used otherwise than to
+build a table, to compare or inside a branch on such a comparison, is not planned: the cache is then left as it is,
+and the length's line and the cat's go to a person together.
 """
 from __future__ import annotations
 
@@ -52,27 +55,36 @@ class CacheLengths:
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
-def plan_cache_lengths(method: cst.FunctionDef, cache: str, keys: str, dim: int, slots: str, where: str,
+def plan_cache_lengths(method: cst.FunctionDef, cache: str, keys: str, dims: set[int], slots: str, where: str,
                        line_of: Callable[[cst.CSTNode], int], served: set[str]) -> CacheLengths:
     """The rewrite of the lengths `method` reads off `cache` (the parameter the pair of cats grows, `keys` the
-    name the keys are grown into along `dim`), for the static path that writes at `slots`; `line_of` gives a
-    node's line, for the problems. Lengths bound to a name in `served` are read only where another rewrite already
-    takes the positions instead (offset_windows' calls)."""
+    name the keys are grown into along the dim `dims` spells, counted from the start or the end), for the static
+    path that writes at `slots`; `line_of` gives a node's line, for the problems. Lengths bound to a name in
+    `served` are read only where another rewrite already takes the positions instead (offset_windows' calls).
+
+    Only a length that makes positions is planned: one whose table's last rows are cut (`t[:, -n:]`), or one that
+    bounds a slice or is handed on as an offset. A length that only sizes a table the model then indexes by its
+    `position_ids` (GPT-NeoX, Falcon) or a bias it cuts from the end (MPT) is left as it was."""
     plan = CacheLengths()
     held = _held_by(method, cache)
     reads = [stmt for stmt in _statements(method) if _length_reads(stmt, held) and not _assigns(stmt, served)]
-    lengths: dict[str, cst.If] = {}
-    for stmt in reads:
-        found = _counted_length(stmt, cache, dim)
-        guard = _guard_of(method, stmt, cache) if found is not None else None
-        if guard is None:
-            plan.problems.append((stmt, f"`{where}` reads the length of the cache `{cache}` here "
-                                        f"(`{_first_line(stmt)}`), which the static path does not carry, in a form "
-                                        f"not recognised (expected `if {cache}: n += {cache}[0].shape[{dim}]`, the "
-                                        "keys' length along the dim the cache grows)"))
+    for read in reads:
+        name = _bound(read)
+        if name is None:
             continue
-        lengths[found] = guard
-    for name, stmt in lengths.items():
+        offset = _as_offset(method, name, read)
+        if offset is None and not _plan_tables(method, name, slots, CacheLengths()).cut:
+            continue  # it makes no positions: the count the static path gives serves what it feeds, as before
+        found = _counted_length(read, cache, dims)
+        stmt = _guard_of(method, read, cache) if found is not None else None
+        if offset is not None or stmt is None:
+            use = offset if offset is not None else read
+            plan.problems.append((read, f"`{where}` counts `{name}` here from the length of the cache `{cache}`, "
+                                        f"which the static path does not carry, and makes positions of it at line "
+                                        f"{line_of(use)} (`{_first_line(use)}`) in a form not recognised (expected "
+                                        f"`if {cache}: {name} += {cache}[0].shape[d]`, a table built for `{name}` and "
+                                        "its last rows cut)"))
+            continue
         misuse = _misused(method, name, stmt)
         if misuse is not None:
             plan.problems.append((stmt, f"`{where}` counts `{name}` here from the length of the cache `{cache}`, "
@@ -92,15 +104,50 @@ def plan_cache_lengths(method: cst.FunctionDef, cache: str, keys: str, dim: int,
         plan.helpers.add(KEY_SLOTS)
         plan.edits.append((stmt, f"`{name}`, counted from the length of `{cache}`, taken from the positions "
                                  f"(`{KEY_SLOTS}(self, {slots})`)"))
-        whole_read = _plan_tables(method, name, slots, plan)
+        whole_read = _plan_tables(method, name, slots, plan).whole_read
         if whole_read is not None:
             plan.problems.append((stmt, f"`{where}` counts `{name}` here from the length of the cache `{cache}` and "
                                         f"builds a table for it, which line {line_of(whole_read)} "
                                         f"(`{_first_line(whole_read)}`) reads whole: a table built for the static "
                                         "path's slots would have more rows than that code expects"))
-    if lengths:
-        _plan_key_length_rows(method, keys, dim, slots, plan)
+            continue
+        _plan_key_length_rows(method, keys, dims, slots, plan)
     return plan
+
+
+def _bound(stmt: cst.BaseStatement) -> str | None:
+    """The name a statement binds alone (`n = ...`, `n += ...`); None for anything else."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    target = small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else \
+        small.target if isinstance(small, cst.AugAssign) else None
+    return target.value if isinstance(target, cst.Name) else None
+
+
+def _reads_directly(node: cst.BaseExpression, name: str) -> bool:
+    """`n`, `n - k`, `n + k`: the length itself or shifted, not a value computed from it by a call."""
+    if isinstance(node, cst.Name):
+        return node.value == name
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)) \
+        and (_reads_directly(node.left, name) or _reads_directly(node.right, name))
+
+
+def _as_offset(method: cst.FunctionDef, name: str, read: cst.BaseStatement) -> cst.CSTNode | None:
+    """The first statement after `read` that bounds a slice with the length (`t[n - k : n]`) or hands it on as an
+    offset (`f(k, offset=n - k)`): positions counted from it, which a compiled graph cannot count from a cache it
+    is not handed."""
+    skipped = set(walk(read))
+    for stmt in _statements(method):
+        if stmt in skipped or isinstance(stmt, (cst.If, cst.While)) or name not in names_in(stmt):
+            continue
+        for cut in nodes_of_type(stmt, cst.Slice):
+            if any(bound is not None and _reads_directly(bound, name) for bound in (cut.lower, cut.upper)):
+                return stmt
+        for arg in (a for call in nodes_of_type(stmt, cst.Call) for a in call.args):
+            if arg.keyword is not None and "offset" in arg.keyword.value and _reads_directly(arg.value, name):
+                return stmt
+    return None
 
 
 def _count_before(method: cst.FunctionDef, guard: cst.If, name: str) -> cst.SimpleStatementLine | None:
@@ -170,14 +217,15 @@ def _length_reads(stmt: cst.BaseStatement, held: set[str]) -> bool:
     return any(_measures(node, held) for node in walk(part))
 
 
-def _counted_length(stmt: cst.BaseStatement, cache: str, dim: int) -> str | None:
-    """`n += cache[0].shape[dim]` (or `.size(dim)`): the keys' length added to a count -> "n"."""
+def _counted_length(stmt: cst.BaseStatement, cache: str, dims: set[int]) -> str | None:
+    """`n += cache[0].shape[d]` (or `.size(d)`), d the growing dim: the keys' length added to a count -> "n"."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 \
             or not isinstance(stmt.body[0], cst.AugAssign) or not isinstance(stmt.body[0].operator, cst.AddAssign) \
             or not isinstance(stmt.body[0].target, cst.Name):
         return None
     text = code_of(stmt.body[0].value).replace(" ", "")
-    if text not in {f"{cache}[0].shape[{dim}]", f"{cache}[0].size({dim})"}:
+    if text not in {form.format(cache=cache, dim=dim) for dim in dims
+                    for form in ("{cache}[0].shape[{dim}]", "{cache}[0].size({dim})")}:
         return None
     return stmt.body[0].target.value
 
@@ -256,11 +304,19 @@ def _cut(value: cst.BaseExpression, tables: set[str]) -> int | None:
     return cuts[0] if len(cuts) == 1 else None
 
 
-def _plan_tables(method: cst.FunctionDef, length: str, slots: str, plan: CacheLengths) -> cst.CSTNode | None:
+@dataclass
+class _Tables:
+    cut: bool = False  # a table's last rows were cut
+    whole_read: cst.CSTNode | None = None  # the first statement that reads a whole table otherwise
+
+
+def _plan_tables(method: cst.FunctionDef, length: str, slots: str, plan: CacheLengths) -> _Tables:
     """Tables built for the length, followed in source order: the call that builds one is given every slot the
     static path holds (`graphmode_position_limit`), so Prefill builds it once at its full size and no compiled step
-    grows it; its last rows (`t[:, -n:]`) become its rows at the positions. Returns the first statement that reads a
-    whole table otherwise (the static path would hand it more rows than the model's own code expects), else None."""
+    grows it; its last rows (`t[:, -n:]`) become its rows at the positions. Says whether rows were cut, and the first
+    statement that reads a whole table otherwise (the static path would hand it more rows than the model's own code
+    expects)."""
+    found = _Tables()
     whole: set[str] = set()  # names holding a whole table at this point of the method
     for stmt in _statements(method):
         if isinstance(stmt, (cst.If, cst.While)):
@@ -288,19 +344,20 @@ def _plan_tables(method: cst.FunctionDef, length: str, slots: str, plan: CacheLe
             plan.replace[subscript] = subscript.with_changes(slice=elements)
             plan.edits.append((subscript, f"the rows of `{subscript.value.value}` (a table built for `{length}`) at "
                                           f"the positions (`{slots}`) instead of its last `{count}`"))
-        elif names_in(stmt) & whole:
-            return stmt
+            found.cut = True
+        elif names_in(stmt) & whole and found.whole_read is None:
+            found.whole_read = stmt
         whole -= bound
-    return None
+    return found
 
 
-def _key_length(value: cst.BaseExpression, keys: str, dim: int) -> bool:
-    """`keys.size(dim)` or `keys.shape[dim]`."""
+def _key_length(value: cst.BaseExpression, keys: str, dims: set[int]) -> bool:
+    """`keys.size(d)` or `keys.shape[d]`, d the growing dim."""
     text = code_of(value).replace(" ", "")
-    return text in {f"{keys}.size({dim})", f"{keys}.shape[{dim}]"}
+    return any(text in {f"{keys}.size({dim})", f"{keys}.shape[{dim}]"} for dim in dims)
 
 
-def _plan_key_length_rows(method: cst.FunctionDef, keys: str, dim: int, slots: str, plan: CacheLengths) -> None:
+def _plan_key_length_rows(method: cst.FunctionDef, keys: str, dims: set[int], slots: str, plan: CacheLengths) -> None:
     """`self.B[:, start:end]` with `start = K - Q` and `end = K` (K the keys' length after the cat, bound to names or
     written in place) -> `self.B[:, slots]`: a compiled graph's keys are every slot, the new tokens' rows are at the
     positions."""
@@ -323,9 +380,9 @@ def _plan_key_length_rows(method: cst.FunctionDef, keys: str, dim: int, slots: s
             if not isinstance(cut, cst.Slice) or cut.step is not None:
                 continue
             start, end = resolved(cut.lower), resolved(cut.upper)
-            if end is None or start is None or not _key_length(end, keys, dim) \
+            if end is None or start is None or not _key_length(end, keys, dims) \
                     or not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Subtract)
-                            and _key_length(start.left, keys, dim)):
+                            and _key_length(start.left, keys, dims)):
                 continue
             elements = list(subscript.slice)
             elements[index] = element.with_changes(slice=cst.Index(cst.parse_expression(slots)))
