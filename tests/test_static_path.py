@@ -445,3 +445,56 @@ def test_an_if_as_long_as_the_files_longest_line_is_not_made_longer_by_elif():
     # the original `if` stays as written.
     assert "elif" not in split and "def forward_static(self, x):" in split
     assert "\n        if cache is not None and cache.shape[0] > 0" in split
+
+
+def test_a_twin_keeps_a_signature_written_one_parameter_per_line():
+    """Qwen-7B's attention writes its parameters one per line, the cache among them. The twin takes none its body
+    never reads, and its signature stays one per line (joined, it ran to 174 columns), the bracket where it was."""
+    original = '''
+    import torch
+
+
+    class Attention(torch.nn.Module):
+        def forward(
+            self,
+            hidden_states,
+            layer_past=None,
+            use_cache=False,
+        ):
+            a = hidden_states + 1
+            a1 = a + 0
+            b = a1 * 2
+            b1 = b + 0
+            c = b1 - 3
+            c1 = c + 0
+            d = c1 / 4
+            return d if layer_past is None else layer_past
+    '''
+    adapted = '''
+    import torch
+
+
+    class Attention(torch.nn.Module):
+        def forward(
+            self,
+            hidden_states,
+            layer_past=None,
+            use_cache=False,
+        ):
+            a = hidden_states + 2
+            a1 = a + 0
+            b = a1 * 3
+            b1 = b + 0
+            c = b1 - 4
+            c1 = c + 0
+            d = c1 / 5
+            return d
+    '''
+    split = _split(original, adapted)
+    assert ("    def forward_static(\n"
+            "        self,\n"
+            "        hidden_states,\n"
+            "    ):\n") in split
+    model = _run(split).Attention()
+    x = torch.arange(4.0)
+    assert torch.equal(model(x), (((x + 1) * 2) - 3) / 4)

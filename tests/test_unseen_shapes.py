@@ -15,6 +15,9 @@ Each target under tests/fixtures/targets is a small model in a style of code we 
   module, and SDPA with `is_causal` for the prompt and no mask at all for a new token;
 - mla_cache: DeepSeek-V2 style remote code: multi-head latent attention through a cache object, keys and values of
   different head sizes, no KV head count in `__init__` (adapted and run in tests/test_mla_cache.py);
+- length_positions: Qwen-7B (v1) style remote code: the rotary position, an NTK alpha and log-n rows counted from
+  the carried cache's length ([batch, seq, heads, dim], grown along dim 1), not from positions (in process in
+  tests/test_cache_lengths.py);
 - moe_dispatch: a graph-ready decoder whose MoE feed-forward dispatches as DeepSeek-V2's remote code does (counts
   read on the host with `.cpu().numpy()`, slices per expert in a Python loop): given a static dispatch (static_moe).
 """
@@ -100,6 +103,7 @@ def _printed(script: str, folder: Path):
 @pytest.mark.parametrize("name, applied", [("static_ready", {"split_decode"}),
                                            ("tuple_cache", {"carried_cache", "split_decode"}),
                                            ("no_positions", {"carried_cache", "split_decode"}),
+                                           ("length_positions", {"carried_cache", "split_decode"}),
                                            # Their idioms are checked in process in CI (test_added_cache,
                                            # test_drop_in, test_static_moe); the whole workflow on them is opt-in.
                                            pytest.param("no_cache", {"added_cache", "split_decode"},

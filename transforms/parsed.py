@@ -106,6 +106,22 @@ class ParsedSource:
                 return node
         return None
 
+    def ast_leading_values(self, start: tuple[int, int], end: tuple[int, int]) -> ast.BoolOp | None:
+        """`a and b`, the leading values of an `a and b and c` that starts at `start`, as one `BoolOp` ending at
+        `end` (positions as `ast_node` takes them); None when no such chain does. `ast` holds the chain as one
+        `BoolOp` of three values, libcst as two nested `BooleanOperation`s, the inner one without an `ast` node."""
+        for node in self._ast_by_start.get(start, ()):
+            if not isinstance(node, ast.BoolOp):
+                continue
+            for count in range(2, len(node.values)):
+                last = node.values[count - 1]
+                if self._point(last.end_lineno, last.end_col_offset) == end:
+                    leading = ast.BoolOp(op=node.op, values=node.values[:count])
+                    leading.lineno, leading.col_offset = node.lineno, node.col_offset
+                    leading.end_lineno, leading.end_col_offset = last.end_lineno, last.end_col_offset
+                    return leading
+        return None
+
     def ast_node_around(self, start: tuple[int, int], end: tuple[int, int], kind: type) -> ast.AST | None:
         """The innermost node of `tree` of that kind whose span holds `start` to `end` (positions as `ast_node`
         takes them); None when none does. A walk of the whole tree: for the few nodes whose `ast` span is wider

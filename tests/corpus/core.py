@@ -74,6 +74,7 @@ FAMILIES = {
 # its files come from a cache filled once from GitHub (remote.py), else the cases are skipped.
 REMOTE = " ".join([
     "remote==4.30.2:telechat_7b",
+    "remote==4.31.0:qwen_7b",
     "remote==4.33.3:baichuan2_7b",
     "remote==4.36.2:phi2",
     "remote==4.39.3:deepseek_v2_lite,nanogpt",

@@ -135,6 +135,20 @@ MODELS: dict[str, RemoteModel] = {
               "rotary_dim": 8, "activation_function": "gelu_new", "tie_word_embeddings": False,
               "pad_vocab_size_multiple": 64},
         auto_map={"AutoConfig": "configuration_phi.PhiConfig", "AutoModelForCausalLM": "modeling_phi.PhiForCausalLM"}),
+    # Qwen's first remote code (Qwen-7B v1): a [batch, seq, heads, dim] tuple cache grown with torch.cat, and
+    # the rotary position counted from that cache's length (`kv_seq_len += layer_past[0].shape[1]`), with a
+    # dynamic-NTK alpha and log-n query scale keyed on the lengths. `seq_length` (the length it was trained at,
+    # 2048) is cut to 4, so that the 8-token prompt sets an NTK alpha of 3 and the log-n scale differs from 1.
+    # The Hub files as this mirror holds them ("update config and streaming generation", 4 August 2023).
+    "qwen_7b": RemoteModel(
+        hub="Qwen/Qwen-7B-Chat (first release)",
+        mirror="undefdev/Qwen-7B-Chat", commit="04df5dd57b94b9ed20498ee42063ea9e164f98b3",
+        folder="", files=("configuration_qwen.py", "modeling_qwen.py", "qwen_generation_utils.py"),
+        release="4.31.0",  # the README's `pip install transformers==4.31.0`; config.json says 4.31.0
+        tiny={"n_embd": 64, "n_head": 4, "kv_channels": 16, "n_layer": 2, "ffn_hidden_size": 256,
+              "n_positions": 64, "seq_length": 4, "padded_vocab_size": core.VOCAB_SIZE, "use_flash_attn": False,
+              "bf16": False, "fp16": False, "fp32": True, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0}),
     # A research codebase with no KV cache: the whole sequence every step.
     "nanogpt": RemoteModel(
         hub="karpathy/nanoGPT",

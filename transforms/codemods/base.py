@@ -244,6 +244,8 @@ class GraphCodemod(Codemod, Transformer):
                 # generator that is its one argument); libcst's position leaves them out.
                 found = self.source.ast_node_around(start, end, ast.Tuple if isinstance(node, cst.Tuple)
                                                     else ast.GeneratorExp)
+            elif found is None and isinstance(node, cst.BooleanOperation):
+                found = self.source.ast_leading_values(start, end)  # the inner `a and b` of `a and b and c`
         if found is None:
             raise LookupError(f"no `ast` node at {start}-{end} for a {type(node).__name__}")
         return found

@@ -495,6 +495,12 @@ class _Split(Transformer):
 def _without(params: cst.Parameters, names: set[str]) -> cst.Parameters:
     if not names:
         return params
+    if _one_per_line(params):
+        # Kept as written, one per line; the new last parameter takes the old last one's comma (and the line break
+        # before the closing bracket).
+        kept = [p for p in params.params if p.name.value not in names]
+        kept[-1] = kept[-1].with_changes(comma=params.params[-1].comma)
+        return params.with_changes(params=kept)
     # The commas go with the parameters: libcst writes the default ones, and line_wrap wraps a long line again.
     kept = {field: [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in getattr(params, field)
                     if p.name.value not in names] for field in ("posonly_params", "params", "kwonly_params")}
@@ -502,6 +508,14 @@ def _without(params: cst.Parameters, names: set[str]) -> cst.Parameters:
     if isinstance(star_arg, cst.ParamStar) and not kept["kwonly_params"]:
         star_arg = cst.MaybeSentinel.DEFAULT  # a bare `*` needs keyword-only parameters after it
     return params.with_changes(star_arg=star_arg, **kept)
+
+
+def _one_per_line(params: cst.Parameters) -> bool:
+    """Plain parameters only (no `*`, `/` or keyword-only ones), each on a line of its own."""
+    return len(params.params) > 1 and not (params.posonly_params or params.kwonly_params or params.star_kwarg) \
+        and not isinstance(params.star_arg, cst.Param | cst.ParamStar) \
+        and all(isinstance(p.comma, cst.Comma) and isinstance(p.comma.whitespace_after, cst.ParenthesizedWhitespace)
+                for p in params.params[:-1])
 
 
 def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:

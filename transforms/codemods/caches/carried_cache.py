@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.lib.cache_lengths import plan_cache_lengths
 from graphmode.transforms.codemods.lib.call_graph import THREADED, CallGraph, Threading, class_tables
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS
@@ -91,6 +92,21 @@ def _unpacks(stmt: cst.CSTNode) -> set[str]:
     if isinstance(target, cst.Tuple) and all(isinstance(e.value, cst.Name) for e in target.elements):
         return {e.value.value for e in target.elements}
     return set()
+
+
+def _carried(method: cst.FunctionDef, cat: AppendingCat) -> str | None:
+    """The parameter the cat's old piece is read off (`layer_past` of `torch.cat((layer_past[0], k))`, or of
+    `past_key` unpacked from it); None when it is no parameter of the method."""
+    params = {p.name.value for p in method.params.params}
+    read = names_in(cat.past)
+    if read & params:
+        return next(iter(read & params))
+    for stmt in nodes_of_type(method.body, cst.SimpleStatementLine):
+        unpacked = _unpacks(stmt)
+        source = names_in(stmt.body[0].value) if unpacked else set()
+        if unpacked & read and len(source) == 1 and source <= params:
+            return next(iter(source))
+    return None
 
 
 def _reads_guarded(block: list[cst.BaseStatement], cat: AppendingCat, cache: str) -> bool:
@@ -200,6 +216,7 @@ class _Plan:
     derive: dict[cst.CSTNode, cst.BaseStatement] = field(default_factory=dict)  # positions counted after the key
     key_slots: bool = False  # a tensor made for `past + new` keys is made for the key slots (KEY_SLOTS)
     slot_helpers: set[str] = field(default_factory=set)  # the helpers that hide unwritten slots where keys are read
+    length_helpers: set[str] = field(default_factory=set)  # those that stand for lengths read off the cache
     problems: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
@@ -301,6 +318,7 @@ class CarriedCache(GraphCodemod):
             generated += [MASK_BUILDER, MASK_CLASS, MASK_ROWS]
         if plan.key_slots:
             generated.append(KEY_SLOTS)
+        generated += sorted(plan.length_helpers - set(generated))
         if self._off_module:
             generated.append(SLOTS_OFF_MODULE)
         generated += sorted(plan.slot_helpers)
@@ -471,7 +489,9 @@ class CarriedCache(GraphCodemod):
                                              "traced run says the tensors' rank"))
             return
         slots = self._slots(cls, method, plan)
-        self._plan_offset_windows(method, slots, plan)
+        served = self._plan_offset_windows(method, slots, plan)
+        if not self._plan_cache_lengths(method, keys, dims[0], slots, where, served, plan):
+            return
         update = cst.parse_statement(f"{keys.target}, {values.target} = self.kv_cache.update({slots}, "
                                      f"{keys.target}, {values.target})\n")
         # The comments above the cat describe the concatenation, which is gone; blank lines stay.
@@ -518,15 +538,43 @@ class CarriedCache(GraphCodemod):
         self.record_edit(first, f"`torch.cat` growth of `{keys.target}`/`{values.target}` along {along} replaced "
                                 f"by `self.kv_cache.update` at `{slots}`")
 
-    def _plan_offset_windows(self, method: cst.FunctionDef, slots: str, plan: _Plan) -> None:
+    def _plan_cache_lengths(self, method: cst.FunctionDef, keys: AppendingCat, dim: int, slots: str, where: str,
+                            served: set[str], plan: _Plan) -> bool:
+        """Lengths the method reads off the cache it grows (`kv_seq_len += layer_past[0].shape[1]`), taken from the
+        positions on the static path, which carries no cache (`plan_cache_lengths`). False when one cannot be: the
+        cache then stays as it is, and the length's line and the cat's go to a person together."""
+        cache = _carried(method, keys)
+        if cache is None:
+            return True
+        lengths = plan_cache_lengths(method, cache, keys.target, {dim, keys.dim}, slots, where,
+                                     lambda n: self._lines(n)[0], served)
+        if lengths.problems:
+            plan.problems += lengths.problems
+            line = self._lines(lengths.problems[0][0])[0]
+            plan.problems.append((keys.stmt, f"`{where}` grows the cache here and reads its length at line {line}, "
+                                             "which cannot be taken from the positions: the static cache would "
+                                             "leave that length counting the new tokens alone"))
+            return False
+        plan.replace.update(lengths.replace)
+        plan.drop |= lengths.drop
+        plan.length_helpers |= lengths.helpers
+        for node, summary in lengths.edits:
+            self.record_edit(node, summary)
+        return True
+
+    def _plan_offset_windows(self, method: cst.FunctionDef, slots: str, plan: _Plan) -> set[str]:
         """Tables the method hands to a function that cuts them at the past length (`_offset_windows`): no cache is
-        handed in on the static path to read that length off, so the call gets the tables' rows at the slots."""
+        handed in on the static path to read that length off, so the call gets the tables' rows at the slots.
+        Returns the names such calls were handed, which the static path no longer reads."""
+        served: set[str] = set()
         changing = {(function, param) for file, function, param in self.options.changing_int_params
                     if file == self.context.filename}
         for call, (new, name) in rows_at_slots(self._tree, method, changing, slots).items():
+            served |= names_in(call)
             plan.replace[call] = new
             self.record_edit(call, f"the tables `{name}` cuts at a past length become their rows at `{slots}`, "
                                    "cut at 0")
+        return served
 
     def _slots(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> str:
         params = {p.name.value for p in method.params.params}

@@ -39,6 +39,7 @@ from libcst.metadata import ParentNodeProvider
 
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import POSITION_LIMIT as LIMIT  # the static path's slots
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, only_raises, single_assignment
 
@@ -52,7 +53,6 @@ _ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "na
                                   "tanh", "sigmoid"})
 _PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
 _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
-LIMIT = "graphmode_position_limit"  # the static path's number of slots (helper-code/helpers.py)
 _LIMIT_COMMENT = "# graphmode: positions on the static path stay below `{limit}(self)`, which settles this test."
 # The trace's comparison (tensor on the left) -> the operators that spell it with the tensor on either side.
 _TENSOR_LEFT = {"gt": cst.GreaterThan, "ge": cst.GreaterThanEqual}

@@ -11,4 +11,5 @@ CACHE_BUFFERS = "graphmode_cache_buffers"  # caches the model's own __init__ bui
 TABLE_BUFFERS = "graphmode_table_buffers"  # position tables the model's own __init__ built (sliced_tables)
 RESIZE = "graphmode_resize"  # the method GraphmodeStaticPath.setup calls on every module that has one
 SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
+POSITION_LIMIT = "graphmode_position_limit"  # the static path's number of slots (tensor_branches, carried_cache)
 GUARD = "not torch.compiler.is_compiling()"  # the test that keeps a statement eager only (hoist_item)
