@@ -73,6 +73,18 @@ def write_adapted_tree(target: Path, dest: Path, rewritten: dict[str, str]) -> N
             (staging / relative).write_text(text, encoding="utf-8")
 
 
+def write_overlaid_tree(target: Path, overlay: Path, dest: Path, skip: tuple[str, ...] = ()) -> None:
+    """A copy of the target folder with every file of `overlay` (an adapted folder, perhaps edited by hand, or one
+    holding only the files a rewrite changed) in place over it, swapped in whole; `skip`: names of overlay files that
+    are no source (fix.json). Both folders are only read."""
+    with swapped_in(dest) as staging:
+        shutil.copytree(target, staging, ignore=_IGNORED, copy_function=shutil.copyfile, dirs_exist_ok=True)
+        ignored = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".graphmode*", *skip)
+        shutil.copytree(overlay, staging, ignore=ignored, copy_function=shutil.copyfile, dirs_exist_ok=True)
+        for folder, _, _ in os.walk(staging):
+            os.chmod(folder, 0o777 & ~_umask())
+
+
 def remove_tree(path: Path) -> None:
     """Removes a folder this run wrote, making read-only entries writable first; nothing when it is absent."""
     def retry(function, name, _):

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 
 def run_adapt(args: argparse.Namespace) -> int:
+    return start_adapt(args)[0]
+
+
+def start_adapt(args: argparse.Namespace) -> tuple[int, str]:
+    """Runs a session to its end, or to confirmation without --yes: its exit status and its id."""
     from graphmode.agent.targets.resolve import TargetSpec, resolve as resolve_target
     from graphmode.runners.backends import BackendUnavailable, resolve
 
@@ -61,7 +66,8 @@ def run_adapt(args: argparse.Namespace) -> int:
         _say_what_is_replaced(target.run_dir)
         state.options.target = str(target.materialize(_say))
         graph = build_graph(checkpointer)
-        return drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty())
+        return drive(graph, state, state.session_id, interactive=not args.yes and sys.stdin.isatty()), \
+            state.session_id
 
 
 def _say(line: str) -> None:

@@ -5,6 +5,8 @@
     graphmode resume ID [--approve C1,C3 | --reject-all | --revise C4.max_seq_len=4096]
                                                                 finish a session stopped at confirmation
     graphmode sessions                                          list sessions
+    graphmode verify ORIGINAL ADAPTED [--backend NAME] [--runs N]  verify and report alone, on adapted sources
+    graphmode mcp [--root DIR]... [--out DIR]                   the tools above as an MCP server over stdio
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
     graphmode fix PATH... [--diff] [--jobs N] [--out DIR]       the rewrites alone: adapted copies and diffs
     graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
@@ -150,6 +152,12 @@ def _parser() -> argparse.ArgumentParser:
     from graphmode.agent.cli.batch import add_batch_parser  # its options live beside the batch modules
 
     add_batch_parser(commands)
+    from graphmode.agent.cli.verify import add_verify_parser
+
+    add_verify_parser(commands)
+    from graphmode.agent.cli.mcp import add_mcp_parser
+
+    add_mcp_parser(commands)
     return parser
 
 
@@ -178,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
             from graphmode.agent.cli.batch import run_batch
 
             return run_batch(args, console)
+        if args.command == "verify":
+            from graphmode.agent.cli.verify import run_verify
+
+            return run_verify(args)
+        if args.command == "mcp":
+            from graphmode.agent.cli.mcp import run_mcp
+
+            return run_mcp(args)
         if args.command == "fix":
             from graphmode.agent.cli.fix import run_fix
 

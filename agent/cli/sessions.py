@@ -20,15 +20,11 @@ def run_resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
     from graphmode.agent.output import run_folder_lock
-    from graphmode.agent.workflow.graph import build_graph, open_checkpointer, saved_state
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
 
     with open_checkpointer() as checkpointer:
         graph = build_graph(checkpointer)
-        config = session_config(args.session)
-        snapshot = graph.get_state(config)
-        if not snapshot.values:
-            raise UserError(f"no session {args.session} (sessions are kept in {sessions_db()})")
-        state = saved_state(args.session, snapshot.values)
+        snapshot, state = load(graph, args.session)
         if not snapshot.next:
             # The session's own verdict, as `graphmode adapt` gave it: a script reading the status must not take a
             # finished but unverified session for a verified one.
@@ -74,6 +70,17 @@ def run_resume(args: argparse.Namespace) -> int:
             return drive(graph, Command(resume=answer), args.session, interactive=sys.stdin.isatty())
 
 
+def load(graph, session: str):
+    """A saved session's snapshot (where it stands: `snapshot.next`) and state; an unknown id is bad input."""
+    from graphmode.agent.home import sessions_db
+    from graphmode.agent.workflow.graph import saved_state
+
+    snapshot = graph.get_state(session_config(session))
+    if not snapshot.values:
+        raise UserError(f"no session {session} (sessions are kept in {sessions_db()})")
+    return snapshot, saved_state(session, snapshot.values)
+
+
 def _revisions(args: argparse.Namespace, state) -> dict:
     """--revise C4.max_seq_len=4096 ... as {parameter: value}, each checked against the design before the session
     sees it."""
@@ -92,21 +99,13 @@ def _revisions(args: argparse.Namespace, state) -> dict:
 
 
 def run_sessions() -> int:
-    from graphmode.agent.workflow.graph import build_graph, open_checkpointer, saved_target, sessions_db
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer, sessions_db
 
     with open_checkpointer() as checkpointer:
-        graph = build_graph(checkpointer)
+        rows = session_rows(build_graph(checkpointer), checkpointer)
         table = Table(title=f"Sessions in {sessions_db()}")
         for column in ("session", "target", "stands at", "report"):
             table.add_column(column)
-        # Read the ids first: the saver holds its lock while listing, and get_state needs it too.
-        sessions = dict.fromkeys(c.config["configurable"]["thread_id"] for c in checkpointer.list(None))
-        rows = []
-        for session in sessions:
-            snapshot = graph.get_state(session_config(session))
-            values = snapshot.values
-            rows.append((session, saved_target(values), ", ".join(snapshot.next) or "finished",
-                         values.get("report_path", "")))
         if not console.is_terminal:  # piped or redirected: whole paths, one session per line, tab-separated
             print("\t".join(("session", "target", "stands at", "report")))
             for row in rows:
@@ -116,3 +115,18 @@ def run_sessions() -> int:
             table.add_row(*row)
         console.print(table)
     return 0
+
+
+def session_rows(graph, checkpointer) -> list[tuple[str, str, str, str]]:
+    """Every saved session as (id, target, the steps it stands at or "finished", report path)."""
+    from graphmode.agent.workflow.graph import saved_target
+
+    # Read the ids first: the saver holds its lock while listing, and get_state needs it too.
+    sessions = dict.fromkeys(c.config["configurable"]["thread_id"] for c in checkpointer.list(None))
+    rows = []
+    for session in sessions:
+        snapshot = graph.get_state(session_config(session))
+        values = snapshot.values
+        rows.append((session, saved_target(values), ", ".join(snapshot.next) or "finished",
+                     values.get("report_path", "")))
+    return rows

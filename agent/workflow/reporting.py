@@ -73,6 +73,9 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
         # outcome; the fields above are the last round's. `dropped`: the changes a bisection left out, with its trials.
         "rounds": [r.model_dump() for r in state.rounds],
         "dropped": state.dropped,
+        # `graphmode verify` (added): the folder verified, who wrote it, and its files not as graphmode wrote them;
+        # None in a session's own report.
+        "hand_edits": state.hand_edits,
     }
 
 

@@ -227,6 +227,10 @@ class RunState(BaseModel):
     # verify / report
     verification: Verification | None = None
     report_path: str = ""
+    # `graphmode verify` on a folder of adapted sources (agent.workflow.verify_only): {"folder", "written_by"
+    # ("graphmode adapt", "graphmode fix" or None: unknown), "files" (agent.workflow.hand_edits.edited_files; None:
+    # unknown)}; None in a session's own verification.
+    hand_edits: dict[str, Any] | None = None
 
     # What analyze found, kept once: in the probe's record.
     @property
