@@ -79,5 +79,5 @@ def test_the_wheel_holds_every_sub_package_and_the_files_read_as_data(tmp_path):
                 for init in (PROJECT_ROOT / folder).rglob("__init__.py")}
     assert len(packages) > 15
     assert {f"graphmode/{package}/__init__.py" for package in packages} <= names
-    assert {"graphmode/skills/host-syncs.md", "graphmode/templates/report.md.j2",
+    assert {"graphmode/skills/host-syncs.md", "graphmode/skills/agent/SKILL.md", "graphmode/templates/report.md.j2",
             "graphmode/transforms/codemods/helper-code/helpers.py", "graphmode/agent/cli/__main__.py"} <= names
