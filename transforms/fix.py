@@ -58,15 +58,25 @@ def unused_module_classes(source: str) -> tuple[list[str], int]:
     """The top-level `nn.Module` classes (a base named `Module`, or one of them) whose names no other class of the
     file uses, in order, and the line of the first (1 without any): the classes a harness could build."""
     classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
-    modules: set[str] = set()
-    while True:  # a subclass of a module class is one too, wherever it sits in the file
-        found = {c.name for c in classes if any(_base_name(b) in ("Module", *modules) for b in c.bases)}
-        if found == modules:
-            break
-        modules = found
-    used = {node.id for c in classes for node in ast.walk(c) if isinstance(node, ast.Name) and node.id != c.name}
+    modules = _module_classes(classes)
+    used = {name for c in classes for name in _names_used_by(c)}
     unused = [c for c in classes if c.name in modules and c.name not in used]
     return [c.name for c in unused], unused[0].lineno if unused else 1
+
+
+def _names_used_by(cls: ast.ClassDef) -> set[str]:
+    """The names a class's code reads, its own name left out."""
+    return {node.id for node in ast.walk(cls) if isinstance(node, ast.Name) and node.id != cls.name}
+
+
+def _module_classes(classes: list[ast.ClassDef]) -> set[str]:
+    """The classes with a base named `Module`, and their subclasses wherever they sit in the file."""
+    modules: set[str] = set()
+    while True:
+        found = {c.name for c in classes if any(_base_name(b) in ("Module", *modules) for b in c.bases)}
+        if found == modules:
+            return modules
+        modules = found
 
 
 def _base_name(node: ast.expr) -> str:
