@@ -406,7 +406,7 @@ def test_every_printed_speed_figure_carries_the_qualifier_its_report_gives(tmp_p
     from graphmode.agent.batch.run import _line
     from graphmode.agent.batch.summary import cells
     from graphmode.agent.cli.terminal import verify_line
-    from graphmode.agent.workflow.reporting import write_report
+    from graphmode.agent.workflow.report.write import write_report
     from test_fusion_report import _state
 
     state = _state(tmp_path, {})

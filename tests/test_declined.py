@@ -11,8 +11,8 @@ from test_fusion_report import _designed, _state
 
 from graphmode.agent.targets.sources import read_source
 from graphmode.agent.workflow import nodes
-from graphmode.agent.workflow.failures import declined_causes
-from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.repair.failures import declined_causes
+from graphmode.agent.workflow.report.write import write_report
 
 ASSERT = "assert tokens.max().item() < self.args.vocab_size"
 

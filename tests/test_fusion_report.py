@@ -10,7 +10,7 @@ from graphmode.agent.batch.job import JobOutcome
 from graphmode.agent.batch.manifest import load_manifest
 from graphmode.agent.batch.summary import make_row, write_summary
 from graphmode.agent.workflow import nodes
-from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.report.write import write_report
 from graphmode.agent.workflow.state import Baseline, RunOptions, RunState, Verification
 from graphmode.runners.measure.traffic import estimates
 from graphmode.transforms.codemods import CODEMODS, Options

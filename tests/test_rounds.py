@@ -18,9 +18,9 @@ from test_workflow import graphmode
 
 from graphmode.agent.workflow import nodes
 from graphmode.agent.workflow.adaptation import adapt_sources, static_length
-from graphmode.agent.workflow.bisection import bisect_changes
+from graphmode.agent.workflow.repair.bisection import bisect_changes
 from graphmode.agent.workflow.choices import proposed_choice
-from graphmode.agent.workflow.repair import plan_repair
+from graphmode.agent.workflow.repair.rounds import plan_repair
 from graphmode.agent.workflow.revisions import parameters_of, parse_revision, source_classes
 from graphmode.agent.workflow.state import Change
 

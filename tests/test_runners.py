@@ -18,7 +18,7 @@ import torch
 
 from adapted_files import write_adapted
 
-from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.report.write import write_report
 from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
 from graphmode.runners import backends
 from graphmode.runners.backends import BACKEND_NAMES, BackendUnavailable, resolve

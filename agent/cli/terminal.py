@@ -166,7 +166,8 @@ def choice_prompt(default: str) -> str:
 
 def ask(state: RunState):
     """Asks which changes to apply. Returns 'all', a list of ids, {"revise": {parameter: value}} to design again,
-    {"stop": why} when a later round could change nothing (agent.workflow.repair.nothing_new), or None to stop here."""
+    {"stop": why} when a later round could change nothing (agent.workflow.repair.rounds.nothing_new), or None to
+    stop here."""
     from graphmode.agent.workflow.adaptation import parameter_values
 
     _show_plan(state)
@@ -207,7 +208,7 @@ def _later_round_proposal(state: RunState):
     """A later round's proposed choice ("C1,C3"), after offering the declined changes behind the last failure; None
     to stop here, or {"stop": why} when the same selection again would fail the same way."""
     from graphmode.agent.workflow.choices import proposed_choice
-    from graphmode.agent.workflow.repair import nothing_new
+    from graphmode.agent.workflow.repair.rounds import nothing_new
 
     added = _offer_declined(state)
     if added is None:
@@ -284,7 +285,7 @@ def _with_what_it_needs(state: RunState, chosen: list[str]):
 def _offer_declined(state: RunState) -> list[str] | None:
     """Round 2 on: each change the person declined that is behind a failure of the last round, named with it, and
     the question whether to add it. The codemods added (a list), or None for "later"."""
-    from graphmode.agent.workflow.repair import by_change, offer_sentence
+    from graphmode.agent.workflow.repair.rounds import by_change, offer_sentence
 
     added = []
     for offers in by_change(state.offers).values():

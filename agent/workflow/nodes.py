@@ -17,7 +17,7 @@ from graphmode.agent.workflow.choices import choice_problem, needs_of, proposed_
 from graphmode.agent.workflow.diffs import change_diffs
 from graphmode.agent.workflow.knowledge import skill
 from graphmode.agent.workflow.leftovers import merge_by_line
-from graphmode.agent.workflow.reporting import write_report
+from graphmode.agent.workflow.report.write import write_report
 from graphmode.agent.workflow.revisions import PARAMETERS, parameters_of, traced_dims
 from graphmode.agent.workflow.runtime_findings import with_runtime_findings
 from graphmode.agent.workflow.state import Baseline, RunState, Verification
@@ -148,7 +148,7 @@ def take_answer(state: RunState, answer) -> dict:
     """The fields an answer at confirmation changes: "all", "proposed" (agent.workflow.choices.proposed_choice), a list
     of ids, or {"revise": {parameter: value}} (design runs again with the new values). The last guard: an
     inconsistent choice is refused, never trimmed."""
-    # The round would repeat the last one (agent.workflow.repair.nothing_new).
+    # The round would repeat the last one (agent.workflow.repair.rounds.nothing_new).
     if isinstance(answer, dict) and "stop" in answer:
         return {"approved": proposed_choice(state.plan, state.declined), "stopped": answer["stop"]}
     if isinstance(answer, dict):
@@ -255,7 +255,7 @@ def repair(state: RunState) -> dict:
     """Maps the failed verification to the original's lines and plans the next round (agent.workflow.repair): the
     evidence the adapted run revealed, a declined change offered again, a change that alters the tokens (bisected) left
     out. Without a next round, it records why."""
-    from graphmode.agent.workflow.repair import bisect_applied, plan_repair, round_record, tokens_differ
+    from graphmode.agent.workflow.repair.rounds import bisect_applied, plan_repair, round_record, tokens_differ
 
     v = state.verification
     bisect = v is not None and v.ran and tokens_differ(v) and state.round < state.options.rounds
@@ -323,9 +323,9 @@ def _compile_cache(state: RunState) -> Path | None:
 
 
 def report(state: RunState) -> dict:
-    """The test report (agent.workflow.reporting): every round, what was measured, and what is left for a person; with
-    every change declined, that nothing was adapted or verified."""
-    from graphmode.agent.workflow.repair import round_record
+    """The test report (agent.workflow.report.write): every round, what was measured, and what is left for a
+    person; with every change declined, that nothing was adapted or verified."""
+    from graphmode.agent.workflow.repair.rounds import round_record
 
     update: dict = {}
     if state.verification is None and after_confirm(state) == "report":

@@ -211,9 +211,9 @@ class RunState(BaseModel):
     # ({"host_sync_lines": [[file, line], ...]}), and the declined changes behind a failure, to offer again.
     repair_evidence: dict[str, list] = Field(default_factory=dict)
     offers: list[dict[str, Any]] = Field(default_factory=list)
-    # Why this round was not run although one was left (agent.workflow.repair.nothing_new: a person declined every
-    # change the repair offered, and nothing else changed); "" otherwise. Confirm then goes to the report, which says
-    # it.
+    # Why this round was not run although one was left (agent.workflow.repair.rounds.nothing_new: a person
+    # declined every change the repair offered, and nothing else changed); "" otherwise. Confirm then goes to the
+    # report, which says it.
     stopped: str = ""
 
     # implement

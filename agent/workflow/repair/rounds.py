@@ -1,14 +1,14 @@
 """After a failed verification: what each failure was, and what the next round does about it.
 
 Every graph break and recompile of the adapted run is mapped to the original's line and to the change that owns
-it (agent.workflow.failures), then:
+it (agent.workflow.repair.failures), then:
 - on a line a change a person declined would rewrite: that change is offered again at the next confirmation (a
   --yes round never adds back what a person declined);
 - a graph break that read a tensor on the host where the original's traced run never went (a path only the
   static one takes, a threshold only a longer run crosses): the line joins the traced evidence the codemods read
   (`host_sync_lines`), and it becomes a finding of the next round with the adapted run's words;
 - anything else is a finding for a person, with the adapted run's evidence.
-When the tokens differ, the applied changes are bisected (agent.workflow.bisection) and the one that brings the
+When the tokens differ, the applied changes are bisected (agent.workflow.repair.bisection) and the one that brings the
 difference in is left out of every later design. Another round runs only when something changed that could fix a
 failure, and only while `--rounds` allows.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 from graphmode.agent.output import remove_tree, write_adapted_tree
 from graphmode.agent.workflow import progress
 from graphmode.agent.workflow.adaptation import adapt_sources, host_sync_lines, static_length
-from graphmode.agent.workflow.bisection import Bisection, bisect_changes
-from graphmode.agent.workflow.failures import causes_among, mapped_failures
+from graphmode.agent.workflow.repair.bisection import Bisection, bisect_changes
+from graphmode.agent.workflow.repair.failures import causes_among, mapped_failures
 from graphmode.agent.workflow.state import Round, RunState, Verification
 from graphmode.transforms.findings import Finding
 
@@ -40,7 +40,7 @@ def reads_host(reason: str) -> bool:
 class Repair:
     repairs: list[dict] = field(default_factory=list)  # Round.repairs
     host_sync_lines: list[list] = field(default_factory=list)  # new evidence: [file, original line]
-    offers: list[dict] = field(default_factory=list)  # declined changes behind a failure (agent.workflow.failures)
+    offers: list[dict] = field(default_factory=list)  # declined changes behind a failure (repair.failures)
     findings: list[Finding] = field(default_factory=list)  # what the adapted run alone revealed
     dropped: dict | None = None  # {"codemod", "change", "round", "why", "trials"}
     outcome: str = ""
@@ -178,7 +178,7 @@ def tokens_differ(v: Verification) -> bool:
 
 
 def bisect_applied(state: RunState) -> Bisection:
-    """The applied change that brings in the token difference (agent.workflow.bisection), each trial one graph run of
+    """The applied change that brings in the token difference (repair.bisection), each trial one graph run of
     that prefix of the changes, written to bisect/trial-N/ in the run folder."""
     import torch
 

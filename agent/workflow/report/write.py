@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 from graphmode.agent.output import render, write_atomic
-from graphmode.agent.workflow.chart import decode_chart
-from graphmode.agent.workflow.failures import declined_causes
+from graphmode.agent.workflow.report.chart import decode_chart
+from graphmode.agent.workflow.repair.failures import declined_causes
 from graphmode.agent.workflow.knowledge import skill
 from graphmode.agent.workflow.leftovers import mark_decode_runs
 from graphmode.agent.workflow.state import RunState
@@ -90,7 +90,7 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
     eager, graph = v.eager, v.graph
     traced = bool(v.adapted.get("decode_lines"))
     return {
-        # Failures on lines a declined change would have rewritten (agent.workflow.failures), named with that change.
+        # Failures on lines a declined change would have rewritten (repair.failures), named with that change.
         "declined_causes": declined_causes(state),
         "graph_breaks": v.graph_breaks,
         "recompiles": v.recompiles,
