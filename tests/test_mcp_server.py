@@ -53,6 +53,11 @@ async def _converse(home: Path, out: Path) -> dict:
         answers["missing"] = await talk.call("scan", {"paths": ["no_such_model"]})
         answers["outside"] = await talk.call("verify", {"original": "legacy_llm", "adapted": str(Path.home())})
         answers["unknown_session"] = await talk.call("apply", {"session": "nosuch01"})
+        # A target under a root whose graphmode.toml names a harness outside every root.
+        elsewhere = out.parent / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "graphmode.toml").write_text(f'[target]\nharness = "{Path.home() / "harness.py"}"\n')
+        answers["harness_outside"] = await talk.call("design", {"target": str(elsewhere)})
         designed = answers["design"] = await talk.call(
             "design", {"target": str(EXAMPLE), "backend": "eager", "runs": 1})
         session_id = designed.structured_content["session"]
@@ -120,6 +125,7 @@ def test_a_session_the_server_started_is_the_command_lines_too(conversation):
     ("missing", "no_such_model: no such file or folder"),
     ("outside", "outside the folders this server may read"),
     ("unknown_session", "no session nosuch01"),
+    ("harness_outside", "[target] harness"),
     ("unknown_change", "--approve C99:"),
     ("report_too_soon", "has no report yet: it stands at confirm"),
 ])
@@ -127,6 +133,32 @@ def test_bad_input_is_a_tool_error_with_the_command_lines_message(conversation, 
     result = conversation[answer]
     assert result.is_error and expected in result.content[0].text, result.content
     assert "Traceback" not in result.content[0].text
+    # The command line's message as it is, not under the SDK's "Error executing tool NAME:".
+    assert not result.content[0].text.startswith("Error executing tool"), result.content
+
+
+def test_sessions_lists_only_the_sessions_on_targets_under_the_roots(tmp_path, monkeypatch):
+    # Two sessions saved through the workflow's own graph (nothing run): one on a target under the server's root, one
+    # on a target elsewhere, as the command line may have started.
+    from graphmode.agent.cli.terminal import session_config
+    from graphmode.agent.mcp_server import tools
+    from graphmode.agent.mcp_server.paths import Folders
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
+    from graphmode.agent.workflow.state import RunOptions, RunState
+
+    monkeypatch.setenv("GRAPHMODE_HOME", str(tmp_path / "home"))
+    root, elsewhere = tmp_path / "root" / "model", tmp_path / "elsewhere" / "model"
+    for target in (root, elsewhere):
+        target.mkdir(parents=True)
+    with open_checkpointer() as checkpointer:
+        graph = build_graph(checkpointer)
+        for session, target in (("inside01", root), ("outside1", elsewhere)):
+            state = RunState(session_id=session, options=RunOptions(target=str(target), run_dir=str(tmp_path / "out")))
+            graph.update_state(session_config(session), state.model_dump(), as_node="analyze")
+    listed = tools.sessions(Folders.of([tmp_path / "root"], tmp_path / "out"))["sessions"]
+    assert [row["session"] for row in listed] == ["inside01"]
+    assert Folders.of([tmp_path], tmp_path / "out").holds(elsewhere) and not Folders.of(
+        [tmp_path / "root"], tmp_path / "out").holds(tmp_path / "root" / ".." / "elsewhere")
 
 
 def test_the_server_starts_without_torch():

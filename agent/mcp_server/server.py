@@ -15,7 +15,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 
 from graphmode.agent.errors import UserError
 from graphmode.agent.mcp_server import tools
@@ -52,13 +52,19 @@ class _Lines:
         return False
 
 
+def _failed(message: str) -> CallToolResult:
+    """A tool error whose text is the command line's message alone: a ToolError would reach the client as
+    "Error executing tool NAME: ..."."""
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
 def build(folders: Folders) -> MCPServer:
     from graphmode.agent.cli.consoles import console
 
     server = MCPServer("graphmode", instructions=INSTRUCTIONS)
     one_at_a_time = anyio.Lock()
 
-    async def run(ctx: Context, work: Callable[..., dict[str, Any]], *args) -> dict[str, Any]:
+    async def run(ctx: Context, work: Callable[..., dict[str, Any]], *args) -> dict[str, Any] | CallToolResult:
         said = 0
 
         def heard(line: str) -> None:  # in the worker thread: the notification is sent from the event loop
@@ -72,11 +78,9 @@ def build(folders: Folders) -> MCPServer:
             try:
                 return await anyio.to_thread.run_sync(lambda: work(folders, *args))
             except UserError as error:
-                raise ToolError(str(error)) from None
-            except ToolError:
-                raise
+                return _failed(str(error))
             except Exception as error:  # our bug, said as the command line says it: the server carries on
-                raise ToolError(f"internal error: {type(error).__name__}: {error}") from None
+                return _failed(f"internal error: {type(error).__name__}: {error}")
             finally:
                 console.file = before
 

@@ -37,7 +37,9 @@ def design(folders: Folders, target: str, backend: str | None = None, steps: int
     """`graphmode adapt TARGET` without --yes: analyze and design, then the session stops for confirmation."""
     from graphmode.agent.cli.adapt import start_adapt
 
-    args = argparse.Namespace(path=folders.readable(target, "target"), hf=None, tiny=False, python=None, yes=False,
+    path = folders.readable(target, "target")
+    _target_file_within(folders, path)
+    args = argparse.Namespace(path=path, hf=None, tiny=False, python=None, yes=False,
                               backend=backend, out=folders.out, steps=steps, runs=runs, similarity=None,
                               compile_cache=None, timeout=None, batch_buckets=None, rounds=None)
     _, session = start_adapt(args)
@@ -85,8 +87,27 @@ def sessions(folders: Folders) -> dict[str, Any]:
 
     with open_checkpointer() as checkpointer:
         rows = session_rows(build_graph(checkpointer), checkpointer)
+    # Sessions the command line started on targets elsewhere are not this server's to show.
+    rows = [row for row in rows if row[1] and folders.holds(row[1])]
     return {"sessions_db": str(sessions_db()),
             "sessions": [dict(zip(("session", "target", "stands_at", "report_md"), row)) for row in rows]}
+
+
+def _target_file_within(folders: Folders, target: Path) -> None:
+    """A graphmode.toml in the target may name the harness or a model folder elsewhere: those are read (and the
+    harness run) too, so they must lie under a root as well."""
+    from graphmode.agent.targets import target_file
+
+    found = target_file.find(target)
+    if found is None:
+        return
+    file = target_file.load(found)
+    folders.within(found, "the target file")
+    for key in ("harness", "hf"):
+        local = file.relative(file.target[key]) if key in file.target else None
+        # hf names a model type (`llama`) or a local config.json or folder: only a path that exists is read.
+        if local is not None and (key == "harness" or local.exists()):
+            folders.within(local, f"{found}: [target] {key}")
 
 
 def session_result(folders: Folders, session: str) -> dict[str, Any]:
