@@ -16,6 +16,8 @@ import libcst as cst
 import libcst.matchers as m
 
 
+from graphmode.transforms.analysis.growing_caches import appends_to, cat_pieces
+from graphmode.transforms.analysis.host_reads import host_sync
 from graphmode.transforms.positions import code_for_node
 from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
 
@@ -233,6 +235,20 @@ def contains_call(node: cst.CSTNode, method: str) -> bool:
                for n in walk(node))
 
 
+def host_sync_call(node: cst.CSTNode) -> str | None:
+    """The host sync node is, by its method's name (`t.item()` -> "item"), else None. Which calls are host syncs is
+    transforms.analysis.host_reads' to say, for GM101 too."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        positional = sum(arg.keyword is None for arg in node.args)
+        return host_sync(node.func.attr.value, positional, len(node.args) - positional)
+    return None
+
+
+def reads_host_value(node: cst.CSTNode) -> bool:
+    """True when a host sync (`host_sync_call`) is called anywhere under node."""
+    return any(host_sync_call(n) for n in walk(node))
+
+
 def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     for stmt in cls.body.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
@@ -380,16 +396,16 @@ def appending_cat(stmt: cst.CSTNode, last_row: bool = False) -> AppendingCat | N
         return None
     target = assign.targets[0].target.value
     pieces = call.args[0].value if call.args else None
-    if not isinstance(pieces, (cst.List, cst.Tuple)) or len(pieces.elements) != 2:
+    dims = [integer_value(a.value) for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    # What a growing cache is, GM301's too, is decided in transforms.analysis.growing_caches.
+    parts = cat_pieces([e.value for e in pieces.elements] if isinstance(pieces, (cst.List, cst.Tuple)) else None, dims)
+    if parts is None or parts.dim is None:
         return None
-    old, new = (e.value for e in pieces.elements)
-    dims = [a.value for a in call.args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    dim = integer_value(dims[0]) if len(dims) == 1 else None
-    if dim is None or target in names_in(old):
-        return None
-    if isinstance(new, cst.Name) and new.value == target:
+    old, new, dim = parts.old, parts.new, parts.dim
+    old_names = names_in(old)
+    if appends_to(target, new.value if isinstance(new, cst.Name) else None, old_names, dim):
         return AppendingCat(stmt, target, old, dim)
-    if last_row and dim >= 0 and _last_row_of(new, dim) == target:
+    if last_row and dim >= 0 and appends_to(target, _last_row_of(new, dim), old_names, dim):
         return AppendingCat(stmt, target, old, dim, last_row=True)
     return None
 

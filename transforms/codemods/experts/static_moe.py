@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+from graphmode.transforms.analysis.host_reads import COPY_METHODS, SYNC_METHODS
 from graphmode.transforms.codemods.base import Edit, StepCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import GUARD
@@ -65,8 +66,9 @@ _COMMENT = (
     "# so it runs in eager calls (Prefill), which also stack the experts' weights; a compiled Decode reads",
     "# only its tokens' top-k experts (or runs every expert where that reads less), weighted as the loop weights.",
 )
-# Calls whose result has a size or a value read off the device.
-_HOST_READS = frozenset({"cpu", "numpy", "tolist", "item", "nonzero", "argwhere", "masked_select"})
+# Calls whose result has a size or a value read off the device: the host reads GM101/GM103 report
+# (transforms.analysis.host_reads, here by name whatever the arguments), and calls sized by the values.
+_HOST_READS = SYNC_METHODS | COPY_METHODS | frozenset({"nonzero", "argwhere", "masked_select"})
 _IN_PLACE_COLLECTIONS = frozenset({"append", "extend", "insert"})
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})

@@ -10,23 +10,19 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+from graphmode.transforms.analysis.host_reads import SYNC_METHODS
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.helper_names import GUARD
-from graphmode.transforms.cstutil import code_of, contains_call, dotted_name
+from graphmode.transforms.cstutil import code_of, contains_call, dotted_name, reads_host_value
 
 _COMMENT = "# graphmode: eager only (a host read or print)."
-_SYNCS = ("item", "tolist")
 # `if torch.isnan(x).any(): raise ...` reads a tensor value on the host as surely as `.item()` does.
 _VALUE_TESTS = ("any", "all")
 _LOGGERS = frozenset({"logger", "logging", "log", "_logger", "LOGGER"})
 _LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "warning_once",
                          "info_once"})
 # A file naming none of these (and with no assert) has nothing to move.
-_IDIOM_WORDS = frozenset({"print", "warn", *_SYNCS, *_VALUE_TESTS, *_LOG_LEVELS})
-
-
-def _reads_host_value(node: cst.CSTNode) -> bool:
-    return any(contains_call(node, method) for method in _SYNCS)
+_IDIOM_WORDS = frozenset({"print", "warn", *SYNC_METHODS, *_VALUE_TESTS, *_LOG_LEVELS})
 
 
 def _is_guard(stmt: cst.BaseStatement | None) -> bool:
@@ -55,7 +51,7 @@ def _is_eager_only(stmt: cst.BaseStatement) -> bool:
     if isinstance(stmt, cst.If) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock):
         body = stmt.body.body
         return (
-            (_reads_host_value(stmt.test) or any(contains_call(stmt.test, m) for m in _VALUE_TESTS))
+            (reads_host_value(stmt.test) or any(contains_call(stmt.test, m) for m in _VALUE_TESTS))
             and len(body) == 1
             and isinstance(body[0], cst.SimpleStatementLine)
             and isinstance(body[0].body[0], cst.Raise)

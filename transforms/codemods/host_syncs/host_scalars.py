@@ -24,7 +24,7 @@ from libcst.metadata import ParentNodeProvider
 
 from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, single_assignment
+from graphmode.transforms.cstutil import code_of, host_sync_call, single_assignment
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
 _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."
@@ -32,10 +32,7 @@ _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arith
 
 def _item_source(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """`E.item()` -> E."""
-    if isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute) \
-            and value.func.attr.value == "item":
-        return value.func.value
-    return None
+    return value.func.value if host_sync_call(value) == "item" else None
 
 
 def _is_number_literal(node: cst.BaseExpression) -> bool:

@@ -4,10 +4,8 @@ from __future__ import annotations
 import ast
 
 from graphmode.transforms.analysis.astutil import method_call_name
+from graphmode.transforms.analysis.host_reads import host_sync
 from graphmode.transforms.rules.base import Rule
-
-_SYNC_METHODS = frozenset({"item", "tolist"})
-
 
 class HostSync(Rule):
     CODE = "GM101"
@@ -80,6 +78,7 @@ class HostSync(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = method_call_name(node)
-        if name in _SYNC_METHODS and not node.args and not node.keywords and self.in_step_code(node):
+        # Which calls are host syncs is transforms.analysis.host_reads' to say: hoist_item and host_scalars ask it too.
+        name = host_sync(method_call_name(node), len(node.args), len(node.keywords))
+        if name is not None and self.in_step_code(node):
             self.report(node, self.MESSAGE.format(name=name))

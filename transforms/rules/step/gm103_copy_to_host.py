@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 
 from graphmode.transforms.analysis.astutil import arg_value, first_arg, is_positional, method_call_name
+from graphmode.transforms.analysis.host_reads import host_copy
 from graphmode.transforms.analysis.idioms import keyword, string_value
 from graphmode.transforms.rules.base import Rule, SourceFile
 
@@ -82,8 +83,8 @@ class CopyToHost(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = method_call_name(node)
-        if name in {"cpu", "numpy"}:
+        name = host_copy(method_call_name(node))
+        if name is not None:
             label = f".{name}()"
         elif _to_cpu(node, self.file):
             label = '.to("cpu")'

@@ -4,25 +4,20 @@ from __future__ import annotations
 import ast
 
 from graphmode.transforms.analysis.astutil import arg_value, ast_torch_call_name, first_arg, name_of
+from graphmode.transforms.analysis.growing_caches import cat_pieces, grows_past
 from graphmode.transforms.rules.base import Rule
 
 
-def _first_item_is_subscript(call: ast.Call) -> bool:
-    """`torch.cat([past[0], k], ...)` / `torch.cat((past_key, k))`: the old part comes first."""
+def _grows_past(call: ast.Call) -> bool:
+    """`torch.cat([past[0], k], ...)` / `torch.cat((past_key, k))`: the old part comes first (the question is
+    transforms.analysis.growing_caches', which the cache codemods ask too)."""
     first_argument = first_arg(call)
-    if first_argument is None:
+    value = arg_value(first_argument) if first_argument is not None else None
+    parts = cat_pieces(value.elts if value.__class__ in (ast.List, ast.Tuple) else None, ())
+    if parts is None:
         return False
-    value = arg_value(first_argument)
-    if value.__class__ not in (ast.List, ast.Tuple):
-        return False
-    elements = value.elts
-    if len(elements) != 2:
-        return False
-    first = arg_value(elements[0])
-    if first.__class__ is ast.Subscript:
-        return True
-    name = name_of(first)
-    return name is not None and "past" in name
+    old = arg_value(parts.old)
+    return grows_past(old.__class__ is ast.Subscript, name_of(old))
 
 
 class GrowingKVCache(Rule):
@@ -79,5 +74,5 @@ class GrowingKVCache(Rule):
     )
 
     def visit_Call(self, node: ast.Call) -> None:
-        if ast_torch_call_name(node) == "cat" and _first_item_is_subscript(node) and self.in_step_code(node):
+        if ast_torch_call_name(node) == "cat" and _grows_past(node) and self.in_step_code(node):
             self.report(node)
