@@ -447,7 +447,7 @@ class GraphmodeStaticPath:
         state = GraphmodeStaticPath.state_of(module)
         on, state["on"] = state["on"], False
         try:
-            tables = getattr(module, method)(torch.arange(max_seq_len, device=like.device))
+            tables = getattr(module, method)(torch.arange(max_seq_len, device=None if like is None else like.device))
         finally:
             state["on"] = on
         for name, table in zip(names, tables if isinstance(tables, tuple) else (tables,)):
