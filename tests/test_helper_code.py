@@ -592,3 +592,36 @@ def test_merged_linear_compiles_into_one_graph_after_an_eager_call():
                              backend="eager", fullgraph=True)
     for got, want in zip(compiled(x), [module.q(x), module.k(x), module.v(x)]):
         torch.testing.assert_close(got, want)
+
+
+class _Rotary(torch.nn.Module):
+    """A rotary table built on every call, to the furthest position asked for, with `position_tables` in `__init__`
+    and the static path's rows in front of its own code, as static_rotary leaves such a module."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4)), persistent=False)
+        self.max_seq_len = 12
+        helpers.GraphmodeStaticPath.position_tables(self.forward, ("cos_cached", "sin_cached"))
+
+    def forward(self, positions):
+        if helpers.graphmode_static_path(self):
+            return self.cos_cached[positions], self.sin_cached[positions]
+        emb = torch.outer(torch.arange(positions.max().item() + 1, dtype=torch.float32), self.inv_freq)
+        return emb.cos()[positions], emb.sin()[positions]
+
+
+def test_setup_builds_the_tables_a_module_names_with_its_own_code_for_every_position():
+    model = torch.nn.Sequential(_Rotary())
+    rotary = model[0]
+    assert "cos_cached" not in dict(rotary.named_buffers())  # nothing until the static path is sized
+    with helpers.GraphmodeStaticPath(model):  # sized on the static path: the tables still come from its own code
+        helpers.GraphmodeStaticPath.setup(model, 1, 10)
+        assert helpers.graphmode_static_path(rotary)
+    cos, sin = rotary(torch.arange(10))
+    assert rotary.cos_cached.shape == (10, 2) and "cos_cached" not in rotary.state_dict()
+    assert torch.equal(rotary.cos_cached, cos) and torch.equal(rotary.sin_cached, sin)
+    positions = torch.tensor([3, 7])
+    with helpers.GraphmodeStaticPath(model):
+        rows = rotary(positions)
+    assert all(torch.equal(r, t) for r, t in zip(rows, rotary(positions)))  # the rows the module's code computes

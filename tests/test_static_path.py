@@ -259,13 +259,11 @@ def test_a_rename_is_no_twin_and_a_few_changed_statements_fork_in_place():
     assert ("    def forward(self, x, start_pos: int):\n"
             "        h = self.norm(x)\n"
             "        return h + self.table[start_pos]\n") in split
-    # Two runs changed: each forks, the original's statements in `else` as written (one assignment without a note
-    # as a conditional expression); the rest is shared.
+    # Two runs changed: each forks, one assignment as a conditional expression (graphmode's note on the static
+    # statement above it); the rest is shared.
     assert ("    def forward(self, x, start_pos: int):\n"
-            "        if graphmode_static_path(self):  # graphmode: a changed first run.\n"
-            "            a = x + 2\n"
-            "        else:\n"
-            "            a = x + 1\n"
+            "        # graphmode: a changed first run.\n"
+            "        a = x + 2 if graphmode_static_path(self) else x + 1\n"
             "        b = a * 2\n"
             "\n"
             "        c = self.layer(b, start_pos)\n"
@@ -329,7 +327,8 @@ def test_a_forked_line_maps_to_the_statement_the_entries_run_in_its_place():
         return new[lines[line] - 1].strip()
 
     model = "class Model(torch.nn.Module):"
-    assert where("a = x + 1", model) == "a = x + 2", "a replaced statement maps to the static one in its place"
+    assert where("a = x + 1", model) == "a = x + 2 if graphmode_static_path(self) else x + 1", \
+        "a statement that became a conditional expression under graphmode's note maps to it, not to the note"
     assert where("d = c - 1", model) == "d = c - 5 if graphmode_static_path(self) else c - 1", \
         "a statement that became a conditional expression maps to it"
     assert where("b = a * 2", model) == "b = a * 2" and where("return e", model) == "return e"

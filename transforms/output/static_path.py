@@ -686,7 +686,8 @@ def _placed(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseSt
             return [_unless_static(receiver, last_if)]
     if len(own) > 1 and last_if is not None and static and _overwritten_defaults(own[:-1], static[0]):
         return [*own[:-1], _elif_fork(receiver, static, last_if)]
-    if (chosen := _chosen_value(receiver, static, own, width, texts)) is not None:
+    # The one statement stays at the original's level, not under `if`: the room of `width` + one indentation.
+    if (chosen := _chosen_value(receiver, static, own, width + 4, texts)) is not None:
         return [chosen]
     if _fits(own, width, texts):
         return [_fork(receiver, static, own, own)]
@@ -813,26 +814,31 @@ def _ends_the_call(stmt: cst.BaseStatement) -> bool:
 
 def _chosen_value(receiver: str, static: list[cst.BaseStatement], own: list[cst.BaseStatement],
                   width: int, texts: _Texts) -> cst.SimpleStatementLine | None:
-    """`x = A` on the static path and `x = B` in the original, neither with a note of its own: one statement,
-    `x = A if graphmode_static_path(receiver) else B` (a fork of four lines says no more; transforms.line_wrap
-    wraps it where it is long)."""
+    """`x = A` on the static path and `x = B` in the original, with no comment but graphmode's note above `x = A`:
+    one statement, `x = A if graphmode_static_path(receiver) else B`, the note above it (a fork of four lines says no
+    more; transforms.line_wrap wraps it where it is long)."""
     if len(static) != 1 or len(own) != 1:
         return None
     ours, theirs = single_assignment(static[0]), single_assignment(own[0])
+    notes = [line for line in static[0].leading_lines if line.comment is not None]
     if ours is None or theirs is None or ours[0] != theirs[0] \
-            or any(line.comment is not None for s in (static[0], own[0]) for line in s.leading_lines) \
-            or "#" in texts.code(static[0]) + texts.code(own[0]) \
+            or any(not line.comment.value.startswith("# graphmode:") for line in notes) \
+            or any(line.comment is not None for line in own[0].leading_lines) \
+            or "#" in texts.code(static[0].with_changes(leading_lines=())) + texts.code(own[0]) \
             or any(isinstance(v, (cst.IfExp, cst.Lambda, cst.NamedExpr, cst.Tuple)) and not v.lpar
-                   for v in (ours[1], theirs[1])):
-        return None
+                   for v in (ours[1], theirs[1])) \
+            or notes and any("\n" in texts.code(v) for v in (ours[1], theirs[1])):
+        return None  # a value over several lines reads better as a fork, the note on its `if` line
     choice = cst.IfExp(test=cst.parse_expression(f"{SWITCH_TEST}({receiver})"), body=ours[1], orelse=theirs[1])
-    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=choice)])
+    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=choice)],
+                               leading_lines=[*own[0].leading_lines, *notes])
     if _fits([line], width, texts):
         return line
     # Past the line limit: in parentheses, `else` under the value it follows.
     below = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (len(ours[0]) + 4)))
     wrapped = choice.with_changes(whitespace_before_else=below, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=wrapped)])
+    line = own[0].with_changes(body=[own[0].body[0].with_changes(value=wrapped)],
+                               leading_lines=[*own[0].leading_lines, *notes])
     return line if _fits([line], width, texts) else None
 
 

@@ -26,8 +26,8 @@ from libcst.metadata import PositionProvider
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.call_graph import THREADED
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, CACHE_BUFFERS, CACHE_CLASS, MASK_CLASS, \
-    PADDED_ROWS, RESIZE, SETUP, TABLE_BUFFERS
+from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, BUILT_TABLES, CACHE_BUFFERS, CACHE_CLASS, \
+    MASK_CLASS, PADDED_ROWS, RESIZE, SETUP, STATIC_PATH, TABLE_BUFFERS
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.dispatch import Transformer
@@ -38,10 +38,9 @@ FITS = "graphmode_fits"  # the helper `prefill` sizes the static buffers with, o
 ROW_POSITIONS = "graphmode_row_positions"  # each row's positions from a padding mask, as generate() counts them
 _PADDING = "attention_mask"  # the 2-D padding mask the keyword entries take where the mask rows apply it
 # The helpers whose buffers `setup_caches` allocates or checks (static_kv_cache, carried_cache, cache_object,
-# sliced_kv_cache and sliced_tables insert them); static_rotary writes a `graphmode_resize` method instead.
+# sliced_kv_cache and sliced_tables insert them); static_rotary writes a `graphmode_resize` method or a call of
+# BUILT_TABLES instead.
 _SIZED_BY_SETUP = (CACHE_CLASS, BUFFERS_CLASS, MASK_CLASS, CACHE_BUFFERS, TABLE_BUFFERS)
-# The helper whose `with` puts the entries' calls on the static path (static_path.SWITCH).
-STATIC_PATH = "GraphmodeStaticPath"
 
 
 def _sequence_length_names(body: list[cst.BaseStatement], tokens: str) -> set[str]:
@@ -168,7 +167,7 @@ class SplitDecode(GraphCodemod):
         if not any("entry points added" in e.summary for e in self.edits):
             return module
         sized = any(defined_at_top(module, name) for name in _SIZED_BY_SETUP) \
-            or f"def {RESIZE}(" in self.code_of_module(module)
+            or f"def {RESIZE}(" in self.code_of_module(module) or f"{BUILT_TABLES}(" in self.code_of_module(module)
         if sized and not defined_at_top(module, FITS):
             module, checked = _prefill_checks_sizes(module, self.options.entry_class)
             if checked:

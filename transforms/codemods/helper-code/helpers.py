@@ -423,12 +423,35 @@ class GraphmodeStaticPath:
             resize = getattr(module, "graphmode_resize", None)
             if callable(resize):
                 resize(max_batch_size, max_seq_len, like)
+            if hasattr(module, "graphmode_built_tables"):
+                GraphmodeStaticPath.build_tables(module, max_seq_len, like)
             for name, (seq_dim, batch_dim) in getattr(module, "graphmode_caches", {}).items():
                 held = getattr(module, name)
                 shape = list(held.shape)
                 shape[seq_dim], shape[batch_dim] = max_seq_len, max_batch_size
                 module.register_buffer(name, (held if like is None else like).new_zeros(shape), persistent=False)
         state.update(max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+
+    @staticmethod
+    def position_tables(method, names):
+        """Has `setup` register what `method`, a module's own code, returns for every position it serves as the
+        module's non-persistent buffers `names`, the rows its static path selects. static_rotary calls it in
+        `__init__` where that method builds a position table on every call and takes the positions alone."""
+        method.__self__.graphmode_built_tables = (method.__name__, names)
+
+    @staticmethod
+    def build_tables(module, max_seq_len, like):
+        """The tables `position_tables` named, built by the module's own code (off the static path, which only
+        selects their rows) for the positions 0..max_seq_len-1."""
+        method, names = module.graphmode_built_tables
+        state = GraphmodeStaticPath.state_of(module)
+        on, state["on"] = state["on"], False
+        try:
+            tables = getattr(module, method)(torch.arange(max_seq_len, device=None if like is None else like.device))
+        finally:
+            state["on"] = on
+        for name, table in zip(names, tables if isinstance(tables, tuple) else (tables,)):
+            module.register_buffer(name, table, persistent=False)
 
     @staticmethod
     def hold(model):

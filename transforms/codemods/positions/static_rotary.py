@@ -30,8 +30,16 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from graphmode.transforms.codemods.lib.helper_names import RESIZE
-from graphmode.transforms.codemods.lib.module import BufferCodemod, replace_method, self_attributes
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import BUILT_TABLES, RESIZE, STATIC_PATH
+from graphmode.transforms.codemods.lib.module import (
+    BufferCodemod,
+    append_to_init,
+    defined_at_top,
+    insert_after_imports,
+    replace_method,
+    self_attributes,
+)
 from graphmode.transforms.cstutil import (
     code_of,
     find_method,
@@ -108,6 +116,7 @@ class StaticRotary(BufferCodemod):
     def __init__(self, context, options) -> None:
         super().__init__(context, options)
         self._module_names: set[str] = set()
+        self._calls_tables = False  # an `__init__` calls BUILT_TABLES, whose class the module then needs
 
     def visit_Module(self, node: cst.Module) -> None:
         for stmt in node.body:
@@ -155,8 +164,53 @@ class StaticRotary(BufferCodemod):
                                "`torch.arange` with a start or step; only `arange(length)` is rewritten")
             return None
 
-        # The tables, built by `setup_caches` for the positions it serves (a `graphmode_resize` method, which it
+        taken = self_attributes(cls)
+        names = [_buffer_name(t, taken, i) for i, t in enumerate(tables)]
+        selects = ", ".join(f"self.{name}[{position}]" for name in names)
+        new_body = [*docstring, cst.parse_statement(f"return {selects}\n").with_changes(
+            leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
+                "# graphmode: rows of the tables setup_caches built."))]
+        )]
+        self.record_edit(method, f"table built by setup_caches as buffers {', '.join(names)}")
+        new_method = method.with_changes(body=method.body.with_changes(body=new_body))
+        updated = replace_method(updated, method.name.value, new_method)
+        params = method.params
+        if [p.name.value for p in params.params] == ["self", position] and not params.kwonly_params \
+                and not params.posonly_params and not isinstance(params.star_arg, cst.Param) and not params.star_kwarg:
+            # The position is the method's only argument: its own code (the original, which the static path keeps
+            # beside the rows it selects) builds the tables once `setup_caches` hands it every position, so nothing
+            # is copied; `__init__` names the method and the tables.
+            self._calls_tables = True
+            listed = ", ".join(f'"{name}"' for name in names) + ("" if len(names) > 1 else ",")
+            return append_to_init(updated, [cst.parse_statement(
+                f"{BUILT_TABLES}(self.{method.name.value}, ({listed}))\n")],
+                f"`{method.name.value}`'s tables, built once for every position.")
+        # Else the tables, built by `setup_caches` for the positions it serves (a `graphmode_resize` method, which it
         # calls on every module that has one), on the device of the model's parameters (`like`).
+        resize = cst.parse_statement(
+            "class C:\n"
+            f"    def {RESIZE}(self, max_batch_size, max_seq_len, like=None):\n"
+            f'        """`{method.name.value}`\'s tables, built by `setup_caches` (added by graphmode)."""\n'
+            "        pass\n").body.body[0]
+        resize_statements = self._copied_tables(arange, arange_var, table_statements, tables, names)
+        resize = resize.with_changes(body=resize.body.with_changes(body=[resize.body.body[0], *resize_statements]),
+                                     leading_lines=[cst.EmptyLine(indent=False)])
+        members = []
+        for member in updated.body.body:
+            members.append(member)
+            if isinstance(member, cst.FunctionDef) and member.name.value == method.name.value:
+                members.append(resize)
+        return updated.with_changes(body=updated.body.with_changes(body=members))
+
+    def finish_module(self, module: cst.Module) -> cst.Module:
+        if self._calls_tables and not defined_at_top(module, STATIC_PATH):
+            module = insert_after_imports(module, helper_statements(STATIC_PATH))
+        return module
+
+    @staticmethod
+    def _copied_tables(arange, arange_var, table_statements, tables, names) -> list[cst.BaseStatement]:
+        """The table statements, with the length `max_seq_len` and the model's device, and the buffers they make:
+        for a method that takes more than the positions, which `setup_caches` cannot call."""
         resize_arange = arange.with_changes(args=[
             cst.Arg(cst.Name("max_seq_len"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
             *[a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in arange.args
@@ -168,33 +222,10 @@ class StaticRotary(BufferCodemod):
             cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(arange_var))], resize_arange)]),
             *[s.with_changes(leading_lines=[]) for s in table_statements],
         ]
-        taken = self_attributes(cls)
-        names = [_buffer_name(t, taken, i) for i, t in enumerate(tables)]
         for name, table in zip(names, tables):
             register = cst.parse_statement(f'self.register_buffer("{name}", TABLE, persistent=False)\n')
             resize_statements.append(register.visit(_ReplaceName("TABLE", table)))
-        resize = cst.parse_statement(
-            "class C:\n"
-            f"    def {RESIZE}(self, max_batch_size, max_seq_len, like=None):\n"
-            f'        """`{method.name.value}`\'s tables, built by `setup_caches` (added by graphmode)."""\n'
-            "        pass\n").body.body[0]
-        resize = resize.with_changes(body=resize.body.with_changes(body=[resize.body.body[0], *resize_statements]),
-                                     leading_lines=[cst.EmptyLine(indent=False)])
-
-        selects = ", ".join(f"self.{name}[{position}]" for name in names)
-        new_body = [*docstring, cst.parse_statement(f"return {selects}\n").with_changes(
-            leading_lines=[cst.EmptyLine(indent=True, comment=cst.Comment(
-                "# graphmode: rows of the tables setup_caches built."))]
-        )]
-        self.record_edit(method, f"table built by setup_caches as buffers {', '.join(names)}")
-        new_method = method.with_changes(body=method.body.with_changes(body=new_body))
-        updated = replace_method(updated, method.name.value, new_method)
-        members = []
-        for member in updated.body.body:
-            members.append(member)
-            if isinstance(member, cst.FunctionDef) and member.name.value == method.name.value:
-                members.append(resize)
-        return updated.with_changes(body=updated.body.with_changes(body=members))
+        return resize_statements
 
     # -- a cache that grows on demand --------------------------------------------------------------
     def _rewrite_growing_cache(self, cls, updated, method, body, growth):
