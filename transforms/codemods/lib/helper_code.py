@@ -34,7 +34,7 @@ def helper_statements(name: str) -> list[cst.BaseStatement]:
     definition = _definitions().get(name)
     if definition is None:
         raise KeyError(f"{HELPER_CODE} defines no helper named {name!r}")
-    # Not a deep copy (a tenth of the chain's time on a llama file went to copying the helpers): the definition's
+    # Not a deep copy (copying the helpers took 0.024 s of the chain's 0.78 s on a llama file): the definition's
     # nodes are shared with `_definitions`' parse and with every tree this helper went into before. That is safe
     # because libcst's nodes never change, and what graphmode keys by node identity (a codemod's plans, the chain's
     # parents, positions and tables in ParsedSource) is built for one tree and read in that tree only, which holds
