@@ -163,7 +163,19 @@ class ParsedSource:
 
     @cached_property
     def step_functions(self) -> set[str]:
-        return step_qualnames_in(self.tree)
+        return step_qualnames_in(self.unnumbered_tree)
+
+    @cached_property
+    def unnumbered_tree(self) -> ast.Module:
+        """`tree` for questions that read no line numbers (which functions a step reaches, the module's imports).
+        A text the chain generated whose whole `ast` no one asked for yet is not parsed again: the module is put
+        together from its statements' own `ast` nodes (`_statements` parsed only those a codemod changed, each
+        alone), the same tree but for line numbers. That was two parses of the whole text per chain on a llama
+        file."""
+        statements = self._statements
+        if statements is None or "tree" in self.__dict__:
+            return self.tree
+        return ast.Module(body=[node for statement in statements for node in statement.nodes], type_ignores=[])
 
     @cached_property
     def words(self) -> frozenset[str]:
@@ -270,17 +282,17 @@ class _Statement:
     first asked. Qualified names are the module's: a statement of its body is not inside any class or function."""
 
     def __init__(self, nodes: list[ast.stmt]) -> None:
-        self._nodes = nodes
+        self.nodes = nodes
         self._function_words: dict[str, frozenset[str] | None] = {}
 
     @cached_property
     def words(self) -> frozenset[str]:
-        return frozenset().union(*map(_words_in, self._nodes))
+        return frozenset().union(*map(_words_in, self.nodes))
 
     @cached_property
     def functions_by_qualname(self) -> dict[str, list[ast.AST]]:
         found: dict[str, list[ast.AST]] = {}
-        for node in self._nodes:
+        for node in self.nodes:
             for qualname, nodes in _functions_by_qualname(node, within=True).items():
                 found.setdefault(qualname, []).extend(nodes)
         return found
@@ -293,11 +305,11 @@ class _Statement:
 
     @cached_property
     def classes_in_functions(self) -> bool:
-        return any(map(_classes_in_functions, self._nodes))
+        return any(map(_classes_in_functions, self.nodes))
 
     @cached_property
     def has_position_param(self) -> bool:
-        return any(map(_has_position_param, self._nodes))
+        return any(map(_has_position_param, self.nodes))
 
     @cached_property
     def position_functions(self) -> frozenset[str]:

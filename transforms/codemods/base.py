@@ -353,6 +353,6 @@ def _imports_present(context: CodemodContext, source: ParsedSource) -> bool:
     """Every import a codemod asked for is a plain `import X` the module already has at its top: AddImportsVisitor
     (a walk and a metadata resolution of its own) would change nothing."""
     wanted: list[ImportItem] = context.scratch[AddImportsVisitor.CONTEXT_KEY]
-    present = {alias.name for stmt in source.tree.body if isinstance(stmt, ast.Import) for alias in stmt.names
-               if alias.asname is None}
+    present = {alias.name for stmt in source.unnumbered_tree.body if isinstance(stmt, ast.Import)
+               for alias in stmt.names if alias.asname is None}
     return all(item.obj_name is None and item.alias is None and item.module_name in present for item in wanted)

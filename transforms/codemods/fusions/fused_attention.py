@@ -313,7 +313,7 @@ class FusedAttention(StepCodemod):
             args += [f"num_heads={q}.shape[1]", f"num_key_value_heads={k}.shape[1]", 'input_layout="BNSD"',
                      f"scale={scale}"]
             return cst.parse_expression(f"torch_npu.npu_fused_infer_attention_score({', '.join(args)})[0]")
-        prefix = functional_prefix(self.source.tree, self.context)
+        prefix = functional_prefix(self.source.unnumbered_tree, self.context)
         args = [q, k, v]
         if chain.mask is not None:
             args.append(f"attn_mask={code_of(chain.mask).strip()}")

@@ -84,7 +84,7 @@ class FusedRMSNorm(StepCodemod):
             folded = self._npu_with_weight(stmt, norm, scaled, eps, after)
             if folded is not None:
                 return folded
-        prefix = functional_prefix(self.source.tree, self.context)
+        prefix = functional_prefix(self.source.unnumbered_tree, self.context)
         x = code_of(bare(scaled))
         call = cst.parse_expression(f"{prefix}.rms_norm({x}, ({_uncast(scaled)}.shape[-1],), "
                                     f"eps={code_of(eps).strip()})")
