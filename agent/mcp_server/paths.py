@@ -27,7 +27,7 @@ class Folders:
             raise UserError(f"{what}: give a path")
         path = Path(given).expanduser()
         resolved = (path if path.is_absolute() else self.roots[0] / path).resolve()
-        if not any(resolved == root or root in resolved.parents for root in self.roots):
+        if not self.holds(resolved):
             raise UserError(f"{given}: outside the folders this server may read "
                             f"({', '.join(str(root) for root in self.roots)})")
         if not resolved.exists():
@@ -35,9 +35,15 @@ class Folders:
         return resolved
 
     def within(self, path: str | Path, what: str) -> Path:
-        """A path a saved session names (its target), which must lie under a root too."""
+        """A path a saved session or a target file names (a session's target, a graphmode.toml's harness), which must
+        lie under a root too."""
         resolved = Path(path).resolve()
-        if not any(resolved == root or root in resolved.parents for root in self.roots):
+        if not self.holds(resolved):
             raise UserError(f"{what} {resolved} is outside the folders this server may read "
                             f"({', '.join(str(root) for root in self.roots)})")
         return resolved
+
+    def holds(self, path: str | Path) -> bool:
+        """Whether `path`, resolved, is a root or lies under one."""
+        resolved = Path(path).resolve()
+        return any(resolved == root or root in resolved.parents for root in self.roots)
