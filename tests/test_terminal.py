@@ -1,4 +1,7 @@
-"""The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption."""
+"""The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption.
+
+The runs use the eager backend: what is checked is the session, and a round whose Decode breaks its graph compiles
+again at each recompile, where aot_eager's tracing doubles that round's time."""
 from __future__ import annotations
 
 import json
@@ -64,7 +67,7 @@ def _workers_of(home: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verified_model(tmp_path):
     out = tmp_path / "out"
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(out),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     design = out / "legacy_llm" / "design.md"
@@ -107,7 +110,7 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
     """A gpt-fast-style target already graph-ready: the person reads the entry points' diff and approves them
     alone, leaving out the assert rewrite; the model verifies."""
     target = Path(__file__).parent / "fixtures" / "targets" / "static_ready"
-    child = _spawn("adapt", str(target), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+    child = _spawn("adapt", str(target), "--backend", "eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     entries, = _change_ids(tmp_path / "out" / "static_ready" / "design.md", "split_decode")
@@ -125,7 +128,7 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     child.sendeof()
@@ -139,7 +142,7 @@ def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the workers")
 def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
     out, home = tmp_path / "out", tmp_path / "home"
-    child = _spawn("adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager", "--runs", "3", "--out", str(out),
+    child = _spawn("adapt", str(EXAMPLE), "--yes", "--backend", "eager", "--runs", "3", "--out", str(out),
                    home=home, cwd=tmp_path)
     child.expect("implement")  # verify starts next; wait until one of its workers runs
     deadline = time.monotonic() + 120
@@ -169,7 +172,7 @@ def test_a_declined_change_behind_a_failure_is_named_and_offered_in_the_next_rou
     """The person declines the host-check hoist; Decode then breaks its graph at the assert it would have moved.
     The repair names that change with the line, and the second round asks whether to add it: yes verifies."""
     out = tmp_path / "out"
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(out),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     design = out / "legacy_llm" / "design.md"
