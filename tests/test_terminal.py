@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from test_workflow import a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly
+
 from graphmode.transforms.codemods import CODEMODS
 
 pexpect = pytest.importorskip("pexpect")
@@ -127,7 +129,9 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
+def test_ctrl_d_at_the_prompt_stops_with_the_session_saved_and_the_command_line_carries_on(tmp_path):
+    """Ctrl-D saves the session at its confirmation; the command line then answers it (test_workflow.py's checks of
+    a refused choice and of declining everything, on this session: one analysis for both)."""
     child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
@@ -136,6 +140,9 @@ def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
     status = _finish(child)
     assert status == 4, child.before
     assert "internal error" not in child.before
+    said = re.sub(r"\x1b\[[0-9;]*m", "", child.before)  # as printed, less the colours
+    a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly(
+        said, tmp_path / "out", tmp_path / "home", tmp_path)
 
 
 @pytest.mark.slow

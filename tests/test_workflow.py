@@ -189,19 +189,19 @@ def test_stop_at_confirm_then_resume_in_a_later_process(tmp_path, home):
     assert again.returncode == 0 and "has finished" in again.stdout
 
 
-@pytest.mark.slow
-def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly(tmp_path, home):
-    out = tmp_path / "out"
-    stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--out", str(out), home=home, cwd=tmp_path)
-    session = re.search(r"graphmode resume (\w+)\s", stopped.stdout).group(1)
-    hint = re.search(r"--approve (\S+)", stopped.stdout).group(1)
+def a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly(
+        stopped: str, out: Path, home: Path, cwd: Path) -> None:
+    """Checks on a session of the example stopped at its confirmation (`stopped`: what the command printed), that
+    finish it: tests/test_terminal.py's Ctrl-D at the prompt leaves one, so no analysis runs for these alone."""
+    session = re.search(r"graphmode resume (\w+)\s", stopped).group(1)
+    hint = re.search(r"--approve (\S+)", stopped).group(1)
     # Only the table rewrite: positions would stay Python ints and there would be no entry points. Refused, with
     # what to add; nothing the person chose is dropped silently, and the session stays at confirmation.
-    partial = graphmode("resume", session, "--approve", "C2", home=home, cwd=tmp_path)
+    partial = graphmode("resume", session, "--approve", "C2", home=home, cwd=cwd)
     assert partial.returncode == 2 and "Traceback" not in partial.stderr
     wanted = ",".join(sorted({"C2", *hint.split(",")}))
     assert "cannot run in graph mode" in partial.stderr and f"approve {wanted}" in partial.stderr.replace("\n", "")
-    needs = graphmode("resume", session, "--approve", "C1,C3", home=home, cwd=tmp_path)
+    needs = graphmode("resume", session, "--approve", "C1,C3", home=home, cwd=cwd)
     # Each chosen change is said with all it needs, as the design and the confirmation table list them.
     assert needs.returncode == 2 and re.search(r"C3 needs [^;]*C5", needs.stderr), needs.stderr
     design = (out / EXAMPLE.name / "design.md").read_text()
@@ -209,7 +209,7 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     assert f"C3 needs {c3_needs};" in needs.stderr
     # Declining everything is a choice: the workflow goes from confirmation straight to the report, which says that
     # nothing was adapted or verified (exit 1); no empty implement or verify runs.
-    resumed = graphmode("resume", session, "--reject-all", home=home, cwd=tmp_path)
+    resumed = graphmode("resume", session, "--reject-all", home=home, cwd=cwd)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert "Not verified" in resumed.stdout and "Traceback" not in resumed.stderr + resumed.stdout
     assert not re.search(r"^\W*(implement|verify) \(", resumed.stdout, re.M), resumed.stdout
@@ -221,7 +221,7 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
     text = (out / EXAMPLE.name / "report.md").read_text()
     assert "every planned change was declined" in text and "Declined:" in text
     # Resumed once finished, the session answers with its own verdict, as the adapt that finished it did.
-    again = graphmode("resume", session, home=home, cwd=tmp_path)
+    again = graphmode("resume", session, home=home, cwd=cwd)
     assert again.returncode == 1 and "has finished, not verified" in again.stdout, again.stdout + again.stderr
 
 
@@ -229,8 +229,8 @@ def test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_ho
 def test_the_choice_the_hint_suggests_verifies(tmp_path, home):
     """The subset graphmode itself suggests must give a model that runs: here it gives the original's tokens (one
     round: the repair would otherwise stop to offer what the subset left out, tests/test_terminal.py). Opt-in: CI
-    adapts a subset at the terminal (test_terminal.py) and checks the hint's needs in
-    test_a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly."""
+    adapts a subset at the terminal (test_terminal.py) and checks the hint's needs there, after Ctrl-D
+    (a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly)."""
     out = tmp_path / "out"
     stopped = graphmode("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--rounds", "1",
                         "--out", str(out), home=home, cwd=tmp_path)
