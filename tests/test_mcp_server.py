@@ -1,6 +1,7 @@
 """`graphmode mcp` through the MCP SDK's own client over stdio, as a coding agent drives it: the tools listed, then
 scan -> design -> apply -> verify on the bundled example to a verified report, and bad input answered as tool errors
-with the command line's messages while the server carries on.
+with the command line's messages while the server carries on. What lies outside the server's folders stays out of
+reach: a session the command line saved on another folder, and a graphmode.toml naming files elsewhere.
 
 One server session runs the whole conversation once (module-scoped); the tests read what it answered.
 """
@@ -39,7 +40,28 @@ class Conversation:
         return await self.session.call_tool(name, arguments, progress_callback=progress)
 
 
-async def _converse(home: Path, out: Path) -> dict:
+def _session_on(home: Path, target: Path, session: str) -> None:
+    """A session the command line saved on `target`, stopped at confirmation; saved through the workflow's own graph
+    without running a model."""
+    from graphmode.agent.cli.terminal import session_config
+    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
+    from graphmode.agent.workflow.state import RunOptions, RunState
+
+    state = RunState(session_id=session, options=RunOptions(target=str(target), run_dir=str(target / "out")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRAPHMODE_HOME", str(home))
+        with open_checkpointer() as checkpointer:
+            build_graph(checkpointer).update_state(session_config(session), state.model_dump(), as_node="design")
+
+
+def _target_file_naming(folder: Path, target: str) -> Path:
+    """A target folder (under the server's folders) whose graphmode.toml has `target` as its [target] table."""
+    folder.mkdir()
+    (folder / "graphmode.toml").write_text(f"[target]\n{target}\n")
+    return folder
+
+
+async def _converse(home: Path, out: Path, elsewhere: Path) -> dict:
     env = {**os.environ, "GRAPHMODE_HOME": str(home)}
     # Two roots: the examples, and the folder the run folders go in, so verify may read the session's adapted copy.
     server = StdioServerParameters(command=sys.executable, env=env, cwd=str(out.parent), args=[
@@ -53,11 +75,13 @@ async def _converse(home: Path, out: Path) -> dict:
         answers["missing"] = await talk.call("scan", {"paths": ["no_such_model"]})
         answers["outside"] = await talk.call("verify", {"original": "legacy_llm", "adapted": str(Path.home())})
         answers["unknown_session"] = await talk.call("apply", {"session": "nosuch01"})
-        # A target under a root whose graphmode.toml names a harness outside every root.
-        elsewhere = out.parent / "elsewhere"
-        elsewhere.mkdir()
-        (elsewhere / "graphmode.toml").write_text(f'[target]\nharness = "{Path.home() / "harness.py"}"\n')
-        answers["harness_outside"] = await talk.call("design", {"target": str(elsewhere)})
+        answers["session_elsewhere"] = await talk.call("report", {"session": "elsewh01"})
+        harness = _target_file_naming(out.parent / "harness_elsewhere", f'harness = "{elsewhere / "harness.py"}"')
+        answers["harness_elsewhere"] = await talk.call("design", {"target": str(harness), "backend": "eager"})
+        sources = _target_file_naming(out.parent / "sources_elsewhere",
+                                     f'sources = ["../../{elsewhere.name}/model.py"]')
+        (sources / "harness.py").write_text((elsewhere / "harness.py").read_text())
+        answers["sources_elsewhere"] = await talk.call("design", {"target": str(sources), "backend": "eager"})
         designed = answers["design"] = await talk.call(
             "design", {"target": str(EXAMPLE), "backend": "eager", "runs": 1})
         session_id = designed.structured_content["session"]
@@ -77,8 +101,13 @@ async def _converse(home: Path, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def conversation(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("mcp")
-    answers = anyio.run(_converse, tmp / "home", tmp / "out")
-    answers["home"] = tmp / "home"
+    # A folder beside the server's: a harness that says so if it is ever run, and a saved session on it.
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "harness.py").write_text(f"open({str(elsewhere / 'ran')!r}, 'w').close()\n")
+    (elsewhere / "model.py").write_text("")
+    _session_on(tmp / "home", elsewhere, "elsewh01")
+    answers = anyio.run(_converse, tmp / "home", tmp / "out", elsewhere)
+    answers["home"], answers["elsewhere"] = tmp / "home", elsewhere
     return answers
 
 
@@ -125,40 +154,42 @@ def test_a_session_the_server_started_is_the_command_lines_too(conversation):
     ("missing", "no_such_model: no such file or folder"),
     ("outside", "outside the folders this server may read"),
     ("unknown_session", "no session nosuch01"),
-    ("harness_outside", "[target] harness"),
     ("unknown_change", "--approve C99:"),
     ("report_too_soon", "has no report yet: it stands at confirm"),
+    ("session_elsewhere", "session elsewh01's target"),
 ])
 def test_bad_input_is_a_tool_error_with_the_command_lines_message(conversation, answer, expected):
     result = conversation[answer]
-    assert result.is_error and expected in result.content[0].text, result.content
-    assert "Traceback" not in result.content[0].text
-    # The command line's message as it is, not under the SDK's "Error executing tool NAME:".
-    assert not result.content[0].text.startswith("Error executing tool"), result.content
+    text = result.content[0].text
+    assert result.is_error and expected in text, result.content
+    # The message alone: no "Error executing tool NAME: " from the SDK before it, no traceback after it.
+    assert not text.startswith("Error executing tool") and "Traceback" not in text, text
 
 
-def test_sessions_lists_only_the_sessions_on_targets_under_the_roots(tmp_path, monkeypatch):
-    # Two sessions saved through the workflow's own graph (nothing run): one on a target under the server's root, one
-    # on a target elsewhere, as the command line may have started.
-    from graphmode.agent.cli.terminal import session_config
-    from graphmode.agent.mcp_server import tools
-    from graphmode.agent.mcp_server.paths import Folders
-    from graphmode.agent.workflow.graph import build_graph, open_checkpointer
-    from graphmode.agent.workflow.state import RunOptions, RunState
+@pytest.mark.slow
+def test_a_tool_error_says_what_the_command_line_says(conversation):
+    env = {**os.environ, "GRAPHMODE_HOME": str(conversation["home"])}
+    done = subprocess.run([sys.executable, "-m", "graphmode.agent.cli", "resume", "nosuch01"],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"graphmode: error: {conversation['unknown_session'].content[0].text}"
 
-    monkeypatch.setenv("GRAPHMODE_HOME", str(tmp_path / "home"))
-    root, elsewhere = tmp_path / "root" / "model", tmp_path / "elsewhere" / "model"
-    for target in (root, elsewhere):
-        target.mkdir(parents=True)
-    with open_checkpointer() as checkpointer:
-        graph = build_graph(checkpointer)
-        for session, target in (("inside01", root), ("outside1", elsewhere)):
-            state = RunState(session_id=session, options=RunOptions(target=str(target), run_dir=str(tmp_path / "out")))
-            graph.update_state(session_config(session), state.model_dump(), as_node="analyze")
-    listed = tools.sessions(Folders.of([tmp_path / "root"], tmp_path / "out"))["sessions"]
-    assert [row["session"] for row in listed] == ["inside01"]
-    assert Folders.of([tmp_path], tmp_path / "out").holds(elsewhere) and not Folders.of(
-        [tmp_path / "root"], tmp_path / "out").holds(tmp_path / "root" / ".." / "elsewhere")
+
+@pytest.mark.slow
+def test_sessions_lists_only_sessions_on_targets_under_the_roots(conversation):
+    listed = {s["session"]: s for s in conversation["sessions"].structured_content["sessions"]}
+    assert listed[conversation["session"]]["target"] == str(EXAMPLE.resolve())
+    assert "elsewh01" not in listed, listed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, key", [("harness_elsewhere", "harness"), ("sources_elsewhere", "sources")])
+def test_a_target_file_naming_a_file_outside_the_roots_is_refused_before_anything_runs(conversation, answer, key):
+    result, elsewhere = conversation[answer], conversation["elsewhere"]
+    text = result.content[0].text
+    assert result.is_error and f"graphmode.toml: [target] {key} {elsewhere}" in text, text
+    assert "is outside the folders this server may read" in text, text
+    assert not (elsewhere / "ran").exists(), "the harness outside the roots was run"
 
 
 def test_the_server_starts_without_torch():

@@ -1,6 +1,10 @@
-"""The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption."""
+"""The `graphmode` session at a real terminal (a pseudo-terminal driven by pexpect): keys, answers, interruption.
+
+The runs use the eager backend: what is checked is the session, and a round whose Decode breaks its graph compiles
+again at each recompile, where aot_eager's tracing doubles that round's time."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -10,6 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from test_workflow import (a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly,
+                           graphmode)
 
 from graphmode.transforms.codemods import CODEMODS
 
@@ -62,12 +69,23 @@ def _workers_of(home: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verified_model(tmp_path):
-    out = tmp_path / "out"
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
-                   home=tmp_path / "home", cwd=tmp_path)
+def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_revises_and_the_command_line_carries_on(tmp_path):
+    """At the terminal: a change's diff, what a subset needs, a revised parameter, then Ctrl-D. The command line then
+    carries on in later processes: the sessions list, a mistyped id and a wrong revision refused, a revision made
+    there too, and the resume that verifies at the revised length. One analysis and one verification for both ways
+    of answering a session."""
+    out, home = tmp_path / "out", tmp_path / "home"
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(out), home=home,
+                   cwd=tmp_path)
     child.expect("Apply which changes")
-    design = out / "legacy_llm" / "design.md"
+    run = out / "legacy_llm"
+    design = run / "design.md"
+    first = design.read_text()
+    # The probe's evidence is merged into the static findings: the rule's line carries what Dynamo saw.
+    assert "classified as **recompile**" in first and "recompiled" in first and "graph break:" in first
+    assert "Nothing: every finding has an automatic change." in first
+    # The design names the transformers release it was made under (installed here, as the suite's extras pin).
+    assert f"| transformers | {importlib.metadata.version('transformers')} (the release installed" in first
     cache, = _change_ids(design, "static_kv_cache")
     needs = _change_ids(design, "static_mask", "static_positions", "split_decode")
     child.sendline(f"d {cache}")  # one change's diff, through the pager
@@ -78,7 +96,7 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     child.expect(r"need[s]? (C\d(, C\d)*) too\. Add")
     assert set(child.match.group(1).split(", ")) == needs
     # The design (and the table above the question, from the same function) listed the same needs for the cache.
-    section = design.read_text().split(f"### {cache}.")[1].split("\n### ")[0]
+    section = first.split(f"### {cache}.")[1].split("\n### ")[0]
     listed = re.search(r"\*\*Needs:\*\* (C\d(?:, C\d)*)", section).group(1)
     assert set(listed.split(", ")) == needs
     child.sendline("no")  # nothing is added or dropped behind the person's back: the question comes again
@@ -92,14 +110,40 @@ def test_a_person_reads_a_diff_is_asked_for_what_a_subset_needs_and_gets_a_verif
     child.expect("revised max_seq_len=48: the design is made again")
     child.expect(r"max_seq_len=48")  # the table's parameters column
     child.expect("Apply which changes")
-    child.sendline("all")
-    child.expect(r"Verified:(?:\x1b\[[0-9;]*m)* identical tokens")  # rich colours the word at a terminal
-    assert _finish(child) == 0
-    assert (out / "legacy_llm" / "planned.diff").read_text() == (out / "legacy_llm" / "changes.diff").read_text()
-    # Verification set the static path up at the revised length (the battery's sized-length rows say it).
-    report = json.loads((out / "legacy_llm" / "report.json").read_text())
-    assert any("the last slot of 48" in row["name"] for row in report["battery"])
-    assert len(list((out / "legacy_llm" / "designs").glob("design-*.md"))) == 2
+    child.sendeof()
+    child.expect(r"graphmode resume (\w+)")
+    session = child.match.group(1)
+    assert _finish(child) == 4
+    assert "`max_seq_len` = `48` (revised)" in design.read_text()
+
+    # The command line, in later processes. Not a terminal: whole paths, to copy (a table would cut them).
+    listed = graphmode("sessions", home=home, cwd=tmp_path)
+    assert session in listed.stdout and "confirm" in listed.stdout
+    assert f"{session}\t{EXAMPLE}\tconfirm" in listed.stdout, listed.stdout
+    # A mistyped id is refused before the session sees it, and leaves the session as it was.
+    mistyped = graphmode("resume", session, "--approve", "C9", home=home, cwd=tmp_path)
+    assert mistyped.returncode == 2 and "no change C9" in mistyped.stderr and "Traceback" not in mistyped.stderr
+    # A revision, checked the same way, makes the design again; the session stops for it.
+    wrong = graphmode("resume", session, "--revise", f"{cache}.max_seq_len=lots", home=home, cwd=tmp_path)
+    assert wrong.returncode == 2 and "not a positive whole number" in wrong.stderr and "unchanged" in wrong.stderr
+    revised = graphmode("resume", session, "--revise", f"{cache}.max_seq_len=56", home=home, cwd=tmp_path)
+    assert revised.returncode == 4, revised.stdout + revised.stderr
+    assert "revised max_seq_len=56" in revised.stdout and f"graphmode resume {session}" in revised.stdout
+    assert "`max_seq_len` = `56` (revised)" in design.read_text()
+    assert (run / "designs" / "design-1.md").read_text() == first  # the first design is kept
+    assert len(list((run / "designs").glob("design-*.md"))) == 3
+    resumed = graphmode("resume", session, home=home, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert (run / "planned.diff").read_text() == (run / "changes.diff").read_text()
+    report = json.loads((run / "report.json").read_text())
+    # The static path holds the revised length (the harness's MAX_SEQ_LEN stays 64; verify's 8 + 32 positions fit),
+    # and the model verifies, the battery's sized-length rows at 56.
+    assert report["tokens_equal"] is True and report["rounds"][0]["revisions"] == {"max_seq_len": 56}
+    # No size in the file: verification hands the revised length to setup_caches.
+    assert "GRAPHMODE_MAX_SEQ_LEN" not in (run / "adapted" / "model.py").read_text()
+    assert any("the last slot of 56" in row["name"] for row in report["battery"])
+    again = graphmode("resume", session, home=home, cwd=tmp_path)
+    assert again.returncode == 0 and "has finished" in again.stdout
 
 
 @pytest.mark.slow
@@ -107,7 +151,7 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
     """A gpt-fast-style target already graph-ready: the person reads the entry points' diff and approves them
     alone, leaving out the assert rewrite; the model verifies."""
     target = Path(__file__).parent / "fixtures" / "targets" / "static_ready"
-    child = _spawn("adapt", str(target), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+    child = _spawn("adapt", str(target), "--backend", "eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     entries, = _change_ids(tmp_path / "out" / "static_ready" / "design.md", "split_decode")
@@ -124,8 +168,10 @@ def test_a_subset_approved_at_the_terminal_verifies(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(tmp_path / "out"),
+def test_ctrl_d_at_the_prompt_stops_with_the_session_saved_and_the_command_line_carries_on(tmp_path):
+    """Ctrl-D saves the session at its confirmation; the command line then answers it (test_workflow.py's checks of
+    a refused choice and of declining everything, on this session: one analysis for both)."""
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(tmp_path / "out"),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     child.sendeof()
@@ -133,13 +179,16 @@ def test_ctrl_d_at_the_prompt_stops_with_the_session_saved(tmp_path):
     status = _finish(child)
     assert status == 4, child.before
     assert "internal error" not in child.before
+    said = re.sub(r"\x1b\[[0-9;]*m", "", child.before)  # as printed, less the colours
+    a_choice_is_refused_with_what_it_needs_and_declining_all_is_reported_honestly(
+        said, tmp_path / "out", tmp_path / "home", tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the workers")
 def test_ctrl_c_during_verify_names_the_session_and_leaves_no_worker(tmp_path):
     out, home = tmp_path / "out", tmp_path / "home"
-    child = _spawn("adapt", str(EXAMPLE), "--yes", "--backend", "aot_eager", "--runs", "3", "--out", str(out),
+    child = _spawn("adapt", str(EXAMPLE), "--yes", "--backend", "eager", "--runs", "3", "--out", str(out),
                    home=home, cwd=tmp_path)
     child.expect("implement")  # verify starts next; wait until one of its workers runs
     deadline = time.monotonic() + 120
@@ -169,7 +218,7 @@ def test_a_declined_change_behind_a_failure_is_named_and_offered_in_the_next_rou
     """The person declines the host-check hoist; Decode then breaks its graph at the assert it would have moved.
     The repair names that change with the line, and the second round asks whether to add it: yes verifies."""
     out = tmp_path / "out"
-    child = _spawn("adapt", str(EXAMPLE), "--backend", "aot_eager", "--runs", "1", "--out", str(out),
+    child = _spawn("adapt", str(EXAMPLE), "--backend", "eager", "--runs", "1", "--out", str(out),
                    home=tmp_path / "home", cwd=tmp_path)
     child.expect("Apply which changes")
     design = out / "legacy_llm" / "design.md"

@@ -34,15 +34,16 @@ class Folders:
             raise UserError(f"{given}: no such file or folder")
         return resolved
 
-    def holds(self, path: str | Path) -> bool:
-        """Whether `path`, resolved (links followed), is a root or lies under one."""
-        resolved = Path(path).expanduser().resolve()
-        return any(resolved == root or root in resolved.parents for root in self.roots)
-
     def within(self, path: str | Path, what: str) -> Path:
-        """A path a saved session or a target file names (a target, a harness), which must lie under a root too."""
-        resolved = Path(path).expanduser().resolve()
+        """A path a saved session or a target file names (a session's target, a graphmode.toml's harness), which must
+        lie under a root too."""
+        resolved = Path(path).resolve()
         if not self.holds(resolved):
             raise UserError(f"{what} {resolved} is outside the folders this server may read "
                             f"({', '.join(str(root) for root in self.roots)})")
         return resolved
+
+    def holds(self, path: str | Path) -> bool:
+        """Whether `path`, resolved, is a root or lies under one."""
+        resolved = Path(path).resolve()
+        return any(resolved == root or root in resolved.parents for root in self.roots)

@@ -38,12 +38,31 @@ def design(folders: Folders, target: str, backend: str | None = None, steps: int
     from graphmode.agent.cli.adapt import start_adapt
 
     path = folders.readable(target, "target")
-    _target_file_within(folders, path)
+    _hold_target_file(folders, path)
     args = argparse.Namespace(path=path, hf=None, tiny=False, python=None, yes=False,
                               backend=backend, out=folders.out, steps=steps, runs=runs, similarity=None,
                               compile_cache=None, timeout=None, batch_buckets=None, rounds=None)
     _, session = start_adapt(args)
     return session_result(folders, session)
+
+
+def _hold_target_file(folders: Folders, target: Path) -> None:
+    """A graphmode.toml in the target (or the target itself) may name a harness elsewhere, a local --hf folder and
+    the sources to rewrite: adapt would read and run them, so each is held to the roots as the target is, before
+    anything runs."""
+    from graphmode.agent.targets import target_file
+
+    found = target_file.find(target)
+    if found is None:
+        return
+    file = target_file.load(found)
+    harness = file.relative(file.target.get("harness", "harness.py"))
+    folders.within(harness, f"{found}: [target] harness")
+    for name in file.target.get("sources") or []:
+        folders.within(harness.parent / name, f"{found}: [target] sources")
+    hf = file.target.get("hf")
+    if hf is not None and file.relative(hf).exists():  # else a model type ("llama"), as adapt reads it
+        folders.within(file.relative(hf), f"{found}: [target] hf")
 
 
 def apply(folders: Folders, session: str, approve: list[str] | None = None, decline_all: bool = False,
@@ -81,33 +100,16 @@ def report(folders: Folders, session: str) -> dict[str, Any]:
 
 
 def sessions(folders: Folders) -> dict[str, Any]:
-    """Every saved session and where it stands, as `graphmode sessions` lists them."""
+    """Every saved session on a target under the roots and where it stands, as `graphmode sessions` lists them; the
+    others (the command line's on other folders) are left out, as the other tools refuse them."""
     from graphmode.agent.cli.sessions import session_rows
     from graphmode.agent.workflow.graph import build_graph, open_checkpointer, sessions_db
 
     with open_checkpointer() as checkpointer:
         rows = session_rows(build_graph(checkpointer), checkpointer)
-    # Sessions the command line started on targets elsewhere are not this server's to show.
-    rows = [row for row in rows if row[1] and folders.holds(row[1])]
     return {"sessions_db": str(sessions_db()),
-            "sessions": [dict(zip(("session", "target", "stands_at", "report_md"), row)) for row in rows]}
-
-
-def _target_file_within(folders: Folders, target: Path) -> None:
-    """A graphmode.toml in the target may name the harness or a model folder elsewhere: those are read (and the
-    harness run) too, so they must lie under a root as well."""
-    from graphmode.agent.targets import target_file
-
-    found = target_file.find(target)
-    if found is None:
-        return
-    file = target_file.load(found)
-    folders.within(found, "the target file")
-    for key in ("harness", "hf"):
-        local = file.relative(file.target[key]) if key in file.target else None
-        # hf names a model type (`llama`) or a local config.json or folder: only a path that exists is read.
-        if local is not None and (key == "harness" or local.exists()):
-            folders.within(local, f"{found}: [target] {key}")
+            "sessions": [dict(zip(("session", "target", "stands_at", "report_md"), row)) for row in rows
+                         if row[1] and folders.holds(row[1])]}
 
 
 def session_result(folders: Folders, session: str) -> dict[str, Any]:
