@@ -174,3 +174,25 @@ def test_a_left_padded_batch_on_the_static_path(batteries, tmp_path):
                     battery.backend)
     offered = _row(plain, "padded_static_batch")
     assert offered.status == NOT_APPLICABLE and "not offered" in offered.detail
+
+
+def test_the_static_padded_row_counts_positions_as_generate_does(tmp_path):
+    """Hub code whose `forward` counts positions from 0 at every call when given none (stable-code-3b's) runs right
+    only under generate(), which passes positions counted from the mask: the row's reference loop passes them too."""
+    counted = "past_key_values_length, seq_length + past_key_values_length, dtype=torch.long"
+    source = (HF_EXAMPLE / "model.py").read_text()
+    assert source.count(counted) == 1
+    from_zero = source.replace(counted, "0, seq_length, dtype=torch.long")
+    original_folder = tmp_path / "original"
+    shutil.copytree(HF_EXAMPLE, original_folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (original_folder / "model.py").write_text(from_zero)
+    adaptation = adapt_source(from_zero, "model.py", None, Options(entry_class="ForCausalLM"))
+    backend, _ = resolve("aot_eager")
+    try:
+        battery = Battery(*_built(original_folder), *_built(_folder(tmp_path, "adapted", adaptation.adapted)),
+                          backend)
+        row = _row(battery, "padded_static_batch")
+    finally:
+        for name in ("harness", "model", "cache", "masks"):
+            sys.modules.pop(name, None)
+    assert row.status == HELD and row.path == "static", row

@@ -61,9 +61,19 @@ def _padded(prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.masked_fill(mask == 0, 0), mask
 
 
+def _generate_positions(model: Any, mask: torch.Tensor) -> dict:
+    """{"position_ids": each row's count of unpadded slots before each slot} where `forward` takes position_ids:
+    generate()'s prepare_inputs_for_generation passes them so in every release. Some Hub code relies on it: left
+    out, stable-code-3b's forward counts positions from 0 at every Decode step, whatever its cache holds."""
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return {}
+    return {"position_ids": (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)}
+
+
 def _padded_loop(model: Any, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> dict:
-    """Greedy steps through `forward` by keyword, the caller's cache carried and the mask grown, as generate() does."""
-    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    """Greedy steps through `forward` by keyword, the caller's cache carried, the mask grown and the positions
+    counted from it, as generate() does."""
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True, **_generate_positions(model, mask))
     logits = logits_of(out)[:, -1]
     seen, tokens = [logits], []
     for _ in range(steps):
@@ -71,7 +81,8 @@ def _padded_loop(model: Any, ids: torch.Tensor, mask: torch.Tensor, steps: int) 
         tokens.append(token.squeeze(-1).tolist())
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
         past = out.past_key_values if hasattr(out, "past_key_values") else out[1]
-        out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
+        positions = {name: value[:, -1:] for name, value in _generate_positions(model, mask).items()}
+        out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True, **positions)
         logits = logits_of(out)[:, -1]
         seen.append(logits)
     return {"tokens": tokens, "logits": seen}

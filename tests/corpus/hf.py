@@ -39,6 +39,11 @@ PACKAGE = "transformers"
 
 # Installed packages the release checks at import but may do without (it skips them when absent).
 _OPTIONAL_AT_RUNTIME = {"accelerate"}  # tokenizers: 4.44+ import it whether checked or not
+# Packages the release imports at `import transformers.modeling_utils` whenever they are installed, without checking
+# their version: where the one installed here is outside the release's own pin (its dependency table), the pinned
+# wheel goes into the site. 4.53's `from kernels import get_kernel` imports kernels 0.19, which needs
+# huggingface-hub 1.x, against the site's 0.x: every model of the release then fails at import.
+_IMPORTED_WHEN_PRESENT = {"kernels"}
 
 # The tiny model every case builds (Llama-style names: Llama, Mistral, Qwen2, Gemma, GPT-NeoX, ...).
 TINY_CONFIG = {
@@ -105,7 +110,9 @@ def runtime_requirements(package: Path) -> list[Requirement]:
                 if requirement.marker is None:
                     declared.append(requirement)
     names = {r.name for r in checked_requirements}
-    return checked_requirements + [r for r in declared if r.name not in names]
+    present = [Requirement(deps[name]) for name in sorted(_IMPORTED_WHEN_PRESENT) if name in deps
+               and core.installed_version(name) is not None]
+    return checked_requirements + [r for r in declared + present if r.name not in names]
 
 
 def prepare_site(version: str, root: Path) -> Path:

@@ -64,6 +64,10 @@ class RemoteModel:
     classes: tuple[str, str, str] = ("", "", "")
     # Hub code vendored without its config.json: the Hub config.json's auto_map (the config is then `tiny` alone)
     auto_map: dict | None = None
+    # Packages with no build for this machine that the code imports unguarded ({package: "file:line"}): the harness
+    # installs graphmode's placeholders for them (for torch_npu, its CPU stand-in of `torch.npu` too), as the
+    # harness graphmode writes for `--hf` does; the site's own stand-ins (SHIMS) are found first.
+    placeholders: dict = field(default_factory=dict)
 
 
 MODELS: dict[str, RemoteModel] = {
@@ -149,6 +153,31 @@ MODELS: dict[str, RemoteModel] = {
               "n_positions": 64, "seq_length": 4, "padded_vocab_size": core.VOCAB_SIZE, "use_flash_attn": False,
               "bf16": False, "fp16": False, "fp32": True, "bos_token_id": 1, "eos_token_id": 2,
               "pad_token_id": 0}),
+    # StableLM "epoch" lineage (stable-code-3b, January 2024): LayerNorm with biases, rotary on a quarter of each
+    # head (rope_pct 0.25), transformers 4.36's Cache API (DynamicCache, get_usable_length) in remote code, a
+    # flash-attention class beside the eager one. The Hub repository as this mirror holds it, at the Hub's
+    # "use correct `base_model_prefix` name" fix (29 January 2024); config.json from the first upload.
+    "stable_code_3b": RemoteModel(
+        hub="stabilityai/stable-code-3b",
+        mirror="Zumwaltboi68/stable-code-3b", commit="7c4583da0a36c56c7bf040864b737a70d45d1f4b",
+        folder="", files=("configuration_stablelm_epoch.py", "modeling_stablelm_epoch.py"),
+        release="4.36.2",  # config.json: transformers_version 4.36.2
+        tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 0,
+              "eos_token_id": 2}),
+    # Written for Ascend (openPangu-Embedded-7B, 2025): `import torch_npu`, `transfer_to_npu` and
+    # `torch.npu.get_device_name()` at import, a branch to torch_npu's fused attention on a 910, otherwise
+    # transformers 4.53's attention interface, create_causal_mask and LossKwargs. The mirror's first commit
+    # ("upload ckpt", the Hub files); its later commits edit the file to run on NVIDIA GPUs.
+    "openpangu_embedded_7b": RemoteModel(
+        hub="openPangu-Embedded-7B-V1.1 (ascend-tribe, GitCode)",
+        mirror="wujing215/OpenPangu7B-on-NVIDIA", commit="1d101f9f211b2f05d35127cec470bf2178f572d8",
+        folder="", files=("configuration_openpangu_dense.py", "modeling_openpangu_dense.py"),
+        release="4.53.2",  # README and config.json: transformers 4.53.2 (its LossKwargs: 4.47 to 4.53)
+        tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0},
+        placeholders={"torch_npu": "modeling_openpangu_dense.py:34"}),
     # A research codebase with no KV cache: the whole sequence every step.
     "nanogpt": RemoteModel(
         hub="karpathy/nanoGPT",
@@ -314,16 +343,27 @@ def _step(model, input_ids, model_kwargs):
 
 def prefill(model, tokens):
     model_kwargs = {{"attention_mask": torch.ones_like(tokens), "use_cache": True}}
-    # Releases whose generate() counts cache_position (4.41 on) start it here, as generate() does.
+    # Releases whose generate() counts cache_position (4.41 on) start it here, as generate() does (4.41 to 4.46
+    # from the tokens, 4.47 on from their length and device).
     initial = getattr(model, "_get_initial_cache_position", None)
-    if initial is not None and list(inspect.signature(initial).parameters) == ["input_ids", "model_kwargs"]:
+    takes = list(inspect.signature(initial).parameters) if initial is not None else []
+    if takes == ["input_ids", "model_kwargs"]:
         model_kwargs = initial(tokens, model_kwargs)
+    elif takes == ["seq_length", "device", "model_kwargs"]:
+        model_kwargs = initial(tokens.shape[1], tokens.device, model_kwargs)
     return _step(model, tokens, model_kwargs)
 
 
 def decode(model, token, state):
     input_ids, model_kwargs = state
     return _step(model, torch.cat([input_ids, token], dim=-1), model_kwargs)
+'''
+
+# Before the model's modules are imported: placeholders for packages this machine has no build of.
+PLACEHOLDERS = '''
+from graphmode.runners import optional_imports  # noqa: E402
+
+optional_imports.install({placeholders!r})
 '''
 
 WHOLE_SEQUENCE_BODY = '''
@@ -395,6 +435,8 @@ def build_target(case: Case, site: Path, dest: Path) -> Path:
                "attention_mask, use_cache=True (transformers' greedy loop of that release)")
     description = (f"{model.hub} ({model.mirror}@{model.commit}, {model.folder or 'the root'}), under "
                    f"transformers=={case.version}.\nThe model with a tiny random config, driven as {how}.")
+    if model.placeholders:
+        body = PLACEHOLDERS.format(placeholders=model.placeholders) + body
     text = core.harness_text(case, family_name="remote", site=site, sources=list(model.files),
                              description=description, body=body, top_modules=("transformers",))
     if model.convention != "whole_sequence":
