@@ -157,13 +157,14 @@ def _without_ring_layers(cache, max_cache_len: int):
 
 
 def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
-                          values: dict | None = None) -> dict[str, int]:
+                          values: dict | None = None, default=None) -> dict[str, int]:
     """The --tiny sizes under the names `config_class` uses (GPT-2's n_embd, OPT's ffn_dim, ...), only for the
     sizes the config has; head sizes follow the hidden size so a config with a fixed head_dim stays consistent.
     Expert and MLA sizes shrink too (tiny_moe_mla_overrides), read from `values` (a config.json) over the class's
-    defaults."""
+    defaults. `default`: the config the sizes replace, where it is not the class's own (a composite config's part,
+    built with its parent's values)."""
     sizes = dict(TINY_SIZES if sizes is None else sizes)
-    default = config_class()
+    default = config_class() if default is None else default
     aliases = getattr(config_class, "attribute_map", {}) or {}
 
     def has(name: str) -> bool:
@@ -194,11 +195,11 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
 def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> dict:
     """A hybrid stack (Ling's, Qwen3-Next's, Jamba's: linear-attention or Mamba layers with an attention layer every
     few) cut to its first `layers` layers keeps only its recurrent ones, and with no attention layer left the model's
-    own mask code fails (`get_mask_sizes` can only be called on Attention layers): the tiny stack keeps one layer of
-    each kind, the attention layer last. A class whose defaults hold recurrent layers only while its model builds an
-    attention mask (Bamba, Granite 4.0-H: their checkpoints name the attention layers) gets an attention layer too.
-    The pattern is set through whichever field the class derives it from: its layer_types, attn_layer_indices, or
-    attn_layer_period and attn_layer_offset."""
+    own mask code fails (`get_mask_sizes` can only be called on Attention layers): the tiny stack then keeps one layer
+    of each kind, the attention layer last. (Zamba's config refuses the cut pattern outright: the same.) A class
+    whose defaults hold recurrent layers only while its model builds an attention mask (Bamba, Granite 4.0-H: their
+    checkpoints name the attention layers) gets an attention layer too. The pattern is set through whichever field
+    the class derives it from: its layer_types, attn_layer_indices, or attn_layer_period and attn_layer_offset."""
     full = _global_value(default, "layer_types")
     if not isinstance(full, (list, tuple)) or not full:
         return {}
@@ -209,8 +210,8 @@ def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> di
         return {}
     pattern = [kinds[0]] * (layers - len(kinds)) + kinds
     built = _layer_types(config_class, overrides)
-    if built is not None and set(kinds) <= set(built):
-        return {}
+    if built is not None and (_attends(built) or not _attends(kinds)):
+        return {}  # (a stack of sliding-window layers keeps its own first layers: its cache is an attention cache)
     aliases = getattr(config_class, "attribute_map", {}) or {}
     candidates = [{aliases.get("layer_types", "layer_types"): pattern}]
     if "full_attention" in pattern:
@@ -222,6 +223,11 @@ def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> di
                 and _layer_types(config_class, {**overrides, **candidate}) == pattern:
             return candidate
     return {}
+
+
+def _attends(kinds) -> bool:
+    """Some layer of these kinds keeps keys and values (full, sliding, chunked attention; Zamba's hybrid layers)."""
+    return any(("attention" in kind or "hybrid" in kind) and kind != "linear_attention" for kind in kinds)
 
 
 def _layer_types(config_class, overrides: dict) -> list | None:
@@ -257,7 +263,7 @@ def _tiny_sub_config_overrides(default, sizes: dict[str, int], values: dict) -> 
     for name, part in vars(default).items():
         if isinstance(part, PretrainedConfig):
             given = values.get(name) if isinstance(values.get(name), dict) else None
-            part_overrides = tiny_config_overrides(type(part), sizes, values=given)
+            part_overrides = tiny_config_overrides(type(part), sizes, values=given, default=part)
             if part_overrides:
                 overrides[name] = part_overrides
     return overrides
