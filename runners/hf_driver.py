@@ -157,17 +157,18 @@ def _without_ring_layers(cache, max_cache_len: int):
 
 
 def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
-                          values: dict | None = None) -> dict[str, int]:
+                          values: dict | None = None, default=None) -> dict[str, int]:
     """The --tiny sizes under the names `config_class` uses (GPT-2's n_embd, OPT's ffn_dim, ...), only for the
     sizes the config has; head sizes follow the hidden size so a config with a fixed head_dim stays consistent.
     Expert and MLA sizes shrink too (tiny_moe_mla_overrides), read from `values` (a config.json) over the class's
-    defaults."""
+    defaults. `default`: the config the sizes replace, where it is not the class's own (a composite config's part,
+    built with its parent's values)."""
     sizes = dict(TINY_SIZES if sizes is None else sizes)
-    default = config_class()
+    default = config_class() if default is None else default
     aliases = getattr(config_class, "attribute_map", {}) or {}
 
     def has(name: str) -> bool:
-        return name in aliases or hasattr(default, name)
+        return name in aliases or _global_value(default, name, has) is not has
 
     overrides: dict[str, int] = {aliases.get(name, name): value for name, value in sizes.items() if has(name)}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
@@ -181,10 +182,90 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
         overrides["tie_word_embeddings"] = False
     overrides.update(_tiny_token_id_overrides(default, sizes["vocab_size"]))
     overrides.update(_tiny_layer_pattern(default, sizes["num_hidden_layers"]))
+    overrides.update(_tiny_per_layer_config(default, sizes["num_hidden_layers"]))
     overrides.update(tiny_moe_mla_overrides({**default.to_dict(), **(values or {})}, sizes["num_hidden_layers"]))
     if "kv_lora_rank" in overrides and has("num_key_value_heads"):
         # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
         overrides[aliases.get("num_key_value_heads", "num_key_value_heads")] = heads
+    overrides.update(_tiny_sub_config_overrides(default, sizes, values or {}))
+    overrides.update(_tiny_layer_kinds(config_class, default, overrides, sizes["num_hidden_layers"]))
+    return overrides
+
+
+def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> dict:
+    """A hybrid stack (Ling's, Qwen3-Next's, Jamba's: linear-attention or Mamba layers with an attention layer every
+    few) cut to its first `layers` layers keeps only its recurrent ones, and with no attention layer left the model's
+    own mask code fails (`get_mask_sizes` can only be called on Attention layers): the tiny stack then keeps one layer
+    of each kind, the attention layer last. (Zamba's config refuses the cut pattern outright: the same.) A class
+    whose defaults hold recurrent layers only while its model builds an attention mask (Bamba, Granite 4.0-H: their
+    checkpoints name the attention layers) gets an attention layer too. The pattern is set through whichever field
+    the class derives it from: its layer_types, attn_layer_indices, or attn_layer_period and attn_layer_offset."""
+    full = _global_value(default, "layer_types")
+    if not isinstance(full, (list, tuple)) or not full:
+        return {}
+    kinds = list(dict.fromkeys(full))
+    if kinds == ["linear_attention"] and _model_builds_causal_mask(config_class):
+        kinds.append("full_attention")
+    if len(kinds) < 2 or len(kinds) > layers:
+        return {}
+    pattern = [kinds[0]] * (layers - len(kinds)) + kinds
+    built = _layer_types(config_class, overrides)
+    if built is not None and (_attends(built) or not _attends(kinds)):
+        return {}  # (a stack of sliding-window layers keeps its own first layers: its cache is an attention cache)
+    aliases = getattr(config_class, "attribute_map", {}) or {}
+    candidates = [{aliases.get("layer_types", "layer_types"): pattern}]
+    if "full_attention" in pattern:
+        attention = [i for i, kind in enumerate(pattern) if kind == "full_attention"]
+        candidates += [{"attn_layer_indices": attention},
+                       {"attn_layer_period": layers, "attn_layer_offset": attention[0]}]
+    for candidate in candidates:
+        if all(_global_value(default, name, candidate) is not candidate for name in candidate) \
+                and _layer_types(config_class, {**overrides, **candidate}) == pattern:
+            return candidate
+    return {}
+
+
+def _attends(kinds) -> bool:
+    """Some layer of these kinds keeps keys and values (full, sliding, chunked attention; Zamba's hybrid layers)."""
+    return any(("attention" in kind or "hybrid" in kind) and kind != "linear_attention" for kind in kinds)
+
+
+def _layer_types(config_class, overrides: dict) -> list | None:
+    """The layer kinds of `config_class(**overrides)`; None where that config does not build."""
+    try:
+        types = _global_value(config_class(**overrides), "layer_types")
+    except Exception:  # noqa: BLE001 - a config that refuses these values: the pattern is left to the class
+        return None
+    return list(types) if isinstance(types, (list, tuple)) else None
+
+
+def _model_builds_causal_mask(config_class) -> bool:
+    """The model code beside `config_class` (transformers' models/NAME/modeling_NAME.py) builds an attention mask
+    from its cache, which needs an attention layer in it."""
+    import importlib
+
+    module = config_class.__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = inspect.getsource(importlib.import_module(module))
+    except (ImportError, OSError, TypeError):
+        return False
+    return "create_causal_mask(" in source
+
+
+def _tiny_sub_config_overrides(default, sizes: dict[str, int], values: dict) -> dict[str, dict]:
+    """A composite config keeps each part's config in a field of its own (Gemma 3's text_config and vision_config,
+    BLT's patcher and encoder, DBRX's ffn_config): each part is shrunk the same way, or a 64-wide text model keeps a
+    full-size vision tower and the build runs out of memory. `values`: config.json's values, whose part of each
+    field is read as that part's config."""
+    from transformers import PretrainedConfig
+
+    overrides = {}
+    for name, part in vars(default).items():
+        if isinstance(part, PretrainedConfig):
+            given = values.get(name) if isinstance(values.get(name), dict) else None
+            part_overrides = tiny_config_overrides(type(part), sizes, values=given, default=part)
+            if part_overrides:
+                overrides[name] = part_overrides
     return overrides
 
 
@@ -195,7 +276,7 @@ def _tiny_head_overrides(config_class, default, head: int) -> dict[str, int]:
     for name in ("head_dim", "attention_head_dim"):
         # Falcon derives head_dim in a read-only property: it follows by itself. A head_dim left None is set too:
         # some models read it as it is (HunYuan's `self.head_dim**-0.5`).
-        value = getattr(default, name, 0)
+        value = _global_value(default, name, 0)
         if (value is None or (isinstance(value, int) and value > 0)) \
                 and not isinstance(getattr(config_class, name, None), property):
             overrides[name] = head
@@ -204,12 +285,30 @@ def _tiny_head_overrides(config_class, default, head: int) -> dict[str, int]:
     return overrides
 
 
+def _global_value(config, name: str, missing=None):
+    """The config's value for `name`, or where some layers set their own (transformers' per_layer_config, Gemma 4's
+    wider full-attention heads) and reading the global value raises, the class's global one."""
+    try:
+        return getattr(config, name, missing)
+    except RuntimeError:  # AmbiguousGlobalPerLayerAttributeError
+        return config.__dict__.get(name, missing)
+
+
+def _tiny_per_layer_config(default, layers: int) -> dict:
+    """Per-layer settings (`per_layer_config`, keyed by layer index) kept for the layers a model of `layers` layers
+    has; the config refuses an index beyond its layer count."""
+    per_layer = default.to_dict().get("per_layer_config")
+    if not isinstance(per_layer, dict) or not per_layer:
+        return {}
+    return {"per_layer_config": {key: value for key, value in per_layer.items() if int(key) < layers}}
+
+
 def _set_tiny_ffn(overrides: dict[str, int], default, aliases: dict[str, str], width: int) -> None:
     """The feed-forward width under the other names it goes by, where no earlier name set it and the class does not
     default it to None (4 * hidden). A value that is not None is one the config has (directly or by its alias)."""
     for name in ("ffn_dim", "n_inner", "intermediate_size", "ffn_hidden_size"):
         key = aliases.get(name, name)
-        if key not in overrides and getattr(default, name, None) is not None:
+        if key not in overrides and _global_value(default, name) is not None:
             overrides[key] = width
 
 
@@ -256,8 +355,13 @@ def tiny_moe_mla_overrides(values: dict, layers: int) -> dict:
     least the experts each token picks. A field the config lacks, or leaves None (q_lora_rank in V2-Lite, no
     groups), is left as it is."""
     experts = next((name for name in _EXPERT_COUNTS if isinstance(values.get(name), int) and values[name] > 0), None)
+    if experts is None and values.get("moe_intermediate_size") is not None:
+        # A class that leaves its expert count to the checkpoint (dots.llm1's n_routed_experts defaults to None)
+        # builds no model from its defaults: torch.empty(None, ...) fails in the experts' __init__.
+        experts = next((name for name in _EXPERT_COUNTS if name in values and values[name] is None), None)
     overrides = _tiny_expert_overrides(values, experts, layers) if experts is not None else {}
     overrides.update(_tiny_mla_overrides(values))
+    overrides.update(_tiny_layer_sections(values, layers))
     return overrides
 
 
@@ -267,18 +371,23 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
     overrides: dict = {experts: TINY_EXPERTS}
     if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
         overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
-    if isinstance(values.get("moe_k"), int):  # ERNIE 4.5's name for it (6 of its 64 experts: more than 4)
-        overrides["moe_k"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+    for name in ("moe_k", "num_experts_per_token"):  # ERNIE 4.5's and Ling's names for it
+        if isinstance(values.get(name), int):
+            overrides[name] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
     for shared in ("n_shared_experts", "moe_num_shared_experts"):
-        if isinstance(values.get(shared), int) and values[shared] > 0:
+        # (left None by the class with the expert count: the checkpoint sets both)
+        if (isinstance(values.get(shared), int) and values[shared] > 0) or (shared in values and values[shared] is None
+                                                                           and values.get(experts) is None):
             overrides[shared] = 1
     overrides.update({name: size for name, size in TINY_MOE_SIZES.items() if values.get(name) is not None})
     overrides.update(_tiny_moe_layers(values, layers))
-    if isinstance(values.get("n_group"), int) and values["n_group"] > 1:
-        overrides["n_group"] = 2
-        # one chosen group holds TINY_EXPERTS / 2 experts: every token can still pick its experts there
-        overrides["num_experts_per_tok"] = min(overrides.get("num_experts_per_tok", TINY_EXPERTS_PER_TOKEN),
-                                               TINY_EXPERTS // 2)
+    for groups in ("n_group", "num_expert_group"):  # (Ling's name for it)
+        if isinstance(values.get(groups), int) and values[groups] > 1:
+            overrides[groups] = 2
+            # one chosen group holds TINY_EXPERTS / 2 experts: every token can still pick its experts there
+            for per_token in ("num_experts_per_tok", "num_experts_per_token"):
+                if per_token in values:
+                    overrides[per_token] = min(overrides.get(per_token, TINY_EXPERTS_PER_TOKEN), TINY_EXPERTS // 2)
     if values.get("topk_group") is not None:
         overrides["topk_group"] = 1
     return overrides
@@ -295,6 +404,16 @@ def _tiny_moe_layers(values: dict, layers: int) -> dict:
     if isinstance(values.get("mlp_only_layers"), list):
         overrides["mlp_only_layers"] = [i for i in values["mlp_only_layers"] if i < layers - 1]
     return overrides
+
+
+def _tiny_layer_sections(values: dict, layers: int) -> dict:
+    """A stack in sections, input layers, recurrent layers run n_recurrent_loops times, output layers (Dory), whose
+    config only checks that the three counts add up to the layer count: left at full size, the input and output
+    sections would take -14 recurrent layers between them and run every layer twice. The tiny stack puts its first
+    layers in the loop, so the loop and the cache copies it writes are exercised, and its last layer after it."""
+    if not all(isinstance(values.get(name), int) for name in ("n_input_layers", "n_output_layers")):
+        return {}
+    return {"n_input_layers": 0, "n_recurrent_layers": layers - 1, "n_output_layers": 1}
 
 
 def _tiny_mla_overrides(values: dict) -> dict:

@@ -191,6 +191,52 @@ def test_tiny_configs_keep_the_configs_own_constraints(model_type):
     assert torch.equal(dynamic, static)
 
 
+@pytest.mark.parametrize("model_type", ["dory", "dots1"])
+def test_tiny_configs_keep_the_layer_sections_and_expert_counts_the_class_leaves_open(model_type):
+    # Dory splits its stack into input, looped and output sections whose counts only have to add up: at their full
+    # sizes in a 2-layer stack every layer ran twice and wrote its cache twice (the Decode's keys one position
+    # longer than its mask). dots.llm1's class leaves its expert count None (torch.empty(None, ...) in __init__).
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[model_type](**tiny_config_overrides(CONFIG_MAPPING[model_type]))
+    if model_type == "dory":
+        assert (config.n_input_layers, config.n_recurrent_layers, config.n_output_layers) == (0, 1, 1)
+    else:
+        assert (config.n_routed_experts, config.num_experts_per_tok) == (4, 2)
+    dynamic, static = _greedy(model_type, steps=4)
+    assert torch.equal(dynamic, static)
+
+
+@pytest.mark.parametrize("model_type", ["bailing_hybrid", "bamba"])
+def test_tiny_hybrid_stacks_keep_an_attention_layer_beside_their_recurrent_ones(model_type):
+    # Ling's stack has one attention layer in six, Bamba's class defaults name none (its checkpoints do): cut to two
+    # layers, both stacks held linear-attention state only and transformers' own mask code refused the cache.
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[model_type](**tiny_config_overrides(CONFIG_MAPPING[model_type]))
+    assert list(config.layer_types if model_type != "bamba" else config.layers_block_type) == \
+        ["linear_attention", "full_attention"]
+    dynamic, static = _greedy(model_type, steps=4)
+    assert torch.equal(dynamic, static)
+
+
+def test_tiny_shrinks_each_part_of_a_composite_config(tmp_path):
+    # Gemma 3's text model and vision tower are configs of their own: left at full size the tiny build held a
+    # 400M-weight vision tower and a 262k-token embedding, and was killed for memory. From a folder, the parts'
+    # per-layer lists are cut to the tiny layer count as the top level's are.
+    from transformers import AutoConfig, AutoModelForCausalLM, CONFIG_MAPPING
+
+    CONFIG_MAPPING["gemma3"]().save_pretrained(tmp_path)
+    for config in (AutoConfig.for_model("gemma3", **tiny_config_overrides(CONFIG_MAPPING["gemma3"])),
+                   AutoConfig.from_pretrained(tmp_path, **resolve(str(tmp_path), True, 64).config_overrides)):
+        assert (config.text_config.hidden_size, config.text_config.num_hidden_layers, config.text_config.vocab_size,
+                config.vision_config.hidden_size, config.vision_config.num_hidden_layers) == (64, 2, 256, 64, 2)
+    model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 256)
+
+
 @pytest.mark.parametrize("model_type", ["mistral", "gemma2"])
 def test_sliding_window_layers_decode_compiled_once_with_the_dynamic_caches_tokens(model_type):
     # A window of 5 positions slides many times over the 6-token prompt and 12 steps: transformers' own sliding

@@ -499,8 +499,11 @@ def _fit_per_layer_lists(overrides: dict, config: dict) -> dict:
     old = config.get(layers_key) if layers_key else None
     if isinstance(old, int) and old != overrides[layers_key]:
         for key, value in config.items():
-            if isinstance(value, list) and len(value) == old:
+            if isinstance(value, list) and len(value) == old and key not in overrides:
                 overrides[key] = value[:overrides[layers_key]]
+    for key, part in overrides.items():  # a composite config's parts (Gemma 3's text_config) list theirs too
+        if isinstance(part, dict) and isinstance(config.get(key), dict):
+            _fit_per_layer_lists(part, config[key])
     return overrides
 
 
