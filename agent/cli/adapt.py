@@ -112,22 +112,7 @@ def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
 def _refuse_bad_usage(args: argparse.Namespace) -> None:
     """The checks that need nothing but the arguments and the file system, made before anything heavy is imported
     or started (an interpreter probe, torch, the workflow): a usage error is refused in a blink."""
-    if args.hf is not None and args.path is not None:
-        raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
-    if args.hf is not None:
-        from graphmode.agent.targets.hf import refuse_missing_path
-
-        refuse_missing_path(args.hf)
-    else:
-        if args.path is None:
-            raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
-        if args.tiny:
-            raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
-        from graphmode.agent.targets.resolve import target_folder
-
-        target = target_folder(args.path)
-        if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
-            raise UserError(f"--out {args.out}: the output must be outside the target folder")
+    _refuse_bad_target(args)
     for key in ("steps", "runs", "similarity", "timeout", "rounds", "compile_cache"):
         value = getattr(args, key)
         problem = SETTINGS[key].problem(value)
@@ -138,6 +123,26 @@ def _refuse_bad_usage(args: argparse.Namespace) -> None:
     if args.backend not in BACKEND_NAMES:
         raise UserError(f"--backend {args.backend}: unknown; valid names: {', '.join(BACKEND_NAMES)}")
     _check_out_folder(args.out)
+
+
+def _refuse_bad_target(args: argparse.Namespace) -> None:
+    """_refuse_bad_usage's part for the target: exactly one of a folder and --hf, and an output outside it."""
+    if args.hf is not None and args.path is not None:
+        raise UserError(f"give a target folder ({args.path}) or --hf {args.hf}, not both")
+    if args.hf is not None:
+        from graphmode.agent.targets.hf import refuse_missing_path
+
+        refuse_missing_path(args.hf)
+        return
+    if args.path is None:
+        raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
+    if args.tiny:
+        raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
+    from graphmode.agent.targets.resolve import target_folder
+
+    target = target_folder(args.path)
+    if (args.out.resolve() / target.name) == target or target in args.out.resolve().parents:
+        raise UserError(f"--out {args.out}: the output must be outside the target folder")
 
 
 def _target_interpreter(args: argparse.Namespace, file: "TargetFile | None"):

@@ -41,16 +41,18 @@ def edited_files(original_dir: Path, adapted_dir: Path, changes_diff: Path, pref
     under the folder's name, "FOLDER/")."""
     written = {path[len(prefix):]: text for path, text in
                written_diffs(changes_diff.read_text(encoding="utf-8")).items() if path.startswith(prefix)}
-    found = []
-    for path in sorted(p for p in adapted_dir.rglob("*.py") if "__pycache__" not in p.parts):
-        relative = path.relative_to(adapted_dir).as_posix()
-        original = original_dir / relative
-        if relative in written:
-            same = file_diff(original if original.is_file() else None, path, prefix + relative) == written[relative]
-        else:  # graphmode left it as it was
-            same = original.is_file() and original.read_bytes() == path.read_bytes()
-        if not same:
-            found.append({"path": relative, "how": "edited"})
+    found = [{"path": path.relative_to(adapted_dir).as_posix(), "how": "edited"}
+             for path in sorted(p for p in adapted_dir.rglob("*.py") if "__pycache__" not in p.parts)
+             if not _as_written(path, path.relative_to(adapted_dir).as_posix(), original_dir, written, prefix)]
     found += [{"path": relative, "how": "removed"} for relative in sorted(written)
               if not (adapted_dir / relative).is_file()]
     return sorted(found, key=lambda item: item["path"])
+
+
+def _as_written(path: Path, relative: str, original_dir: Path, written: dict[str, str], prefix: str) -> bool:
+    """`path` (`relative` in the adapted folder) is as graphmode wrote it: its diff from the original is the one
+    changes.diff holds, or, where graphmode left the file as it was, it is the original's bytes."""
+    original = original_dir / relative
+    if relative in written:
+        return file_diff(original if original.is_file() else None, path, prefix + relative) == written[relative]
+    return original.is_file() and original.read_bytes() == path.read_bytes()

@@ -153,16 +153,21 @@ def take_answer(state: RunState, answer) -> dict:
         return {"approved": proposed_choice(state.plan, state.declined), "stopped": answer["stop"]}
     if isinstance(answer, dict):
         return {"revisions": {**state.revisions, **answer["revise"]}, "revising": True, "approved": None}
-    if answer == "all":
-        chosen = [c.id for c in state.plan]
-    elif answer == "proposed":
-        chosen = proposed_choice(state.plan, state.declined)
-    else:
-        chosen = list(answer or [])
+    chosen = _chosen_ids(state, answer)
     problem = choice_problem(state.plan, chosen)
     if problem:
         raise UserError(problem)
     return {"approved": [c.id for c in state.plan if c.id in chosen]}
+
+
+def _chosen_ids(state: RunState, answer) -> list[str]:
+    """The change ids a choice answer names: every planned one for "all", the proposed ones for "proposed", else
+    the ids given."""
+    if answer == "all":
+        return [c.id for c in state.plan]
+    if answer == "proposed":
+        return proposed_choice(state.plan, state.declined)
+    return list(answer or [])
 
 
 def after_confirm(state: RunState) -> str:

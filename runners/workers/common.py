@@ -44,16 +44,20 @@ def run_main(main: Callable[[], None]) -> int:
             return exc.code  # argparse usage errors already printed their message
         if os.environ.get("GRAPHMODE_DEBUG") == "1":
             traceback.print_exc()
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        if not str(exc).startswith(type(exc).__name__) and not _is_ours(exc):
-            message = f"{type(exc).__name__}: {message}"
-        diagnosis = _release_diagnosis(exc)
-        if diagnosis:
-            message = f"{message}. {diagnosis[0].upper()}{diagnosis[1:]}"
-        sys.stderr.write(f"{ERROR_PREFIX}{message}\n")
+        sys.stderr.write(f"{ERROR_PREFIX}{_one_line(exc)}\n")
         sys.stderr.flush()
         return ERROR_EXIT
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The failure as the one line a worker's parent reads: the exception's type where its text lacks it, and the
+    releases that have what this transformers lacks where that is why it failed."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if not str(exc).startswith(type(exc).__name__) and not _is_ours(exc):
+        message = f"{type(exc).__name__}: {message}"
+    diagnosis = _release_diagnosis(exc)
+    return f"{message}. {diagnosis[0].upper()}{diagnosis[1:]}" if diagnosis else message
 
 
 def _release_diagnosis(exc: BaseException) -> str | None:
