@@ -321,11 +321,11 @@ def _functions_by_qualname(tree: ast.AST, within: bool = False) -> dict[str, lis
     """Functions by qualified name under `tree` (`tree` itself too when `within`: a statement of the module's body)."""
     found: dict[str, list[ast.AST]] = {}
     pending: list[tuple[ast.AST, str]] = []
-    for child in [tree] if within else _child_nodes(tree):
+    for child in [tree] if within else _block_children(tree):
         _add_function(child, "", found, pending)
     while pending:
         node, scope = pending.pop()
-        for child in _child_nodes(node):
+        for child in _block_children(node):
             _add_function(child, scope, found, pending)
     return found
 
@@ -348,7 +348,7 @@ def _classes_in_functions(tree: ast.AST) -> bool:
         if in_function and isinstance(node, ast.ClassDef):
             return True
         inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        pending.extend((child, inside) for child in _child_nodes(node))
+        pending.extend((child, inside) for child in _block_children(node))
     return False
 
 
@@ -411,6 +411,22 @@ def _statements(tree: ast.Module) -> list[ast.stmt]:
         for name in ("body", "orelse", "finalbody", "handlers", "cases"):
             for item in getattr(node, name, ()):
                 found.extend([item] if isinstance(item, ast.stmt) else item.body)
+    return found
+
+
+_BLOCK_FIELDS = frozenset({"body", "handlers", "orelse", "finalbody", "cases"})
+
+
+def _block_children(node: ast.AST) -> list[ast.AST]:
+    """`_child_nodes` less every expression, which holds no statement (a lambda's body is one): the statements of the
+    node's blocks and its `except` and `case` clauses, in the same order. A function or a class is a statement, so a
+    walk after them needs no more; the expressions are nine nodes in ten."""
+    found: list[ast.AST] = []
+    for name in node._fields:
+        if name in _BLOCK_FIELDS:
+            value = getattr(node, name, None)
+            if type(value) is list:
+                found.extend(value)
     return found
 
 
