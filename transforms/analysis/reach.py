@@ -127,15 +127,23 @@ def _static_path_nodes(function: Function) -> list[ast.AST]:
     while stack:
         node = stack.pop()
         found.append(node)
-        model_field = model_code_field(node)
-        for field, value in ast.iter_fields(node):
+        kind = node.__class__
+        # Only an `if` and a conditional expression set code apart, and only an `if` leaves the static path: asked of
+        # those alone, as `ast.iter_fields` is read without its generator (the walk of every node of every step
+        # function, twice a chain).
+        model_field = model_code_field(node) if kind is ast.If or kind is ast.IfExp else None
+        for field in node._fields:
             if field == model_field:
                 continue
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, ast.AST):
-                    stack.append(item)
-                    if leaves_static_path(item):
-                        break
+            value = getattr(node, field, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        stack.append(item)
+                        if item.__class__ is ast.If and leaves_static_path(item):
+                            break
+            elif isinstance(value, ast.AST):
+                stack.append(value)
     return found
 
 
