@@ -33,6 +33,9 @@ class ParsedSource:
         # What the `ast` walks found in each statement of the module's body (`_Statement`), by its libcst node: a
         # statement a codemod handed on as the same node has the same text, so the chain hands the table on.
         self.statement_tables: dict[cst.CSTNode, _Statement] = {}
+        # What each function calls, by its `ast` node (reach.reachable_functions): a statement the chain hands on as
+        # the same node keeps its `ast` nodes (`statement_tables`), so the table goes from each text to the next.
+        self.calls: dict[ast.AST, tuple[set[str], set[str]]] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -57,6 +60,7 @@ class ParsedSource:
             if "module" in earlier.__dict__ and (module.default_indent, module.default_newline) == (
                     earlier.module.default_indent, earlier.module.default_newline):
                 carried.statement_tables = earlier.statement_tables
+            carried.calls = earlier.calls
         if generated.parents is None:
             return carried
         carried.__dict__["layout"] = generated
@@ -164,7 +168,7 @@ class ParsedSource:
 
     @cached_property
     def step_functions(self) -> set[str]:
-        return step_qualnames_in(self.unnumbered_tree)
+        return step_qualnames_in(self.unnumbered_tree, self.calls)
 
     @cached_property
     def unnumbered_tree(self) -> ast.Module:
