@@ -95,6 +95,13 @@ class ParsedSource:
         node."""
         return self.layout.statement_texts.get(statement)
 
+    def method_text(self, method: cst.CSTNode) -> str | None:
+        """The code of a method of a class of the module's body as the layout generated it (`MethodLayout.text`: its
+        leading lines included, indented under its class); None for any other node."""
+        statement = self.top_level_statement(method)
+        known = self.layout.statement_methods.get(statement, {}).get(method) if statement is not None else None
+        return None if known is None else known.text
+
     @cached_property
     def tree(self) -> ast.Module:
         """The same text as Python's own AST: a tenth of libcst's cost, for questions about names and calls."""

@@ -21,7 +21,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods.lib.imports import is_plain, with_plain_imports
-from graphmode.transforms.cstutil import class_level, types_under
+from graphmode.transforms.cstutil import class_level, code_of, types_under
 from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.positions import module_code
@@ -227,6 +227,14 @@ class GraphCodemod(Codemod, Transformer):
     def code_of_module(self, tree: cst.Module) -> str:
         """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
         return self.source.text if tree is self.source.module else module_code(tree)
+
+    def code_to_search(self, node: cst.CSTNode) -> str:
+        """`code_of(node)` for a search of a text that holds no line break and starts with no whitespace (`"self.x ="
+        in ...`). A method of a class of the source is read off the text the layout generated for it
+        (`ParsedSource.method_text`), not generated again: indented under its class, it differs from `code_of`'s
+        only by whitespace at the start of lines, which no such text can begin or end in."""
+        text = self.source.method_text(node) if type(node) is cst.FunctionDef else None
+        return code_of(node) if text is None else text
 
     def ast_of(self, node: cst.CSTNode) -> ast.AST:
         """What the chain's one `ast` parse of the text (`self.source.tree`) holds where the original `node` sits:
