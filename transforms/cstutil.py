@@ -97,14 +97,28 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     the fields at a fraction of the cost (tests/test_pipeline_shortcuts.py holds the two to the same order). The
     step of `walk`; astutil's `children` is the same step of `preorder` over Python's AST."""
     found: list[cst.CSTNode] = []
-    for name in child_fields(type(node)):
+    walked = _WALKED
+    for name in _CHILD_FIELDS[type(node)]:
         value = getattr(node, name)
         kind = type(value)
         if kind is tuple or kind is list:
-            found.extend(c for c in value if _walked(type(c)))
-        elif _walked(kind):
+            found.extend([c for c in value if walked[type(c)]])
+        elif walked[kind]:
             found.append(value)
     return found
+
+
+class _ByType(dict):
+    """A fact about a node type, computed the first time it is asked and read after as a dict item: `_children` asks
+    two per child of every node a walk meets, where functools.cache's call cost a quarter of the walk."""
+
+    def __init__(self, compute: Callable[[type], object]) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, kind: type) -> object:
+        value = self[kind] = self._compute(kind)
+        return value
 
 
 @functools.cache
@@ -112,6 +126,10 @@ def _walked(kind: type) -> bool:
     """Whether `walk` goes into a value of this type: a node, not whitespace or punctuation. Asked of the type once:
     an `isinstance` against libcst's abstract classes costs more than the rest of a walk's step."""
     return issubclass(kind, cst.CSTNode) and not issubclass(kind, UNWALKED)
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = _ByType(child_fields)
+_WALKED: dict[type, bool] = _ByType(_walked)
 
 
 def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | None] | None = None
