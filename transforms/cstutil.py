@@ -18,6 +18,7 @@ import libcst.matchers as m
 
 from graphmode.transforms.analysis.growing_caches import appends_to, cat_pieces
 from graphmode.transforms.analysis.host_reads import host_sync
+from graphmode.transforms.dispatch import Computed
 from graphmode.transforms.positions import code_for_node
 from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
 
@@ -108,19 +109,6 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
-class _ByType(dict):
-    """A fact about a node type, computed the first time it is asked and read after as a dict item: `_children` asks
-    two per child of every node a walk meets, where functools.cache's call cost a quarter of the walk."""
-
-    def __init__(self, compute: Callable[[type], object]) -> None:
-        super().__init__()
-        self._compute = compute
-
-    def __missing__(self, kind: type) -> object:
-        value = self[kind] = self._compute(kind)
-        return value
-
-
 @functools.cache
 def _walked(kind: type) -> bool:
     """Whether `walk` goes into a value of this type: a node, not whitespace or punctuation. Asked of the type once:
@@ -128,8 +116,10 @@ def _walked(kind: type) -> bool:
     return issubclass(kind, cst.CSTNode) and not issubclass(kind, UNWALKED)
 
 
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = _ByType(child_fields)
-_WALKED: dict[type, bool] = _ByType(_walked)
+# `_children` asks both for every node and child a walk meets: dict items, not functools.cache calls (a quarter of a
+# walk's cost).
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = Computed(child_fields)
+_WALKED: dict[type, bool] = Computed(_walked)
 
 
 def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | None] | None = None
