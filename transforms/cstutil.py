@@ -137,12 +137,15 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
 def statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     """`walk`'s `skip` for a walk after statements (and the blocks and clauses that hold them): it goes no deeper
     than a simple statement line, an expression, parameters or a decorator, which hold none."""
-    return [] if _holds_no_statement(type(node)) else None
+    return [] if _HOLDS_NO_STATEMENT[type(node)] else None
 
 
 @functools.cache
 def _holds_no_statement(kind: type) -> bool:
     return issubclass(kind, (cst.SimpleStatementLine, cst.BaseExpression, cst.Parameters, cst.Decorator))
+
+
+_HOLDS_NO_STATEMENT: dict[type, bool] = Computed(_holds_no_statement)  # asked at every node of a statements' walk
 
 
 def with_blocks(node: _Node, blocks: Mapping[cst.CSTNode, cst.CSTNode]) -> _Node:
