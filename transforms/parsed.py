@@ -8,6 +8,7 @@ and parents are what libcst calls metadata; resolving them eagerly costs more th
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 import weakref
 from collections.abc import Iterator, Mapping
@@ -36,6 +37,9 @@ class ParsedSource:
         # What each function calls, by its `ast` node (reach.reachable_functions): a statement the chain hands on as
         # the same node keeps its `ast` nodes (`statement_tables`), so the table goes from each text to the next.
         self.calls: dict[ast.AST, tuple[set[str], set[str]]] = {}
+        # `_by_start`'s statements of the module's body parsed alone, and their tables.
+        self._numbered_statements: dict[cst.CSTNode, ast.Module] = {}
+        self._statement_tables_by_start: dict[tuple[cst.CSTNode, bool], dict[tuple[int, int], list[ast.AST]]] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -113,7 +117,7 @@ class ParsedSource:
         positions as libcst's PositionProvider gives them (lines from 1, columns in characters from 0); None when
         none does. A codemod reads facts about an original node here instead of printing it and parsing the text."""
         statements = all(issubclass(kind, ast.stmt) for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
-        for node in (self._statements_by_start if statements else self._ast_by_start).get(start, ()):
+        for node in self._by_start(start[0], statements).get(start, ()):
             if isinstance(node, kinds) and (end is None or self._point(node.end_lineno, node.end_col_offset) == end):
                 return node
         return None
@@ -122,7 +126,7 @@ class ParsedSource:
         """`a and b`, the leading values of an `a and b and c` that starts at `start`, as one `BoolOp` ending at
         `end` (positions as `ast_node` takes them); None when no such chain does. `ast` holds the chain as one
         `BoolOp` of three values, libcst as two nested `BooleanOperation`s, the inner one without an `ast` node."""
-        for node in self._ast_by_start.get(start, ()):
+        for node in self._by_start(start[0], False).get(start, ()):
             if not isinstance(node, ast.BoolOp):
                 continue
             for count in range(2, len(node.values)):
@@ -143,24 +147,55 @@ class ParsedSource:
                   and self._point(node.end_lineno, node.end_col_offset) >= end]
         return max(around, key=lambda node: self._point(node.lineno, node.col_offset), default=None)
 
+    def _by_start(self, line: int, statements: bool) -> dict[tuple[int, int], list[ast.AST]]:
+        """`_statements_by_start` (`statements`) or `_ast_by_start` where a look-up of a node starting on `line` finds
+        it. For a text the chain generated whose whole `ast` nobody asked for yet, the table of the one statement of
+        the module's body that holds the line: that statement parsed alone, after as many line breaks as there are
+        lines above it, so that its nodes have the whole text's lines and columns (`ast` counts lines as libcst
+        does). A parse of the whole text for each codemod that looks a node up cost more than its look-ups."""
+        if "tree" in self.__dict__ or "layout" not in self.__dict__:
+            return self._statements_by_start if statements else self._ast_by_start
+        starts, held = self._statement_starts
+        index = bisect.bisect_right(starts, line) - 1
+        if index < 0:  # the module's header: no statement's
+            return self._statements_by_start if statements else self._ast_by_start
+        statement = held[index]
+        tables = self._statement_tables_by_start.get((statement, statements))
+        if tables is None:
+            tree = self._numbered_statements.get(statement)
+            if tree is None:
+                text = "\n" * (starts[index] - 1) + self.layout.statement_texts[statement]
+                tree = self._numbered_statements[statement] = ast.parse(text)
+            tables = self._statement_tables_by_start[statement, statements] = self._starts_of(
+                _statements(tree) if statements else _walk(tree))
+        return tables
+
     @cached_property
-    def _ast_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
-        """Nodes of `tree` by where they start, outermost first (`ast.walk` goes breadth first)."""
+    def _statement_starts(self) -> tuple[list[int], list[cst.CSTNode]]:
+        """The first line of each statement of the module's body (its leading lines included), in order, and the
+        statements."""
+        first_lines = self.layout.first_lines
+        return list(first_lines.values()), list(first_lines)
+
+    def _starts_of(self, nodes: list[ast.AST]) -> dict[tuple[int, int], list[ast.AST]]:
+        """The nodes that have a position by where they start, in the order given."""
         found: dict[tuple[int, int], list[ast.AST]] = {}
-        for node in _walk(self.tree):
+        for node in nodes:
             if getattr(node, "end_lineno", None) is not None:
                 found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
         return found
+
+    @cached_property
+    def _ast_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
+        """Nodes of `tree` by where they start, outermost first (`ast.walk` goes breadth first)."""
+        return self._starts_of(_walk(self.tree))
 
     @cached_property
     def _statements_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
         """The statements of `tree` by where they start, as `_ast_by_start` holds them (no two start at one point): a
         walk of the statements alone, for a codemod that asks about a function (`GraphCodemod.ast_of`), where the
         table of every node costs as much as the codemod's own work."""
-        found: dict[tuple[int, int], list[ast.AST]] = {}
-        for node in _statements(self.tree):
-            found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
-        return found
+        return self._starts_of(_statements(self.tree))
 
     def _point(self, line: int, byte_column: int) -> tuple[int, int]:
         """`ast`'s (line, column in UTF-8 bytes) as libcst's (line, column in characters)."""
