@@ -167,6 +167,10 @@ class GraphCodemod(Codemod, Transformer):
             return super().on_visit(node) and self._handles_some_node_under(node)
         if type(node) is cst.SimpleStatementLine and _STATEMENTS_ONLY[type(self)]:
             return super().on_visit(node) and self._handles_some_node_under(node)
+        if _STATEMENTS_ONLY[type(self)] and not _MAY_HOLD_STATEMENTS[type(node)]:
+            # An `if`'s test, a `for`'s target, the whitespace between the words: nothing under it is a statement or
+            # a block, so no handler of this codemod runs there, and the walk neither enters nor rebuilds it.
+            return False
         return super().on_visit(node)
 
     def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
@@ -340,6 +344,11 @@ def _is_scope(node_type: type) -> bool:
 _IS_SCOPE: dict[type, bool] = Computed(_is_scope)
 _IS_STATEMENT: dict[type, bool] = Computed(_is_statement)
 _STATEMENTS_ONLY: dict[type, bool] = Computed(_handles_statements_only)
+# What a statement, a block or a clause of one may hold sits under these; under any other node (an expression,
+# parameters, a decorator, whitespace) there is none.
+_MAY_HOLD_STATEMENTS: dict[type, bool] = Computed(lambda kind: issubclass(kind, (
+    cst.BaseStatement, cst.BaseSuite, cst.Module, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
+    cst.MatchCase)))
 
 
 class StepCodemod(GraphCodemod):
