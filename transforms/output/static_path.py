@@ -891,38 +891,36 @@ def _with_notes_on_headers(module: cst.Module, placed: set[cst.FunctionDef], wid
 
 def _to_build_again(functions: set[cst.FunctionDef]) -> tuple[set[int], set[int]]:
     """For `_noted_placed`: the ids of the nodes that sit in more than one place among the functions, leaves aside
-    (the whitespace and comments a visit hands on as they are), and the ids of the nodes on the way to one of them
-    or to a block in which a note moves (_moves_a_note), those blocks included."""
-    seen: set[int] = set()
-    twice: set[int] = set()
-    parents: dict[int, list[cst.CSTNode]] = {}  # every place's
+    (the whitespace and comments a visit hands on as they are, which are not read here), and the ids of the nodes on
+    the way to one of them or to a block in which a note moves (_moves_a_note), those blocks included."""
+    first_parent: dict[int, cst.CSTNode | None] = {}  # every node read, by id: the node it was first read under
+    other_parents: dict[int, list[cst.CSTNode]] = {}  # a node's other places
     marked: list[int] = []
     pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(function, None) for function in functions]
     while pending:
         node, parent = pending.pop()
-        if parent is not None:
-            parents.setdefault(id(node), []).append(parent)
-        if id(node) in seen:
-            if not _IS_LEAF[type(node)]:
-                twice.add(id(node))
+        key = id(node)
+        if key in first_parent:
+            other_parents.setdefault(key, []).append(parent)
             continue  # what it holds was read in its first place
-        seen.add(id(node))
+        first_parent[key] = parent
         if type(node) is cst.IndentedBlock and _moves_a_note(node):
-            marked.append(id(node))
+            marked.append(key)
         for name in child_fields(type(node)):
             value = getattr(node, name)
             if type(value) is tuple or type(value) is list:
-                pending.extend([(item, node) for item in value if _IS_NODE[type(item)]])
-            elif _IS_NODE[type(value)]:
+                pending.extend([(item, node) for item in value if _BUILT_BY_A_VISIT[type(item)]])
+            elif _BUILT_BY_A_VISIT[type(value)]:
                 pending.append((value, node))
     on_the_way: set[int] = set(marked)
-    up = [parent for node in [*twice, *marked] for parent in parents.get(node, ())]
+    up = [parent for key in [*other_parents, *marked] for parent in [first_parent[key], *other_parents.get(key, ())]]
     while up:
         node = up.pop()
-        if id(node) not in on_the_way:
+        if node is not None and id(node) not in on_the_way:
             on_the_way.add(id(node))
-            up.extend(parents.get(id(node), ()))
-    return twice, on_the_way
+            up.append(first_parent[id(node)])
+            up.extend(other_parents.get(id(node), ()))
+    return set(other_parents), on_the_way
 
 
 def _noted_placed(function: cst.FunctionDef, depth: int, notes: _NotesOnHeaders, shared: set[int],
@@ -945,10 +943,10 @@ def _noted_placed(function: cst.FunctionDef, depth: int, notes: _NotesOnHeaders,
         for name in child_fields(type(node)):
             value = getattr(node, name)
             if type(value) is tuple or type(value) is list:
-                items = [rebuilt(item, inner) if _IS_NODE[type(item)] else item for item in value]
+                items = [rebuilt(item, inner) if _BUILT_BY_A_VISIT[type(item)] else item for item in value]
                 if any(new is not old for new, old in zip(items, value)):
                     changes[name] = items
-            elif _IS_NODE[type(value)]:
+            elif _BUILT_BY_A_VISIT[type(value)]:
                 new = rebuilt(value, inner)
                 if new is not value:
                     changes[name] = new
@@ -963,8 +961,9 @@ def _noted_placed(function: cst.FunctionDef, depth: int, notes: _NotesOnHeaders,
     return rebuilt(function, depth)
 
 
-_IS_NODE: dict[type, bool] = Computed(lambda kind: issubclass(kind, cst.CSTNode))
-_IS_LEAF: dict[type, bool] = Computed(lambda kind: issubclass(kind, BaseLeaf))  # a visit hands a leaf on as it is
+# A node a visit builds again: not a leaf (whitespace, a comment), which it hands on as it is.
+_BUILT_BY_A_VISIT: dict[type, bool] = Computed(lambda kind: issubclass(kind, cst.CSTNode)
+                                               and not issubclass(kind, BaseLeaf))
 
 
 def _moves_a_note(node: cst.CSTNode) -> bool:
