@@ -39,6 +39,7 @@ class ParsedSource:
         self.calls: dict[ast.AST, tuple[set[str], set[str]]] = {}
         # `_by_start`'s statements of the module's body parsed alone, and their tables.
         self._numbered_statements: dict[cst.CSTNode, ast.Module] = {}
+        self._ast_statement_words: list[frozenset[str]] | None = None  # `words` of each statement of `tree`'s body
         self._statement_tables_by_start: dict[tuple[cst.CSTNode, bool], dict[tuple[int, int], list[ast.AST]]] = {}
 
     @cached_property
@@ -230,7 +231,10 @@ class ParsedSource:
         statement or operator (`:Assert`, `:Gt`): the cheap test of whether an idiom can be there."""
         statements = self._statements
         if statements is None:
-            return _words_in(self.tree)
+            # Per `ast` statement: the statement tables built from the same tree later (`_statements`) take theirs
+            # from here, where they walked the whole tree a second time.
+            self._ast_statement_words = [_words_in(node) for node in self.tree.body]
+            return frozenset({":Module"}).union(*self._ast_statement_words)
         return frozenset({":Module"}).union(*(statement.words for statement in statements))
 
     @property
@@ -260,7 +264,9 @@ class ParsedSource:
             end = start + (len(statement.body) if type(statement) is cst.SimpleStatementLine else 1)
             table = tables.get(statement)
             if table is None:
-                table = tables[statement] = _Statement(body[start:end])
+                known = self._ast_statement_words
+                table = tables[statement] = _Statement(
+                    body[start:end], None if known is None else frozenset().union(*known[start:end]))
             found.append(table)
             start = end
         assert start == len(body), "each `ast` statement belongs to one libcst statement"
@@ -328,9 +334,11 @@ class _Statement:
     """ParsedSource's `ast` walks over the `ast` statements of one statement of the module's body, each done when
     first asked. Qualified names are the module's: a statement of its body is not inside any class or function."""
 
-    def __init__(self, nodes: list[ast.stmt]) -> None:
+    def __init__(self, nodes: list[ast.stmt], words: frozenset[str] | None = None) -> None:
         self.nodes = nodes
         self._function_words: dict[str, frozenset[str] | None] = {}
+        if words is not None:  # found already by a walk of the same nodes
+            self.__dict__["words"] = words
 
     @cached_property
     def words(self) -> frozenset[str]:
