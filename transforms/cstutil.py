@@ -18,6 +18,7 @@ import libcst.matchers as m
 
 from graphmode.transforms.analysis.growing_caches import appends_to, cat_pieces
 from graphmode.transforms.analysis.host_reads import host_sync
+from graphmode.transforms.dispatch import Computed
 from graphmode.transforms.positions import code_for_node
 from graphmode.transforms.vocabulary import POSITION_PARAM_NAMES, POSITION_TENSOR, TENSOR_FACTORIES, is_position_name
 
@@ -97,12 +98,13 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     the fields at a fraction of the cost (tests/test_pipeline_shortcuts.py holds the two to the same order). The
     step of `walk`; astutil's `children` is the same step of `preorder` over Python's AST."""
     found: list[cst.CSTNode] = []
-    for name in child_fields(type(node)):
+    walked = _WALKED
+    for name in _CHILD_FIELDS[type(node)]:
         value = getattr(node, name)
         kind = type(value)
         if kind is tuple or kind is list:
-            found.extend(c for c in value if _walked(type(c)))
-        elif _walked(kind):
+            found.extend([c for c in value if walked[type(c)]])
+        elif walked[kind]:
             found.append(value)
     return found
 
@@ -112,6 +114,12 @@ def _walked(kind: type) -> bool:
     """Whether `walk` goes into a value of this type: a node, not whitespace or punctuation. Asked of the type once:
     an `isinstance` against libcst's abstract classes costs more than the rest of a walk's step."""
     return issubclass(kind, cst.CSTNode) and not issubclass(kind, UNWALKED)
+
+
+# `_children` asks both for every node and child a walk meets: dict items, not functools.cache calls (a quarter of a
+# walk's cost).
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = Computed(child_fields)
+_WALKED: dict[type, bool] = Computed(_walked)
 
 
 def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | None] | None = None
@@ -129,12 +137,15 @@ def walk(node: cst.CSTNode, skip: Callable[[cst.CSTNode], list[cst.CSTNode] | No
 def statements_only(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     """`walk`'s `skip` for a walk after statements (and the blocks and clauses that hold them): it goes no deeper
     than a simple statement line, an expression, parameters or a decorator, which hold none."""
-    return [] if _holds_no_statement(type(node)) else None
+    return [] if _HOLDS_NO_STATEMENT[type(node)] else None
 
 
 @functools.cache
 def _holds_no_statement(kind: type) -> bool:
     return issubclass(kind, (cst.SimpleStatementLine, cst.BaseExpression, cst.Parameters, cst.Decorator))
+
+
+_HOLDS_NO_STATEMENT: dict[type, bool] = Computed(_holds_no_statement)  # asked at every node of a statements' walk
 
 
 def with_blocks(node: _Node, blocks: Mapping[cst.CSTNode, cst.CSTNode]) -> _Node:

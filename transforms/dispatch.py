@@ -19,21 +19,37 @@ _NODE_TYPES = frozenset(name for name in dir(cst) if isinstance(getattr(cst, nam
 
 
 class Transformer(cst.CSTTransformer):
+    # The look-ups below are dict items, not functools.cache calls: they are made for every node a walk meets (and
+    # the field hooks' for every field of it), where a cached call costs as much as the rest of the dispatch.
     def on_visit(self, node: cst.CSTNode) -> bool:
-        visit = _handlers(type(self), type(node))[0]
+        visit = _HANDLERS[type(self), type(node)][0]
         return visit is None or visit(self, node) is not False
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        leave = _handlers(type(self), type(original_node))[1]
+        leave = _HANDLERS[type(self), type(original_node)][1]
         return updated_node if leave is None else leave(self, original_node, updated_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        if _field_hooks(type(self)):
+        if _FIELD_HOOKS[type(self)]:
             super().on_visit_attribute(node, attribute)
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        if _field_hooks(type(self)):
+        if _FIELD_HOOKS[type(self)]:
             super().on_leave_attribute(original_node, attribute)
+
+
+class Computed(dict):
+    """`compute(key)` for each key (`compute(*key)` for a tuple), computed the first time it is asked and read after
+    as a dict item: for a fact about a type asked at every node of a walk, where functools.cache's call costs as much
+    as the rest of the step."""
+
+    def __init__(self, compute: Callable) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, key):
+        value = self[key] = self._compute(*key) if type(key) is tuple else self._compute(key)
+        return value
 
 
 @functools.cache
@@ -71,3 +87,7 @@ def _field_hooks(owner: type) -> bool:
     """Whether the class defines any `visit_<Type>_<field>` or `leave_<Type>_<field>` of its own."""
     return any(name.startswith(("visit_", "leave_")) and "_" in name[6:] and name[6:].split("_", 1)[0] in _NODE_TYPES
                and _function(owner, name) is not None for name in dir(owner))
+
+
+_HANDLERS: dict[tuple[type, type], tuple[Callable | None, Callable | None]] = Computed(_handlers)
+_FIELD_HOOKS: dict[type, bool] = Computed(_field_hooks)

@@ -8,7 +8,9 @@ and parents are what libcst calls metadata; resolving them eagerly costs more th
 from __future__ import annotations
 
 import ast
+import bisect
 import re
+import weakref
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 
@@ -32,6 +34,13 @@ class ParsedSource:
         # What the `ast` walks found in each statement of the module's body (`_Statement`), by its libcst node: a
         # statement a codemod handed on as the same node has the same text, so the chain hands the table on.
         self.statement_tables: dict[cst.CSTNode, _Statement] = {}
+        # What each function calls, by its `ast` node (reach.reachable_functions): a statement the chain hands on as
+        # the same node keeps its `ast` nodes (`statement_tables`), so the table goes from each text to the next.
+        self.calls: dict[ast.AST, tuple[set[str], set[str]]] = {}
+        # `_by_start`'s statements of the module's body parsed alone, and their tables.
+        self._numbered_statements: dict[cst.CSTNode, ast.Module] = {}
+        self._ast_statement_words: list[frozenset[str]] | None = None  # `words` of each statement of `tree`'s body
+        self._statement_tables_by_start: dict[tuple[cst.CSTNode, bool], dict[tuple[int, int], list[ast.AST]]] = {}
 
     @cached_property
     def module(self) -> cst.Module:
@@ -56,6 +65,7 @@ class ParsedSource:
             if "module" in earlier.__dict__ and (module.default_indent, module.default_newline) == (
                     earlier.module.default_indent, earlier.module.default_newline):
                 carried.statement_tables = earlier.statement_tables
+            carried.calls = earlier.calls
         if generated.parents is None:
             return carried
         carried.__dict__["layout"] = generated
@@ -90,6 +100,13 @@ class ParsedSource:
         node."""
         return self.layout.statement_texts.get(statement)
 
+    def method_text(self, method: cst.CSTNode) -> str | None:
+        """The code of a method of a class of the module's body as the layout generated it (`MethodLayout.text`: its
+        leading lines included, indented under its class); None for any other node."""
+        statement = self.top_level_statement(method)
+        known = self.layout.statement_methods.get(statement, {}).get(method) if statement is not None else None
+        return None if known is None else known.text
+
     @cached_property
     def tree(self) -> ast.Module:
         """The same text as Python's own AST: a tenth of libcst's cost, for questions about names and calls."""
@@ -101,7 +118,7 @@ class ParsedSource:
         positions as libcst's PositionProvider gives them (lines from 1, columns in characters from 0); None when
         none does. A codemod reads facts about an original node here instead of printing it and parsing the text."""
         statements = all(issubclass(kind, ast.stmt) for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
-        for node in (self._statements_by_start if statements else self._ast_by_start).get(start, ()):
+        for node in self._by_start(start[0], statements).get(start, ()):
             if isinstance(node, kinds) and (end is None or self._point(node.end_lineno, node.end_col_offset) == end):
                 return node
         return None
@@ -110,7 +127,7 @@ class ParsedSource:
         """`a and b`, the leading values of an `a and b and c` that starts at `start`, as one `BoolOp` ending at
         `end` (positions as `ast_node` takes them); None when no such chain does. `ast` holds the chain as one
         `BoolOp` of three values, libcst as two nested `BooleanOperation`s, the inner one without an `ast` node."""
-        for node in self._ast_by_start.get(start, ()):
+        for node in self._by_start(start[0], False).get(start, ()):
             if not isinstance(node, ast.BoolOp):
                 continue
             for count in range(2, len(node.values)):
@@ -131,24 +148,55 @@ class ParsedSource:
                   and self._point(node.end_lineno, node.end_col_offset) >= end]
         return max(around, key=lambda node: self._point(node.lineno, node.col_offset), default=None)
 
+    def _by_start(self, line: int, statements: bool) -> dict[tuple[int, int], list[ast.AST]]:
+        """`_statements_by_start` (`statements`) or `_ast_by_start` where a look-up of a node starting on `line` finds
+        it. For a text the chain generated whose whole `ast` nobody asked for yet, the table of the one statement of
+        the module's body that holds the line: that statement parsed alone, after as many line breaks as there are
+        lines above it, so that its nodes have the whole text's lines and columns (`ast` counts lines as libcst
+        does). A parse of the whole text for each codemod that looks a node up cost more than its look-ups."""
+        if "tree" in self.__dict__ or "layout" not in self.__dict__:
+            return self._statements_by_start if statements else self._ast_by_start
+        starts, held = self._statement_starts
+        index = bisect.bisect_right(starts, line) - 1
+        if index < 0:  # the module's header: no statement's
+            return self._statements_by_start if statements else self._ast_by_start
+        statement = held[index]
+        tables = self._statement_tables_by_start.get((statement, statements))
+        if tables is None:
+            tree = self._numbered_statements.get(statement)
+            if tree is None:
+                text = "\n" * (starts[index] - 1) + self.layout.statement_texts[statement]
+                tree = self._numbered_statements[statement] = ast.parse(text)
+            tables = self._statement_tables_by_start[statement, statements] = self._starts_of(
+                _statements(tree) if statements else _walk(tree))
+        return tables
+
     @cached_property
-    def _ast_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
-        """Nodes of `tree` by where they start, outermost first (`ast.walk` goes breadth first)."""
+    def _statement_starts(self) -> tuple[list[int], list[cst.CSTNode]]:
+        """The first line of each statement of the module's body (its leading lines included), in order, and the
+        statements."""
+        first_lines = self.layout.first_lines
+        return list(first_lines.values()), list(first_lines)
+
+    def _starts_of(self, nodes: list[ast.AST]) -> dict[tuple[int, int], list[ast.AST]]:
+        """The nodes that have a position by where they start, in the order given."""
         found: dict[tuple[int, int], list[ast.AST]] = {}
-        for node in _walk(self.tree):
+        for node in nodes:
             if getattr(node, "end_lineno", None) is not None:
                 found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
         return found
+
+    @cached_property
+    def _ast_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
+        """Nodes of `tree` by where they start, outermost first (`ast.walk` goes breadth first)."""
+        return self._starts_of(_walk(self.tree))
 
     @cached_property
     def _statements_by_start(self) -> dict[tuple[int, int], list[ast.AST]]:
         """The statements of `tree` by where they start, as `_ast_by_start` holds them (no two start at one point): a
         walk of the statements alone, for a codemod that asks about a function (`GraphCodemod.ast_of`), where the
         table of every node costs as much as the codemod's own work."""
-        found: dict[tuple[int, int], list[ast.AST]] = {}
-        for node in _statements(self.tree):
-            found.setdefault(self._point(node.lineno, node.col_offset), []).append(node)
-        return found
+        return self._starts_of(_statements(self.tree))
 
     def _point(self, line: int, byte_column: int) -> tuple[int, int]:
         """`ast`'s (line, column in UTF-8 bytes) as libcst's (line, column in characters)."""
@@ -163,7 +211,7 @@ class ParsedSource:
 
     @cached_property
     def step_functions(self) -> set[str]:
-        return step_qualnames_in(self.unnumbered_tree)
+        return step_qualnames_in(self.unnumbered_tree, self.calls)
 
     @cached_property
     def unnumbered_tree(self) -> ast.Module:
@@ -183,7 +231,10 @@ class ParsedSource:
         statement or operator (`:Assert`, `:Gt`): the cheap test of whether an idiom can be there."""
         statements = self._statements
         if statements is None:
-            return _words_in(self.tree)
+            # Per `ast` statement: the statement tables built from the same tree later (`_statements`) take theirs
+            # from here, where they walked the whole tree a second time.
+            self._ast_statement_words = [_words_in(node) for node in self.tree.body]
+            return frozenset({":Module"}).union(*self._ast_statement_words)
         return frozenset({":Module"}).union(*(statement.words for statement in statements))
 
     @property
@@ -213,7 +264,9 @@ class ParsedSource:
             end = start + (len(statement.body) if type(statement) is cst.SimpleStatementLine else 1)
             table = tables.get(statement)
             if table is None:
-                table = tables[statement] = _Statement(body[start:end])
+                known = self._ast_statement_words
+                table = tables[statement] = _Statement(
+                    body[start:end], None if known is None else frozenset().union(*known[start:end]))
             found.append(table)
             start = end
         assert start == len(body), "each `ast` statement belongs to one libcst statement"
@@ -281,9 +334,11 @@ class _Statement:
     """ParsedSource's `ast` walks over the `ast` statements of one statement of the module's body, each done when
     first asked. Qualified names are the module's: a statement of its body is not inside any class or function."""
 
-    def __init__(self, nodes: list[ast.stmt]) -> None:
+    def __init__(self, nodes: list[ast.stmt], words: frozenset[str] | None = None) -> None:
         self.nodes = nodes
         self._function_words: dict[str, frozenset[str] | None] = {}
+        if words is not None:  # found already by a walk of the same nodes
+            self.__dict__["words"] = words
 
     @cached_property
     def words(self) -> frozenset[str]:
@@ -320,11 +375,11 @@ def _functions_by_qualname(tree: ast.AST, within: bool = False) -> dict[str, lis
     """Functions by qualified name under `tree` (`tree` itself too when `within`: a statement of the module's body)."""
     found: dict[str, list[ast.AST]] = {}
     pending: list[tuple[ast.AST, str]] = []
-    for child in [tree] if within else _child_nodes(tree):
+    for child in [tree] if within else _block_children(tree):
         _add_function(child, "", found, pending)
     while pending:
         node, scope = pending.pop()
-        for child in _child_nodes(node):
+        for child in _block_children(node):
             _add_function(child, scope, found, pending)
     return found
 
@@ -347,7 +402,7 @@ def _classes_in_functions(tree: ast.AST) -> bool:
         if in_function and isinstance(node, ast.ClassDef):
             return True
         inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        pending.extend((child, inside) for child in _child_nodes(node))
+        pending.extend((child, inside) for child in _block_children(node))
     return False
 
 
@@ -413,6 +468,22 @@ def _statements(tree: ast.Module) -> list[ast.stmt]:
     return found
 
 
+_BLOCK_FIELDS = frozenset({"body", "handlers", "orelse", "finalbody", "cases"})
+
+
+def _block_children(node: ast.AST) -> list[ast.AST]:
+    """`_child_nodes` less every expression, which holds no statement (a lambda's body is one): the statements of the
+    node's blocks and its `except` and `case` clauses, in the same order. A function or a class is a statement, so a
+    walk after them needs no more; the expressions are nine nodes in ten."""
+    found: list[ast.AST] = []
+    for name in node._fields:
+        if name in _BLOCK_FIELDS:
+            value = getattr(node, name, None)
+            if type(value) is list:
+                found.extend(value)
+    return found
+
+
 def _child_nodes(node: ast.AST) -> list[ast.AST]:
     """`ast.iter_child_nodes` as a list, in the same order, without its generators."""
     found: list[ast.AST] = []
@@ -464,7 +535,10 @@ class _StatementPositions(Mapping):
     their lines."""
 
     def __init__(self, source: ParsedSource) -> None:
-        self._source = source
+        # A weak reference: the source holds its positions, and a cycle of the two would keep the source's tree (some
+        # 100,000 objects) alive until the cyclic collector ran, which the chain pauses; found and freed after it, the
+        # trees of a chain were a tenth of its time.
+        self._source = weakref.proxy(source)
         self._done: dict[cst.CSTNode, dict[cst.CSTNode, Span]] = {}  # top-level statement -> its table
         # (method, indent tokens) -> the table of the method alone (positions.method_position_table)
         self._methods: dict[tuple[cst.CSTNode, tuple[str, ...]], dict[cst.CSTNode, Span]] = {}

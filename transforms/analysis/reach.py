@@ -16,7 +16,12 @@ STEP_METHODS = frozenset({"forward", "decode", "prefill", "decode_one_token", "p
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def reachable_functions(module: ast.Module) -> set[Function]:
+def reachable_functions(module: ast.Module, calls: dict[Function, tuple[set[str], set[str]]] | None = None
+                        ) -> set[Function]:
+    """The functions of the module a step reaches. `calls`: `_calls` of the functions asked before, by function, which
+    the walk reads and adds to (a function's node never changes, so the codemod chain hands the table from one text
+    to the next, whose unchanged statements hold the same nodes)."""
+    calls = {} if calls is None else calls
     functions = {s.name: s for s in module.body if isinstance(s, FUNCTION_TYPES)}
     classes = {s.name: s for s in module.body if isinstance(s, ast.ClassDef)}
     methods = {name: _methods(cls) for name, cls in classes.items()}
@@ -31,7 +36,7 @@ def reachable_functions(module: ast.Module) -> set[Function]:
         if twin is None:
             reached.add(function)
         # A method with a twin runs its own body for every caller but the entries: only its twin is step code.
-        pending += _callees(function, owner, twin, functions, classes, methods)
+        pending += _callees(function, owner, twin, functions, classes, methods, calls)
     return reached
 
 
@@ -44,14 +49,16 @@ def _step_entries(functions: dict[str, Function], methods: dict[str, dict[str, F
 
 
 def _callees(function: Function, owner: str | None, twin: str | None, functions: dict[str, Function],
-             classes: dict[str, ast.ClassDef], methods: dict[str, dict[str, Function]]
-             ) -> list[tuple[Function, str | None]]:
+             classes: dict[str, ast.ClassDef], methods: dict[str, dict[str, Function]],
+             calls: dict[Function, tuple[set[str], set[str]]]) -> list[tuple[Function, str | None]]:
     """What a reached function hands on to the step: its twin alone where it has one, else every method it calls
     on `self` and every function of the file it calls by name."""
     if twin is not None:
         found = _lookup(owner, twin, classes, methods)
         return [(found, owner)] if found is not None else []
-    on_self, plain = _calls(function)
+    if function not in calls:
+        calls[function] = _calls(function)
+    on_self, plain = calls[function]
     found = [(method, owner) for method in (_lookup(owner, name, classes, methods) for name in on_self)
              if method is not None]
     return found + [(functions[name], None) for name in plain if name in functions]
@@ -127,15 +134,23 @@ def _static_path_nodes(function: Function) -> list[ast.AST]:
     while stack:
         node = stack.pop()
         found.append(node)
-        model_field = model_code_field(node)
-        for field, value in ast.iter_fields(node):
+        kind = node.__class__
+        # Only an `if` and a conditional expression set code apart, and only an `if` leaves the static path: asked of
+        # those alone, as `ast.iter_fields` is read without its generator (the walk of every node of every step
+        # function, twice a chain).
+        model_field = model_code_field(node) if kind is ast.If or kind is ast.IfExp else None
+        for field in node._fields:
             if field == model_field:
                 continue
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, ast.AST):
-                    stack.append(item)
-                    if leaves_static_path(item):
-                        break
+            value = getattr(node, field, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        stack.append(item)
+                        if item.__class__ is ast.If and leaves_static_path(item):
+                            break
+            elif isinstance(value, ast.AST):
+                stack.append(value)
     return found
 
 
@@ -160,9 +175,11 @@ def step_qualnames(source: str) -> set[str]:
     return step_qualnames_in(ast.parse(source))
 
 
-def step_qualnames_in(module: ast.Module) -> set[str]:
-    """`step_qualnames` of a text already parsed (the chain's one `ast` parse of it); the tree is only read."""
-    reached = reachable_functions(module)
+def step_qualnames_in(module: ast.Module, calls: dict[Function, tuple[set[str], set[str]]] | None = None
+                      ) -> set[str]:
+    """`step_qualnames` of a text already parsed (the chain's one `ast` parse of it); the tree is only read.
+    `calls`: as `reachable_functions` takes it."""
+    reached = reachable_functions(module, calls)
     names = {f.name for f in module.body if isinstance(f, FUNCTION_TYPES) and f in reached}
     for cls in (s for s in module.body if isinstance(s, ast.ClassDef)):
         names |= {f"{cls.name}.{m.name}" for m in cls.body if isinstance(m, FUNCTION_TYPES) and m in reached}

@@ -21,8 +21,8 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from graphmode.transforms.analysis.astutil import FUNCTION_TYPES
 from graphmode.transforms.analysis.reach import step_qualnames
 from graphmode.transforms.codemods.lib.imports import is_plain, with_plain_imports
-from graphmode.transforms.cstutil import class_level, types_under
-from graphmode.transforms.dispatch import Transformer, handled_types
+from graphmode.transforms.cstutil import class_level, code_of, types_under
+from graphmode.transforms.dispatch import Computed, Transformer, handled_types
 from graphmode.transforms.parsed import ParsedSource
 from graphmode.transforms.positions import module_code
 
@@ -154,7 +154,7 @@ class GraphCodemod(Codemod, Transformer):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self._changed_under.append(False)
-        if _is_scope(type(node)):
+        if _IS_SCOPE[type(node)]:
             self._scopes.append(node.name.value)
             if isinstance(node, cst.FunctionDef) and self.passes_over(".".join(self._scopes)):
                 self._passed_over.add(node)
@@ -163,17 +163,21 @@ class GraphCodemod(Codemod, Transformer):
             # the walk neither enters nor rebuilds its body (the class or function is handed on as it was, as is a
             # statement of the module's body the walk does not enter).
             return super().on_visit(node) and self._handles_some_node_under(node)
-        if len(self._changed_under) == 2 and _is_statement(type(node)):  # any other statement of the module's body
+        if len(self._changed_under) == 2 and _IS_STATEMENT[type(node)]:  # any other statement of the module's body
             return super().on_visit(node) and self._handles_some_node_under(node)
-        if type(node) is cst.SimpleStatementLine and _handles_statements_only(type(self)):
+        if type(node) is cst.SimpleStatementLine and _STATEMENTS_ONLY[type(self)]:
             return super().on_visit(node) and self._handles_some_node_under(node)
+        if _STATEMENTS_ONLY[type(self)] and not _MAY_HOLD_STATEMENTS[type(node)]:
+            # An `if`'s test, a `for`'s target, the whitespace between the words: nothing under it is a statement or
+            # a block, so no handler of this codemod runs there, and the walk neither enters nor rebuilds it.
+            return False
         return super().on_visit(node)
 
     def _handles_some_node_under(self, node: cst.CSTNode) -> bool:
         handled = _handled_types(type(self))
         if handled is None:
             return True
-        if type(node) is cst.SimpleStatementLine and _handles_statements_only(type(self)):
+        if type(node) is cst.SimpleStatementLine and _STATEMENTS_ONLY[type(self)]:
             # A statement line holds small statements and expressions, for none of which this codemod has a
             # handler: its own handlers run, and the walk neither enters nor rebuilds the line (hoist_item's walk
             # of every node of the methods holding a check was a tenth of the chain).
@@ -191,7 +195,7 @@ class GraphCodemod(Codemod, Transformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         changed = self._changed_under.pop()
-        if _is_scope(type(original_node)):
+        if _IS_SCOPE[type(original_node)]:
             self._scopes.pop()
             if original_node in self._passed_over:
                 return updated_node
@@ -205,7 +209,7 @@ class GraphCodemod(Codemod, Transformer):
         # A statement of the module's body, a class or a function that no handler changed is handed on as the node it
         # was, not as libcst's rebuilt copy: the chain reuses what it knows of a statement (its text, parents and
         # positions, ParsedSource.generated), and static_path knows an untouched function by identity.
-        return original_node if len(self._changed_under) == 1 or _is_scope(type(original_node)) else left
+        return original_node if len(self._changed_under) == 1 or _IS_SCOPE[type(original_node)] else left
 
     def transform_source(self, source: ParsedSource) -> cst.Module:
         """`transform_module` on a text the chain parsed once: its metadata (`source.metadata()`) is built when a
@@ -227,6 +231,14 @@ class GraphCodemod(Codemod, Transformer):
     def code_of_module(self, tree: cst.Module) -> str:
         """The module's text: the parsed source's own when `tree` is the module it was parsed into."""
         return self.source.text if tree is self.source.module else module_code(tree)
+
+    def code_to_search(self, node: cst.CSTNode) -> str:
+        """`code_of(node)` for a search of a text that holds no line break and starts with no whitespace (`"self.x ="
+        in ...`). A method of a class of the source is read off the text the layout generated for it
+        (`ParsedSource.method_text`), not generated again: indented under its class, it differs from `code_of`'s
+        only by whitespace at the start of lines, which no such text can begin or end in."""
+        text = self.source.method_text(node) if type(node) is cst.FunctionDef else None
+        return code_of(node) if text is None else text
 
     def ast_of(self, node: cst.CSTNode) -> ast.AST:
         """What the chain's one `ast` parse of the text (`self.source.tree`) holds where the original `node` sits:
@@ -326,6 +338,17 @@ def _is_scope(node_type: type) -> bool:
     """A class or a function: asked once per type, as every node of a walk asks it (an `isinstance` against libcst's
     classes goes through their abstract base class's check)."""
     return issubclass(node_type, (cst.ClassDef, cst.FunctionDef))
+
+
+# Asked at every node of a walk (GraphCodemod.on_visit and on_leave): dict items, not functools.cache calls.
+_IS_SCOPE: dict[type, bool] = Computed(_is_scope)
+_IS_STATEMENT: dict[type, bool] = Computed(_is_statement)
+_STATEMENTS_ONLY: dict[type, bool] = Computed(_handles_statements_only)
+# What a statement, a block or a clause of one may hold sits under these; under any other node (an expression,
+# parameters, a decorator, whitespace) there is none.
+_MAY_HOLD_STATEMENTS: dict[type, bool] = Computed(lambda kind: issubclass(kind, (
+    cst.BaseStatement, cst.BaseSuite, cst.Module, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
+    cst.MatchCase)))
 
 
 class StepCodemod(GraphCodemod):

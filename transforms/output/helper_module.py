@@ -35,7 +35,7 @@ def move_helpers_out(module: cst.Module, original: cst.Module, original_text: st
     if len(body) == len(module.body):
         return module
     module = module.with_changes(body=body)
-    used = sorted(helpers & _names(module))
+    used = sorted(helpers & _names(module, _as_written(original, original_text, helpers)))
     if not used:
         return module
     limit = max([MIN_LIMIT, *(len(line) for line in original_text.splitlines())])
@@ -67,13 +67,32 @@ def helper_module_diffs(adapted: dict[str, str]) -> str:
         for path, text in sorted(helper_modules(adapted).items()))
 
 
-def _names(module: cst.Module) -> set[str]:
-    """Every name the module reads or defines; an attribute's name (`self.x`) is not one."""
-    return {node.value for node in walk(module, _attribute_values) if isinstance(node, cst.Name)}
+def _names(module: cst.Module, passed_over: set[int] = frozenset()) -> set[str]:
+    """Every name the module reads or defines; an attribute's name (`self.x`) is not one. The nodes whose ids are
+    `passed_over` are not walked (`_as_written`)."""
+    def skip(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+        if id(node) in passed_over:
+            return []
+        return _attribute_values(node)
+
+    return {node.value for node in walk(module, skip) if isinstance(node, cst.Name)}
 
 
 def _attribute_values(node: cst.CSTNode) -> list[cst.CSTNode] | None:
     return [node.value] if isinstance(node, cst.Attribute) else None
+
+
+def _as_written(original: cst.Module, original_text: str, helpers: frozenset[str]) -> set[int]:
+    """The ids of the original's statements and of the methods of its classes, whose names `_names` need not read
+    where the original's text holds none of the helpers' names (a name of its code is a word of its text): the
+    adapted module holds most of them as the same nodes, and a walk of the whole module was most of this pass."""
+    if any(name in original_text for name in helpers):
+        return set()
+    held = {id(statement) for statement in original.body}
+    for statement in original.body:
+        if isinstance(statement, cst.ClassDef) and isinstance(statement.body, cst.IndentedBlock):
+            held.update(id(method) for method in statement.body.body if isinstance(method, cst.FunctionDef))
+    return held
 
 
 def _imports_relatively(module: cst.Module) -> bool:

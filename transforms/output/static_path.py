@@ -52,15 +52,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst._nodes.base import BaseLeaf
 
 from graphmode.transforms.analysis.reach import SWITCH_TEST, asks_switch, leaves_static_path
 from graphmode.transforms.codemods.fusions.merged_projections import shared_merges
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import GUARD as EAGER_ONLY
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import calls_in, code_of, is_docstring, names_in, qualified_functions, \
+from graphmode.transforms.cstutil import calls_in, child_fields, code_of, is_docstring, names_in, qualified_functions, \
     single_assignment, statements_only, walk
-from graphmode.transforms.dispatch import Transformer
+from graphmode.transforms.dispatch import Computed, Transformer
 from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import imports_helper_module
 from graphmode.transforms.output.line_wrap import MIN_LIMIT
@@ -864,10 +865,12 @@ def _with_notes_on_headers(module: cst.Module, placed: set[cst.FunctionDef], wid
     no node in two places: `placed` (_Split.placed) may share nodes with a twin or a fork beside it (a nested function
     no codemod changed, a statement a codemod's walk passed over), and a visit builds every node it visits again,
     once per place. So each placed function, and each statement under which the notes' pass changes an `if`, is
-    visited; every other statement comes from the chain's tree (which holds each node once) and stays as it is.
-    A visit of the whole module, which this was, costs more than any codemod's walk on a file with few changed
-    functions (tests/test_pipeline_shortcuts.py holds the two to the same text)."""
+    visited (a placed function only where the visit makes a difference, `_noted_placed`); every other statement
+    comes from the chain's tree (which holds each node once) and stays as it is. A visit of the whole module, which
+    this was, costs more than any codemod's walk on a file with few changed functions (tests/test_pipeline_shortcuts.py
+    holds the two to the same text)."""
     notes = _NotesOnHeaders(width, len(module.default_indent.expandtabs()))
+    shared, on_the_way = _to_build_again(placed)
 
     def noted(stmt: cst.BaseStatement, depth: int) -> cst.BaseStatement:
         if type(stmt) is cst.ClassDef and type(stmt.body) is cst.IndentedBlock and not _moves_a_note(stmt.body):
@@ -875,14 +878,92 @@ def _with_notes_on_headers(module: cst.Module, placed: set[cst.FunctionDef], wid
             if all(new is old for new, old in zip(body, stmt.body.body)):
                 return stmt
             return stmt.with_changes(body=stmt.body.with_changes(body=body))
-        if stmt not in placed and not any(node in placed or _moves_a_note(node)
-                                          for node in walk(stmt, statements_only)):
+        if stmt in placed:
+            return _noted_placed(stmt, depth, notes, shared, on_the_way)
+        if not any(node in placed or _moves_a_note(node) for node in walk(stmt, statements_only)):
             return stmt
         notes.depth = depth  # the blocks around the statement: the room a note has on a line depends on them
         return stmt.visit(notes)
 
     body = [noted(stmt, 0) for stmt in module.body]
     return module if all(new is old for new, old in zip(body, module.body)) else module.with_changes(body=body)
+
+
+def _to_build_again(functions: set[cst.FunctionDef]) -> tuple[set[int], set[int]]:
+    """For `_noted_placed`: the ids of the nodes that sit in more than one place among the functions, leaves aside
+    (the whitespace and comments a visit hands on as they are, which are not read here), and the ids of the nodes on
+    the way to one of them or to a block in which a note moves (_moves_a_note), those blocks included."""
+    first_parent: dict[int, cst.CSTNode | None] = {}  # every node read, by id: the node it was first read under
+    other_parents: dict[int, list[cst.CSTNode]] = {}  # a node's other places
+    marked: list[int] = []
+    pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(function, None) for function in functions]
+    while pending:
+        node, parent = pending.pop()
+        key = id(node)
+        if key in first_parent:
+            other_parents.setdefault(key, []).append(parent)
+            continue  # what it holds was read in its first place
+        first_parent[key] = parent
+        if type(node) is cst.IndentedBlock and _moves_a_note(node):
+            marked.append(key)
+        for name in child_fields(type(node)):
+            value = getattr(node, name)
+            if type(value) is tuple or type(value) is list:
+                pending.extend([(item, node) for item in value if _BUILT_BY_A_VISIT[type(item)]])
+            elif _BUILT_BY_A_VISIT[type(value)]:
+                pending.append((value, node))
+    on_the_way: set[int] = set(marked)
+    up = [parent for key in [*other_parents, *marked] for parent in [first_parent[key], *other_parents.get(key, ())]]
+    while up:
+        node = up.pop()
+        if node is not None and id(node) not in on_the_way:
+            on_the_way.add(id(node))
+            up.append(first_parent[id(node)])
+            up.extend(other_parents.get(id(node), ()))
+    return set(other_parents), on_the_way
+
+
+def _noted_placed(function: cst.FunctionDef, depth: int, notes: _NotesOnHeaders, shared: set[int],
+                  on_the_way: set[int]) -> cst.FunctionDef:
+    """`function.visit(notes)` with `notes.depth` at `depth`, for a function _Split built, where it makes a
+    difference (`_to_build_again`): a node `shared` is visited, so that each of its places holds a node built for it;
+    a block in which a note moves (_moves_a_note) gets the notes the visit's leave gives it; the nodes on the way to
+    either are built again; every other node stays the node it was, which only this place holds. The visit built
+    every node of every placed function again: a third of this pass's cost on a llama file, where a node in two
+    places is one in seventy."""
+
+    def rebuilt(node: cst.CSTNode, depth: int) -> cst.CSTNode:
+        if id(node) in shared:
+            notes.depth = depth
+            return node.visit(notes)
+        if id(node) not in on_the_way:
+            return node
+        inner = depth + 1 if type(node) is cst.IndentedBlock else depth  # as visit_IndentedBlock counts
+        changes: dict[str, object] = {}
+        for name in child_fields(type(node)):
+            value = getattr(node, name)
+            if type(value) is tuple or type(value) is list:
+                items = [rebuilt(item, inner) if _BUILT_BY_A_VISIT[type(item)] else item for item in value]
+                if any(new is not old for new, old in zip(items, value)):
+                    changes[name] = items
+            elif _BUILT_BY_A_VISIT[type(value)]:
+                new = rebuilt(value, inner)
+                if new is not value:
+                    changes[name] = new
+        new = node.with_changes(**changes) if changes else node
+        if type(node) is cst.IndentedBlock and _moves_a_note(node):
+            # No note the inner blocks moved leaves another at the end of a block's lines (noted_on_header moves
+            # only the one note there), so a block that moves none before them moves none after.
+            notes.depth = depth
+            new = notes.noted_block(new)
+        return new
+
+    return rebuilt(function, depth)
+
+
+# A node a visit builds again: not a leaf (whitespace, a comment), which it hands on as it is.
+_BUILT_BY_A_VISIT: dict[type, bool] = Computed(lambda kind: issubclass(kind, cst.CSTNode)
+                                               and not issubclass(kind, BaseLeaf))
 
 
 def _moves_a_note(node: cst.CSTNode) -> bool:
@@ -910,9 +991,13 @@ class _NotesOnHeaders(Transformer):
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
         self.depth -= 1
+        return self.noted_block(updated_node)
+
+    def noted_block(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
+        """The block with its notes moved, `depth` being the number of blocks around it."""
         width = self.limit - self.indent * (self.depth + 1)  # the room at the level of this block's statements
-        body = [noted_on_header(s, width) if isinstance(s, cst.If) and _noted_kind(s) else s for s in updated_node.body]
-        return updated_node.with_changes(body=body)
+        body = [noted_on_header(s, width) if isinstance(s, cst.If) and _noted_kind(s) else s for s in block.body]
+        return block.with_changes(body=body)
 
 
 def _noted_kind(block: cst.If) -> bool:

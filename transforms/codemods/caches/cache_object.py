@@ -390,8 +390,8 @@ class CacheObject(GraphCodemod):
                     plan: _Plan) -> None:
         params = {p.name.value for p in method.params.params}
         caches = _caches_written(method, params)
-        if not caches or "self.kv_cache.update(" in code_of(method):  # nothing, or static already (a second run)
-            return
+        if not caches or "self.kv_cache.update(" in self.code_to_search(method):
+            return  # nothing, or static already (a second run)
         where = f"{cls.name.value}.{method.name.value}"
         if len(caches) > 1:
             self.record_manual(method, f"`{where}` writes more than one cache object")
@@ -483,7 +483,9 @@ class CacheObject(GraphCodemod):
         named = self._cache_owner(classes, cls, named=True) if self._names_may_size(write, seen) else None
         if named is not None:
             init = find_method(named, "__init__")
-            heads, head_dim = size_in_init(init, KV_HEAD_ATTRIBUTES), size_in_init(init, HEAD_DIM_ATTRIBUTES)
+            code = self.code_to_search(init)
+            heads = size_in_init(init, KV_HEAD_ATTRIBUTES, code)
+            head_dim = size_in_init(init, HEAD_DIM_ATTRIBUTES, code)
             return named, f"{CACHE_CLASS}({heads}, {head_dim}, seq_dim=2)", f"sized by `{heads}` and `{head_dim}`"
         owner = self._cache_owner(classes, cls, named=False)
         if owner is None:
@@ -532,8 +534,7 @@ class CacheObject(GraphCodemod):
             return keys[3], values[3]
         return -2, -2
 
-    @staticmethod
-    def _cache_owner(classes: dict[str, cst.ClassDef], cls: cst.ClassDef, named: bool) -> cst.ClassDef | None:
+    def _cache_owner(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, named: bool) -> cst.ClassDef | None:
         """The class (this one or a same-file base) whose __init__ creates the static cache: the first that names
         the KV head count and head size (`named`), else the first that has an `__init__`."""
         seen: set[str] = set()
@@ -541,8 +542,9 @@ class CacheObject(GraphCodemod):
         while current is not None and current.name.value not in seen:
             seen.add(current.name.value)
             init = find_method(current, "__init__")
-            if init is not None and (not named or (size_in_init(init, KV_HEAD_ATTRIBUTES)
-                                                   and size_in_init(init, HEAD_DIM_ATTRIBUTES))):
+            code = self.code_to_search(init) if init is not None and named else None
+            if init is not None and (not named or (size_in_init(init, KV_HEAD_ATTRIBUTES, code)
+                                                   and size_in_init(init, HEAD_DIM_ATTRIBUTES, code))):
                 return current
             bases = [b.value.value for b in current.bases if isinstance(b.value, cst.Name)]
             current = next((classes[b] for b in bases if b in classes), None)

@@ -30,6 +30,7 @@ measures.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -193,7 +194,15 @@ class FusedAttention(StepCodemod):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
         if self.options.fused_ops == CPU or not self.in_step_code(original_node):
             return updated_node
-        function = self.ast_of(original_node)
+        asked: list[ast.AST] = []
+
+        def function() -> ast.AST:
+            """The function's `ast`, asked for only once a chain is found: its position costs a generation of the
+            function, and most step functions with the words hold no chain."""
+            if not asked:
+                asked.append(self.ast_of(original_node))
+            return asked[0]
+
         new_blocks: dict[cst.IndentedBlock, cst.IndentedBlock] = {}
         for block in nodes_of_type(original_node, cst.IndentedBlock):
             rebuilt = self._block(block, function)
@@ -201,7 +210,7 @@ class FusedAttention(StepCodemod):
                 new_blocks[block] = rebuilt
         return replaced(original_node, new_blocks) if new_blocks else updated_node
 
-    def _block(self, block: cst.IndentedBlock, function: ast.AST) -> cst.IndentedBlock | None:
+    def _block(self, block: cst.IndentedBlock, function: Callable[[], ast.AST]) -> cst.IndentedBlock | None:
         body = list(block.body)
         changed = False
         for index in range(len(body)):
@@ -212,7 +221,7 @@ class FusedAttention(StepCodemod):
                 self.record_edit(block.body[removed], "inside the fused attention operator")
             self.record_edit(block.body[chain.output], "one fused attention operator")
             fused = self._fused_call(chain)
-            statements = _with_fused(body[chain.output], chain.product, fused, function)
+            statements = _with_fused(body[chain.output], chain.product, fused, function())
             comment = cst.EmptyLine(indent=True, comment=cst.Comment(
                 "# graphmode: fused attention; no score matrix in memory."))
             leading = [*body[chain.removed[0]].leading_lines, *statements[0].leading_lines, comment]
@@ -226,7 +235,7 @@ class FusedAttention(StepCodemod):
         flat = [s for item in body if item is not None for s in (item if isinstance(item, list) else [item])]
         return block.with_changes(body=flat)
 
-    def _chain(self, body: list, start: int, function: ast.AST) -> _Chain | None:
+    def _chain(self, body: list, start: int, function: Callable[[], ast.AST]) -> _Chain | None:
         first = body[start]
         assigned = single_assignment(first) if first is not None else None
         if assigned is None:
@@ -288,11 +297,12 @@ class FusedAttention(StepCodemod):
             return None
         return found[0], found[1], tested[0]
 
-    def _unread_after(self, stmt: cst.BaseStatement, names: tuple[str, ...], function: ast.AST) -> bool:
+    def _unread_after(self, stmt: cst.BaseStatement, names: tuple[str, ...], function: Callable[[], ast.AST]
+                      ) -> bool:
         """No line after `stmt` reads the scores or the probabilities (a returned attention map keeps them)."""
         end = self._lines(stmt)[1]
         return not any(isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names
-                       and node.lineno > end for node in ast.walk(function))
+                       and node.lineno > end for node in ast.walk(function()))
 
     def _fits(self, chain: _Chain) -> bool:
         # The inference kernel has no dropout; a model that trains with it keeps its own attention under NPU.

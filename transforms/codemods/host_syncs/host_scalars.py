@@ -24,7 +24,7 @@ from libcst.metadata import ParentNodeProvider
 
 from graphmode.transforms.analysis.idioms import produces_tensor, tensor_names
 from graphmode.transforms.codemods.base import StepCodemod
-from graphmode.transforms.cstutil import code_of, host_sync_call, single_assignment
+from graphmode.transforms.cstutil import code_of, host_sync_call, single_assignment, walk
 
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.Power)
 _COMMENT = "# graphmode: stays a 0-dim tensor (was `.item()`): only tensor arithmetic reads it."
@@ -101,17 +101,11 @@ class HostScalars(StepCodemod):
         """Why `name` cannot stay a tensor (the first use that needs a number), or None."""
         uses: list[cst.Name] = []
         assignments: list[cst.CSTNode] = []
-
-        class _Collector(cst.CSTVisitor):
-            def visit_Name(self, node: cst.Name) -> None:
-                if node.value == name:
-                    uses.append(node)
-
-            def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-                if isinstance(node.target, cst.Name) and node.target.value == name:
-                    assignments.append(node)
-
-        function.body.visit(_Collector())
+        for node in walk(function.body):  # in a CSTVisitor's order, without building every node again
+            if type(node) is cst.Name and node.value == name:
+                uses.append(node)
+            elif type(node) is cst.AssignTarget and isinstance(node.target, cst.Name) and node.target.value == name:
+                assignments.append(node)
         if len(assignments) != 1:
             return "it is assigned more than once"
         target = assignments[0].target

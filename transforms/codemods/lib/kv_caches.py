@@ -20,13 +20,16 @@ def cat_of_past(stmt: cst.BaseStatement) -> tuple[str, str, int, int] | None:
     return found.target, old.value.value, int(old.slice[0].slice.value.value), found.dim
 
 
-def size_in_init(init: cst.FunctionDef | None, candidates: tuple[str, ...]) -> str | None:
+def size_in_init(init: cst.FunctionDef | None, candidates: tuple[str, ...], code: str | None = None) -> str | None:
     """An expression for a size at the end of `__init__`: `self.<name>` where `__init__` sets one of the candidate
     attributes, else `<param>.<name>` where it reads one off a parameter (`config.num_key_value_heads`, as
-    transformers 4.48 and later do, keeping no attribute for the KV head count); None when it does neither."""
+    transformers 4.48 and later do, keeping no attribute for the KV head count); None when it does neither.
+    `code`: `__init__`'s code where the caller has it (`GraphCodemod.code_to_search`'s serves: it is searched for
+    `self.<name> =` and `self.<name>:` only)."""
     if init is None:
         return None
-    code = code_of(init)
+    if code is None:
+        code = code_of(init)
     own = next((name for name in candidates if f"self.{name} =" in code or f"self.{name}:" in code), None)
     if own is not None:
         return f"self.{own}"

@@ -63,19 +63,17 @@ def replace_method(cls: cst.ClassDef, name: str, new: cst.FunctionDef) -> cst.Cl
 def self_attributes(cls: cst.ClassDef) -> set[str]:
     """Names assigned as `self.X = ...` or registered as buffers anywhere in the class."""
     found: set[str] = set()
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
+    # A walk, not a CSTVisitor's visit: the same attributes and calls, without a look-up of handlers at every node.
+    for node in walk(cls):
+        kind = type(node)
+        if kind is cst.Attribute:
             if isinstance(node.value, cst.Name) and node.value.value == "self":
                 found.add(node.attr.value)
-
-        def visit_Call(self, node: cst.Call) -> None:
+        elif kind is cst.Call:
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "register_buffer" and node.args:
                 arg = node.args[0].value
                 if isinstance(arg, cst.SimpleString):
                     found.add(arg.evaluated_value)
-
-    cls.visit(_Collector())
     return found
 
 
@@ -138,17 +136,25 @@ class ReplaceNodes(Transformer):
 def remove_imports_if_unused(module: cst.Module, names: set[str], source: ParsedSource | None = None) -> cst.Module:
     """The module without its top-level `from X import name` of these names where nothing else in it reads them any
     more (the helpers a rewrite replaced); an import left with no names goes. With the source the module was
-    rewritten from, a statement kept from it whose text holds none of the names is not walked."""
+    rewritten from, a statement or a method kept from it whose text holds none of the names is not walked."""
     if not names:
         return module
+
+    def holds_none(text: str | None) -> bool:
+        return text is not None and not any(name in text for name in names)
+
+    def skip(node: cst.CSTNode) -> list[cst.CSTNode] | None:
+        if isinstance(node, cst.ImportFrom):
+            return []  # the imported names themselves are not reads
+        if source is not None and type(node) is cst.FunctionDef and holds_none(source.method_text(node)):
+            return []  # a method of a class the rewrite changed elsewhere
+        return None
+
     used: set[str] = set()
     for statement in module.body:
-        text = source.statement_text(statement) if source is not None else None
-        if text is not None and not any(name in text for name in names):
+        if source is not None and holds_none(source.statement_text(statement)):
             continue
-        # The imported names themselves are not reads.
-        used |= {n.value for n in walk(statement, lambda n: [] if isinstance(n, cst.ImportFrom) else None)
-                 if isinstance(n, cst.Name)}
+        used |= {n.value for n in walk(statement, skip) if isinstance(n, cst.Name)}
     unused = names - used
     if not unused:
         return module

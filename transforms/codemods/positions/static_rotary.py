@@ -48,6 +48,7 @@ from graphmode.transforms.cstutil import (
     self_attribute_name,
     single_assignment,
     torch_call_name,
+    walk,
 )
 from graphmode.transforms.dispatch import Transformer
 
@@ -316,28 +317,19 @@ def _growth_branch(cls: cst.ClassDef, method: cst.FunctionDef, body: list[cst.Ba
 
 
 def _assigned_attributes(func: cst.FunctionDef) -> set[str]:
-    found: set[str] = set()
-
-    class _Collector(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if (name := self_attribute_name(node.target)) is not None:
-                found.add(name)
-
-    func.visit(_Collector())
-    return found
+    # A walk, not a CSTVisitor's visit (which builds every node again): the same targets.
+    return {name for node in walk(func) if type(node) is cst.AssignTarget
+            and (name := self_attribute_name(node.target)) is not None}
 
 
 def _builder_tables(builder: cst.FunctionDef) -> set[str]:
     """Names the builder registers as buffers (or assigns as `self.X`)."""
     found = set(_assigned_attributes(builder))
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "register_buffer" and node.args
-                    and isinstance(node.args[0].value, cst.SimpleString)):
-                found.add(node.args[0].value.evaluated_value)
-
-    builder.visit(_Collector())
+    for node in walk(builder):
+        if (type(node) is cst.Call and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "register_buffer" and node.args
+                and isinstance(node.args[0].value, cst.SimpleString)):
+            found.add(node.args[0].value.evaluated_value)
     return found
 
 
