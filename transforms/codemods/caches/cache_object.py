@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.lib.call_graph import CallGraph, class_tables
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
 from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
@@ -267,11 +268,15 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
             return None, f"`{helper}` is not defined in this class, or applies a sliding window of its own"
         return _shape_of(shape), None
     if helper in KEYWORD_MASK_HELPERS:
-        # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
-        embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
-        if position != "cache_position" or positional or embeds is None or slots is None \
-                or code_of(slots) != "cache_position":
-            return None, "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
+        # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots. 4.5x
+        # spells them `input_embeds=` and `cache_position=`; 5.x `inputs_embeds=` and passes no cache_position at
+        # all (`position_ids=`, the method's own, with the cache it measures the past by): the slots of the entries'
+        # call pick the rows then, as for any method that names only `position_ids`.
+        embeds = keywords.get("input_embeds", keywords.get("inputs_embeds"))
+        slots = keywords.get("cache_position", keywords.get("position_ids"))
+        if position is None or positional or embeds is None or slots is None or code_of(slots) != position:
+            return None, ("the call does not pass `input_embeds=` (or `inputs_embeds=`) and this method's "
+                          "`cache_position=` (or `position_ids=`) by keyword")
         return _shape_of(embeds), None
     if not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
         return None, "the call does not pass the input shape as `(batch, length)`"
@@ -341,6 +346,7 @@ class CacheObject(GraphCodemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        self._tree, self._calls = tree, None  # the call graph is built only where a method needs its callers
         plan = _Plan()
         for cls in classes.values():
             for method in cls.body.body:
@@ -404,6 +410,8 @@ class CacheObject(GraphCodemod):
                                        "(use the eager or sdpa attention with the adapted model)")
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        if slots is None and self._positions_through_kwargs(classes, cls, method):
+            slots = _SLOT_SOURCES["position_ids"]
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
         writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
@@ -431,6 +439,22 @@ class CacheObject(GraphCodemod):
             lines.append(line)
         elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
             lines[created] = line
+
+    def _positions_through_kwargs(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef,
+                                  method: cst.FunctionDef) -> bool:
+        """Whether the method is handed `position_ids` through its `**kwargs`: every same-file call of it passes
+        `position_ids=` by keyword (transformers 5.x: `LlamaDecoderLayer.forward` calls `self.self_attn(...,
+        position_ids=position_ids, **kwargs)` into `LlamaAttention.forward(..., cache=None, **kwargs)`). The model
+        then has positions, and the slots of the entries' call are the ones to write. The signature is left alone: a
+        named parameter would take `position_ids` out of the `**kwargs` the method hands on (attention kernels that
+        read them there, flash attention's packed sequences)."""
+        if not isinstance(method.params.star_kwarg, cst.Param):
+            return False
+        if self._calls is None:
+            self._calls = CallGraph(classes, class_tables(self._tree, set(classes)))
+        sites = self._calls.callers.get((cls.name.value, method.name.value), [])
+        return bool(sites) and all(any(a.keyword is not None and a.keyword.value == "position_ids" for a in call.args)
+                                   for _, call in sites)
 
     def _static_write(self, plan: _Plan, body: list[cst.BaseStatement], write_index: int,
                       keys_values: tuple[str, str], cache: str, slots: str) -> cst.BaseStatement:
