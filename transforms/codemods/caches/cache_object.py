@@ -74,12 +74,12 @@ from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_me
     none_test, only_raises, single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
-    KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS
+    KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS, SLIDING_KEYWORD_MASK_HELPERS
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 WRITTEN_SLOTS = "graphmode_written"
 SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
-_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
+_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
@@ -248,15 +248,58 @@ class _Plan:
     reads_slots: bool = False  # the slots come from the entries' call (SLOTS): the model names only position_ids
 
 
+def _picked_mask_helpers(method: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
+    """Local names bound to one of the keyword mask helpers picked by whether the window is None (5.x Mistral:
+    `mask_function = create_causal_mask if self.config.sliding_window is None else
+    create_sliding_window_causal_mask`), with that window: the sliding-window helper applies it, so the mask built is
+    the causal mask with `sliding_window=<it>` either way (a None window is none)."""
+    picked: dict[str, cst.BaseExpression] = {}
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        assigned = single_assignment(stmt)
+        if not (assigned and isinstance(assigned[1], cst.IfExp)):
+            continue
+        pick = assigned[1]
+        names = [code_of(pick.body), code_of(pick.orelse)]
+        test = pick.test
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+                and code_of(test.comparisons[0].comparator) == "None"
+                and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))):
+            continue
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            names.reverse()  # `sliding if window is not None else plain`
+        if names[0] in KEYWORD_MASK_HELPERS and names[1] in SLIDING_KEYWORD_MASK_HELPERS:
+            picked[assigned[0]] = test.left
+    return picked
+
+
+def _helper_window(call: cst.Call, helper: str, picked: dict[str, cst.BaseExpression]
+                   ) -> tuple[cst.BaseExpression | None, str | None]:
+    """The sliding window of a mask helper's call (None: none), or why it is not known."""
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    if helper in picked:
+        window = picked[helper]
+    elif helper.rsplit(".", 1)[-1] in SLIDING_KEYWORD_MASK_HELPERS:
+        config = keywords.get("config")
+        if config is None:
+            return None, "the call does not pass `config=`, whose `sliding_window` it applies"
+        window = cst.parse_expression(f"{code_of(config)}.sliding_window")
+    else:
+        return keywords.get("sliding_window"), None
+    if names_in(window) - {"self"}:  # the mask is built in `__init__`, which has `self` alone
+        return None, "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+    return window, None
+
+
 def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
-                      has_init: bool) -> tuple[cst.Tuple | None, str | None]:
+                      has_init: bool, helper: str | None = None) -> tuple[cst.Tuple | None, str | None]:
     """The `(batch, length)` a mask helper's call builds its mask for, as the call gives it; or why the call cannot
-    become rows of a mask buffer (the words of the item left for a person)."""
+    become rows of a mask buffer (the words of the item left for a person). `helper`: the library helper a local
+    name called stands for (`_picked_mask_helpers`)."""
     positional = [a.value for a in call.args if a.keyword is None]
     keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
     shape = positional[1] if len(positional) > 1 else None
     window = keywords.get("sliding_window")
-    helper = code_of(call.func).rsplit(".", 1)[-1]
+    helper = helper or code_of(call.func).rsplit(".", 1)[-1]
     if position is None or not has_init:
         return None, "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
     if helper in CACHE_POSITION_MASK_HELPERS:
@@ -267,7 +310,7 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
         if builder is None or "sliding_window" in code_of(builder):
             return None, f"`{helper}` is not defined in this class, or applies a sliding window of its own"
         return _shape_of(shape), None
-    if helper in KEYWORD_MASK_HELPERS:
+    if helper in KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS:
         # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots. 4.5x
         # spells them `input_embeds=` and `cache_position=`; 5.x `inputs_embeds=` and passes no cache_position at
         # all (`position_ids=`, the method's own, with the cache it measures the past by): the slots of the entries'
@@ -574,8 +617,9 @@ class CacheObject(GraphCodemod):
 
     # -- the mask, the past length and the positions, in the model's forward -----------------------
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        picked = _picked_mask_helpers(method)
         calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
-                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS))]
+                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
         if not calls:
             return
         params = {p.name.value for p in method.params.params}
@@ -585,9 +629,10 @@ class CacheObject(GraphCodemod):
         windows: set[str] = set()
         rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
         for stmt, target, call in calls:
-            window = next((a.value for a in call.args if a.keyword is not None
-                           and a.keyword.value == "sliding_window"), None)
-            shape, problem = _mask_input_shape(cls, call, position, init is not None)
+            helper = code_of(call.func)
+            window, problem = _helper_window(call, helper, picked)
+            shape, problem = (None, problem) if problem else _mask_input_shape(
+                cls, call, position, init is not None, next(iter(KEYWORD_MASK_HELPERS)) if helper in picked else None)
             if problem:
                 self.record_manual(stmt, f"`{code_of(call.func)}` builds the mask, but {problem}; build a mask buffer "
                                          "by hand")
