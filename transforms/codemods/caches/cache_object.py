@@ -621,6 +621,7 @@ class CacheObject(GraphCodemod):
         calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
                  if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
         if not calls:
+            self._plan_mask_mapping(cls, method, plan)
             return
         params = {p.name.value for p in method.params.params}
         position = next((p for p in _SLOT_SOURCES if p in params), None)
@@ -668,6 +669,56 @@ class CacheObject(GraphCodemod):
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
             f"self.{buffer} = {MASK_CLASS}({argument})\n"))
 
+    def _plan_mask_mapping(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        """5.x models with layers of two kinds (Qwen2, Qwen3) build a dict of masks, one per layer type, from one
+        dict of keywords:
+
+            mask_kwargs = {"config": self.config, "inputs_embeds": inputs_embeds, ..., "position_ids": position_ids}
+            causal_mask_mapping = {"full_attention": create_causal_mask(**mask_kwargs)}
+            if self.has_sliding_layers:
+                causal_mask_mapping["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+
+        Each call becomes the rows of a mask built once with its own window (`causal_mask`, and
+        `sliding_causal_mask` for the config's window), in the statement that holds it."""
+        mapped = _mapped_mask_calls(method)
+        if not mapped:
+            return
+        params = {p.name.value for p in method.params.params}
+        position = next((p for p in _SLOT_SOURCES if p in params), None)
+        init = find_method(cls, "__init__")
+        taken = self_attributes(cls)
+        rewrites: dict[cst.CSTNode, dict[cst.Call, str]] = {}
+        buffers: dict[str, str] = {}  # window code -> the mask buffer built with it
+        for stmt, call, resolved in mapped:
+            helper = code_of(call.func)
+            window, problem = _helper_window(resolved, helper, {})
+            shape, problem = (None, problem) if problem else _mask_input_shape(cls, resolved, position,
+                                                                               init is not None)
+            if problem:
+                self.record_manual(stmt, f"`{helper}` builds a mask of the mapping, but {problem}; build a mask "
+                                         "buffer by hand")
+                plan.incomplete = True
+                return
+            key = code_of(window) if window is not None else ""
+            if key not in buffers:
+                name = "sliding_causal_mask" if key else "causal_mask"
+                buffers[key] = name if name not in taken else f"graphmode_{name}"
+            batch, length = (code_of(e.value) for e in shape.elements)
+            rewrites.setdefault(stmt, {})[call] = (f"{PADDED_ROWS}(self, self.{buffers[key]}, "
+                                                   f"{_SLOT_SOURCES[position]}).expand({batch}, 1, {length}, -1)")
+            plan.helpers.add(helper)
+            self.record_edit(stmt, f"`{helper}` replaced by rows of `self.{buffers[key]}`")
+        plan.reads_slots |= position == "position_ids"
+        for stmt, calls in rewrites.items():
+            plan.replace[stmt] = stmt.visit(_ReplaceCalls(calls)).with_changes(leading_lines=[
+                *stmt.leading_lines, _comment("the causal mask's rows for these positions, computed per call.")])
+        plan.masks += len(rewrites)
+        plan.windows.add("|".join(sorted(buffers)))  # one set of masks for the file, each with its window
+        for key, name in buffers.items():
+            argument = f"sliding_window={key}" if key else ""
+            plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
+                f"self.{name} = {MASK_CLASS}({argument})\n"))
+
     def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
         """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
         that 2-D mask, and the rows that replace it take None for "no padding", so the ones would be a kernel that
@@ -684,6 +735,58 @@ class CacheObject(GraphCodemod):
                 self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None "
                                        "for it")
         return found
+
+
+def _mapped_mask_calls(method: cst.FunctionDef) -> list[tuple[cst.SimpleStatementLine, cst.Call, cst.Call]]:
+    """(statement, call, the call with its keywords spelled out) for each keyword mask helper called with only
+    `**<dict>` in a dict display or a subscript assignment (`masks = {"full_attention": create_causal_mask(**kw)}`,
+    `masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)`), `<dict>` a dict display of
+    string keys assigned once in the method."""
+    dicts: dict[str, list[tuple[str, cst.BaseExpression]]] = {}
+    assigned_twice: set[str] = set()
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        assigned = single_assignment(stmt)
+        if assigned is None:
+            continue
+        if assigned[0] in dicts:
+            assigned_twice.add(assigned[0])
+        value = assigned[1]
+        if isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                                               for e in value.elements):
+            dicts[assigned[0]] = [(e.key.evaluated_value, e.value) for e in value.elements]
+    found = []
+    helpers = KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        if not (len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+            continue
+        assign = stmt.body[0]
+        value = assign.value
+        if isinstance(assign.targets[0].target, cst.Subscript):
+            candidates = [value]
+        elif isinstance(value, cst.Dict):
+            candidates = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+        else:
+            continue
+        for call in candidates:
+            if not (isinstance(call, cst.Call) and code_of(call.func) in helpers and len(call.args) == 1
+                    and call.args[0].star == "**" and isinstance(call.args[0].value, cst.Name)):
+                continue
+            name = call.args[0].value.value
+            if name not in dicts or name in assigned_twice:
+                continue
+            resolved = call.with_changes(args=[cst.Arg(keyword=cst.Name(k), value=v) for k, v in dicts[name]])
+            found.append((stmt, call, resolved))
+    return found
+
+
+class _ReplaceCalls(Transformer):
+    """Each call of `calls` (by identity) replaced by its expression's text."""
+
+    def __init__(self, calls: dict[cst.Call, str]) -> None:
+        self.calls = calls
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.parse_expression(self.calls[original_node]) if original_node in self.calls else updated_node
 
 
 class _Apply(Transformer):
