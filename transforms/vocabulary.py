@@ -44,5 +44,9 @@ CACHE_POSITION_MASK_HELPERS = frozenset({"_update_causal_mask"})
 # Since 4.53 a library function builds it, every argument by keyword (masking_utils):
 # `create_causal_mask(config=, input_embeds=, attention_mask=, cache_position=, past_key_values=, position_ids=)`.
 KEYWORD_MASK_HELPERS = frozenset({"create_causal_mask"})
+# Its sliding-window twin, same keywords; the window is the config's (`config.sliding_window`). 5.x models with an
+# optional window pick one of the two first: `mask_function = create_causal_mask if self.config.sliding_window is
+# None else create_sliding_window_causal_mask`, then `mask_function(config=..., ...)` (Mistral, Qwen2).
+SLIDING_KEYWORD_MASK_HELPERS = frozenset({"create_sliding_window_causal_mask"})
 # Parameters that carry positions as a tensor already (Hugging Face): (batch, new tokens) ids, or cache slots.
 TENSOR_POSITION_PARAMS = frozenset({"position_ids", "cache_position"})

@@ -16,7 +16,8 @@ transformers/models/. For each VERSION we
 For each MODEL we write a target folder: `model.py`, a copy of `models/MODEL/modeling_MODEL.py` with
 its relative imports made absolute (`from ...activations` -> `from transformers.activations`) by
 libcst (line numbers unchanged), and a harness.py that drives `<Model>ForCausalLM` in its own calling
-convention (`input_ids`, `past_key_values`, `use_cache=True`; `.logits` and `.past_key_values`).
+convention (`input_ids`, `past_key_values`, `use_cache=True`; `.logits` and `.past_key_values`; 5.x names the
+cache `cache` in both places, see `cache_keyword`).
 
 Each model names its config fields its own way (GPT-2 n_embd/n_layer/n_head/n_positions, OPT ffn_dim
 and word_embed_proj_dim, Bloom n_head, Falcon new_decoder_architecture/multi_query, MPT d_model...):
@@ -170,6 +171,35 @@ def _entry_classes(source: str, model: str) -> tuple[str, str]:
     return causal[0], configs[0]
 
 
+_LEGACY_CACHE = "past_key_values"
+
+
+def cache_keyword(source: str, causal: str) -> str:
+    """The name `causal`'s forward takes the cache by, as the release itself spells it: `past_key_values` through
+    4.x; 5.x renames it (`@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")` over a forward that
+    declares `cache`). The old name still works there, but only through the decorator and `**kwargs`, so a harness
+    using it calls `forward` with a name it does not declare (graphmode's entries pass named parameters only) and
+    reads a deprecated alias off the output (its field is the new name too)."""
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == causal), None)
+    forward = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef) and n.name == "forward"),
+                   None)
+    if forward is None:
+        return _LEGACY_CACHE
+    declared = {a.arg for a in [*forward.args.args, *forward.args.kwonlyargs]}
+    if _LEGACY_CACHE in declared:
+        return _LEGACY_CACHE
+    for decorator in forward.decorator_list:
+        if not (isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "deprecate_kwarg"):
+            continue
+        old = decorator.args[0] if decorator.args else None
+        new = next((k.value for k in decorator.keywords if k.arg == "new_name"), None)
+        if isinstance(old, ast.Constant) and old.value == _LEGACY_CACHE and isinstance(new, ast.Constant) \
+                and new.value in declared:
+            return new.value
+    return _LEGACY_CACHE
+
+
 BODY = '''
 from model import {config}, {causal}  # noqa: E402
 
@@ -184,13 +214,13 @@ def build_model() -> torch.nn.Module:
 
 
 def prefill(model, tokens):
-    out = model(input_ids=tokens, past_key_values=None, use_cache=True)
-    return out.logits[:, -1, :], out.past_key_values
+    out = model(input_ids=tokens, {cache}=None, use_cache=True)
+    return out.logits[:, -1, :], out.{cache}
 
 
 def decode(model, token, state):
-    out = model(input_ids=token, past_key_values=state, use_cache=True)
-    return out.logits[:, -1, :], out.past_key_values
+    out = model(input_ids=token, {cache}=state, use_cache=True)
+    return out.logits[:, -1, :], out.{cache}
 '''
 
 
@@ -204,15 +234,18 @@ def build_target(case: Case, site: Path, dest: Path) -> Path:
         present = ", ".join(sorted(p.name for p in folder.glob("modeling_*.py"))) or "no modeling_*.py"
         raise CaseError(f"transformers=={case.version} models/{case.model}/ has no modeling_{case.model}.py "
                         f"({present})")
-    causal, config = _entry_classes(modeling.read_text(encoding="utf-8"), case.model)
+    source = modeling.read_text(encoding="utf-8")
+    causal, config = _entry_classes(source, case.model)
+    cache = cache_keyword(source, causal)
     target = core.new_target(case, dest)
     sources = core.copy_sources(site, target,
                                 {"model.py": f"transformers/models/{case.model}/modeling_{case.model}.py"})
     description = (f"transformers=={case.version}, models/{case.model}: model.py is modeling_{case.model}.py with "
                    f"absolute imports. The model is {causal} with a tiny random config, driven in its own\n"
-                   "calling convention (input_ids, past_key_values, use_cache=True; HF's output object with "
-                   ".logits and .past_key_values).")
-    body = BODY.format(causal=causal, config=config, config_kwargs=tiny_config(case.model))
+                   f"calling convention (input_ids, {cache}, use_cache=True; HF's output object with "
+                   f".logits and .{cache}).")
+    body = BODY.format(causal=causal, config=config, config_kwargs=tiny_config(case.model),
+                       cache=cache)
     (target / "harness.py").write_text(core.harness_text(
         case, family_name="hf", site=site, sources=sources, description=description, body=body,
         top_modules=("transformers",)), encoding="utf-8")

@@ -75,6 +75,18 @@ def test_gemma_adds_to_the_llama_names_and_gpt2_replaces_them():
     assert "hidden_size" not in hf.tiny_config("gpt2") and hf.tiny_config("gpt2")["n_positions"] == 64
 
 
+def test_the_harness_names_the_cache_as_the_release_does():
+    legacy = ("class LlamaForCausalLM:\n"
+              "    def forward(self, input_ids=None, past_key_values=None, **kwargs): ...\n")
+    renamed = ("class LlamaForCausalLM:\n"
+               "    @deprecate_kwarg(\"past_key_values\", \"5.40.0\", new_name=\"cache\")\n"
+               "    @can_return_tuple\n"
+               "    def forward(self, input_ids=None, cache=None, **kwargs): ...\n")
+    assert hf.cache_keyword(legacy, "LlamaForCausalLM") == "past_key_values"
+    assert hf.cache_keyword(renamed, "LlamaForCausalLM") == "cache"
+    assert hf.cache_keyword(renamed, "OtherForCausalLM") == "past_key_values"
+
+
 # -- source rewriting ------------------------------------------------------------------------------
 def test_localize_keeps_lines_and_points_imports_at_the_copies():
     source = ("from ..api import ModelArgs\n"

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphmode.transforms.codemods.base import GraphCodemod
+from graphmode.transforms.codemods.lib.call_graph import CallGraph, class_tables
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
 from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
@@ -73,12 +74,12 @@ from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_me
     none_test, only_raises, single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
-    KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS
+    KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS, SLIDING_KEYWORD_MASK_HELPERS
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 WRITTEN_SLOTS = "graphmode_written"
 SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
-_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS
+_ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
@@ -247,15 +248,58 @@ class _Plan:
     reads_slots: bool = False  # the slots come from the entries' call (SLOTS): the model names only position_ids
 
 
+def _picked_mask_helpers(method: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
+    """Local names bound to one of the keyword mask helpers picked by whether the window is None (5.x Mistral:
+    `mask_function = create_causal_mask if self.config.sliding_window is None else
+    create_sliding_window_causal_mask`), with that window: the sliding-window helper applies it, so the mask built is
+    the causal mask with `sliding_window=<it>` either way (a None window is none)."""
+    picked: dict[str, cst.BaseExpression] = {}
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        assigned = single_assignment(stmt)
+        if not (assigned and isinstance(assigned[1], cst.IfExp)):
+            continue
+        pick = assigned[1]
+        names = [code_of(pick.body), code_of(pick.orelse)]
+        test = pick.test
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+                and code_of(test.comparisons[0].comparator) == "None"
+                and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))):
+            continue
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            names.reverse()  # `sliding if window is not None else plain`
+        if names[0] in KEYWORD_MASK_HELPERS and names[1] in SLIDING_KEYWORD_MASK_HELPERS:
+            picked[assigned[0]] = test.left
+    return picked
+
+
+def _helper_window(call: cst.Call, helper: str, picked: dict[str, cst.BaseExpression]
+                   ) -> tuple[cst.BaseExpression | None, str | None]:
+    """The sliding window of a mask helper's call (None: none), or why it is not known."""
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    if helper in picked:
+        window = picked[helper]
+    elif helper.rsplit(".", 1)[-1] in SLIDING_KEYWORD_MASK_HELPERS:
+        config = keywords.get("config")
+        if config is None:
+            return None, "the call does not pass `config=`, whose `sliding_window` it applies"
+        window = cst.parse_expression(f"{code_of(config)}.sliding_window")
+    else:
+        return keywords.get("sliding_window"), None
+    if names_in(window) - {"self"}:  # the mask is built in `__init__`, which has `self` alone
+        return None, "the sliding window is not an attribute of `self`, so it cannot be built in `__init__`"
+    return window, None
+
+
 def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
-                      has_init: bool) -> tuple[cst.Tuple | None, str | None]:
+                      has_init: bool, helper: str | None = None) -> tuple[cst.Tuple | None, str | None]:
     """The `(batch, length)` a mask helper's call builds its mask for, as the call gives it; or why the call cannot
-    become rows of a mask buffer (the words of the item left for a person)."""
+    become rows of a mask buffer (the words of the item left for a person). `helper`: the library helper a local
+    name called stands for (`_picked_mask_helpers`)."""
     positional = [a.value for a in call.args if a.keyword is None]
     keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
     shape = positional[1] if len(positional) > 1 else None
     window = keywords.get("sliding_window")
-    helper = code_of(call.func).rsplit(".", 1)[-1]
+    helper = helper or code_of(call.func).rsplit(".", 1)[-1]
     if position is None or not has_init:
         return None, "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
     if helper in CACHE_POSITION_MASK_HELPERS:
@@ -266,12 +310,16 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
         if builder is None or "sliding_window" in code_of(builder):
             return None, f"`{helper}` is not defined in this class, or applies a sliding window of its own"
         return _shape_of(shape), None
-    if helper in KEYWORD_MASK_HELPERS:
-        # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots.
-        embeds, slots = keywords.get("input_embeds"), keywords.get("cache_position")
-        if position != "cache_position" or positional or embeds is None or slots is None \
-                or code_of(slots) != "cache_position":
-            return None, "the call does not pass `input_embeds=` and this method's `cache_position=` by keyword"
+    if helper in KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS:
+        # (config=, input_embeds=, cache_position=, ...): the shape is the embeddings', the rows the slots. 4.5x
+        # spells them `input_embeds=` and `cache_position=`; 5.x `inputs_embeds=` and passes no cache_position at
+        # all (`position_ids=`, the method's own, with the cache it measures the past by): the slots of the entries'
+        # call pick the rows then, as for any method that names only `position_ids`.
+        embeds = keywords.get("input_embeds", keywords.get("inputs_embeds"))
+        slots = keywords.get("cache_position", keywords.get("position_ids"))
+        if position is None or positional or embeds is None or slots is None or code_of(slots) != position:
+            return None, ("the call does not pass `input_embeds=` (or `inputs_embeds=`) and this method's "
+                          "`cache_position=` (or `position_ids=`) by keyword")
         return _shape_of(embeds), None
     if not (isinstance(shape, cst.Tuple) and len(shape.elements) == 2) or set(keywords) - {"sliding_window"}:
         return None, "the call does not pass the input shape as `(batch, length)`"
@@ -341,6 +389,7 @@ class CacheObject(GraphCodemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = {s.name.value: s for s in tree.body if isinstance(s, cst.ClassDef)}
+        self._tree, self._calls = tree, None  # the call graph is built only where a method needs its callers
         plan = _Plan()
         for cls in classes.values():
             for method in cls.body.body:
@@ -404,6 +453,8 @@ class CacheObject(GraphCodemod):
                                        "(use the eager or sdpa attention with the adapted model)")
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        if slots is None and self._positions_through_kwargs(classes, cls, method):
+            slots = _SLOT_SOURCES["position_ids"]
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
         writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
@@ -431,6 +482,22 @@ class CacheObject(GraphCodemod):
             lines.append(line)
         elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
             lines[created] = line
+
+    def _positions_through_kwargs(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef,
+                                  method: cst.FunctionDef) -> bool:
+        """Whether the method is handed `position_ids` through its `**kwargs`: every same-file call of it passes
+        `position_ids=` by keyword (transformers 5.x: `LlamaDecoderLayer.forward` calls `self.self_attn(...,
+        position_ids=position_ids, **kwargs)` into `LlamaAttention.forward(..., cache=None, **kwargs)`). The model
+        then has positions, and the slots of the entries' call are the ones to write. The signature is left alone: a
+        named parameter would take `position_ids` out of the `**kwargs` the method hands on (attention kernels that
+        read them there, flash attention's packed sequences)."""
+        if not isinstance(method.params.star_kwarg, cst.Param):
+            return False
+        if self._calls is None:
+            self._calls = CallGraph(classes, class_tables(self._tree, set(classes)))
+        sites = self._calls.callers.get((cls.name.value, method.name.value), [])
+        return bool(sites) and all(any(a.keyword is not None and a.keyword.value == "position_ids" for a in call.args)
+                                   for _, call in sites)
 
     def _static_write(self, plan: _Plan, body: list[cst.BaseStatement], write_index: int,
                       keys_values: tuple[str, str], cache: str, slots: str) -> cst.BaseStatement:
@@ -552,9 +619,11 @@ class CacheObject(GraphCodemod):
 
     # -- the mask, the past length and the positions, in the model's forward -----------------------
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        picked = _picked_mask_helpers(method)
         calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
-                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS))]
+                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
         if not calls:
+            self._plan_mask_mapping(cls, method, plan)
             return
         params = {p.name.value for p in method.params.params}
         position = next((p for p in _SLOT_SOURCES if p in params), None)
@@ -563,9 +632,10 @@ class CacheObject(GraphCodemod):
         windows: set[str] = set()
         rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
         for stmt, target, call in calls:
-            window = next((a.value for a in call.args if a.keyword is not None
-                           and a.keyword.value == "sliding_window"), None)
-            shape, problem = _mask_input_shape(cls, call, position, init is not None)
+            helper = code_of(call.func)
+            window, problem = _helper_window(call, helper, picked)
+            shape, problem = (None, problem) if problem else _mask_input_shape(
+                cls, call, position, init is not None, next(iter(KEYWORD_MASK_HELPERS)) if helper in picked else None)
             if problem:
                 self.record_manual(stmt, f"`{code_of(call.func)}` builds the mask, but {problem}; build a mask buffer "
                                          "by hand")
@@ -601,6 +671,56 @@ class CacheObject(GraphCodemod):
         plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
             f"self.{buffer} = {MASK_CLASS}({argument})\n"))
 
+    def _plan_mask_mapping(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
+        """5.x models with layers of two kinds (Qwen2, Qwen3) build a dict of masks, one per layer type, from one
+        dict of keywords:
+
+            mask_kwargs = {"config": self.config, "inputs_embeds": inputs_embeds, ..., "position_ids": position_ids}
+            causal_mask_mapping = {"full_attention": create_causal_mask(**mask_kwargs)}
+            if self.has_sliding_layers:
+                causal_mask_mapping["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+
+        Each call becomes the rows of a mask built once with its own window (`causal_mask`, and
+        `sliding_causal_mask` for the config's window), in the statement that holds it."""
+        mapped = _mapped_mask_calls(method)
+        if not mapped:
+            return
+        params = {p.name.value for p in method.params.params}
+        position = next((p for p in _SLOT_SOURCES if p in params), None)
+        init = find_method(cls, "__init__")
+        taken = self_attributes(cls)
+        rewrites: dict[cst.CSTNode, dict[cst.Call, str]] = {}
+        buffers: dict[str, str] = {}  # window code -> the mask buffer built with it
+        for stmt, call, resolved in mapped:
+            helper = code_of(call.func)
+            window, problem = _helper_window(resolved, helper, {})
+            shape, problem = (None, problem) if problem else _mask_input_shape(cls, resolved, position,
+                                                                               init is not None)
+            if problem:
+                self.record_manual(stmt, f"`{helper}` builds a mask of the mapping, but {problem}; build a mask "
+                                         "buffer by hand")
+                plan.incomplete = True
+                return
+            key = code_of(window) if window is not None else ""
+            if key not in buffers:
+                name = "sliding_causal_mask" if key else "causal_mask"
+                buffers[key] = name if name not in taken else f"graphmode_{name}"
+            batch, length = (code_of(e.value) for e in shape.elements)
+            rewrites.setdefault(stmt, {})[call] = (f"{PADDED_ROWS}(self, self.{buffers[key]}, "
+                                                   f"{_SLOT_SOURCES[position]}).expand({batch}, 1, {length}, -1)")
+            plan.helpers.add(helper)
+            self.record_edit(stmt, f"`{helper}` replaced by rows of `self.{buffers[key]}`")
+        plan.reads_slots |= position == "position_ids"
+        for stmt, calls in rewrites.items():
+            plan.replace[stmt] = stmt.visit(_ReplaceCalls(calls)).with_changes(leading_lines=[
+                *stmt.leading_lines, _comment("the causal mask's rows for these positions, computed per call.")])
+        plan.masks += len(rewrites)
+        plan.windows.add("|".join(sorted(buffers)))  # one set of masks for the file, each with its window
+        for key, name in buffers.items():
+            argument = f"sliding_window={key}" if key else ""
+            plan.init_lines.setdefault(cls.name.value, []).append(cst.parse_statement(
+                f"self.{name} = {MASK_CLASS}({argument})\n"))
+
     def _default_masks(self, method: cst.FunctionDef, targets: set[str]) -> list[cst.If]:
         """`if attention_mask is None: attention_mask = torch.ones(...)` before the helper: only the helper read
         that 2-D mask, and the rows that replace it take None for "no padding", so the ones would be a kernel that
@@ -617,6 +737,58 @@ class CacheObject(GraphCodemod):
                 self.record_edit(stmt, f"the default 2-D `{assigned[0]}` of ones is dropped: the mask rows take None "
                                        "for it")
         return found
+
+
+def _mapped_mask_calls(method: cst.FunctionDef) -> list[tuple[cst.SimpleStatementLine, cst.Call, cst.Call]]:
+    """(statement, call, the call with its keywords spelled out) for each keyword mask helper called with only
+    `**<dict>` in a dict display or a subscript assignment (`masks = {"full_attention": create_causal_mask(**kw)}`,
+    `masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)`), `<dict>` a dict display of
+    string keys assigned once in the method."""
+    dicts: dict[str, list[tuple[str, cst.BaseExpression]]] = {}
+    assigned_twice: set[str] = set()
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        assigned = single_assignment(stmt)
+        if assigned is None:
+            continue
+        if assigned[0] in dicts:
+            assigned_twice.add(assigned[0])
+        value = assigned[1]
+        if isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                                               for e in value.elements):
+            dicts[assigned[0]] = [(e.key.evaluated_value, e.value) for e in value.elements]
+    found = []
+    helpers = KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
+    for stmt in nodes_of_type(method, cst.SimpleStatementLine):
+        if not (len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+            continue
+        assign = stmt.body[0]
+        value = assign.value
+        if isinstance(assign.targets[0].target, cst.Subscript):
+            candidates = [value]
+        elif isinstance(value, cst.Dict):
+            candidates = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+        else:
+            continue
+        for call in candidates:
+            if not (isinstance(call, cst.Call) and code_of(call.func) in helpers and len(call.args) == 1
+                    and call.args[0].star == "**" and isinstance(call.args[0].value, cst.Name)):
+                continue
+            name = call.args[0].value.value
+            if name not in dicts or name in assigned_twice:
+                continue
+            resolved = call.with_changes(args=[cst.Arg(keyword=cst.Name(k), value=v) for k, v in dicts[name]])
+            found.append((stmt, call, resolved))
+    return found
+
+
+class _ReplaceCalls(Transformer):
+    """Each call of `calls` (by identity) replaced by its expression's text."""
+
+    def __init__(self, calls: dict[cst.Call, str]) -> None:
+        self.calls = calls
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.parse_expression(self.calls[original_node]) if original_node in self.calls else updated_node
 
 
 class _Apply(Transformer):

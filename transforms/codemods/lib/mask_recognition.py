@@ -30,7 +30,8 @@ from graphmode.transforms.cstutil import (
     torch_call_name,
 )
 from graphmode.transforms.dispatch import Transformer
-from graphmode.transforms.vocabulary import LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS, is_position_name
+from graphmode.transforms.vocabulary import KEYWORD_MASK_HELPERS, LIBRARY_MASK_HELPERS, SAME_FILE_MASK_HELPERS, \
+    SLIDING_KEYWORD_MASK_HELPERS, is_position_name
 
 _FILL_NAMES = frozenset({"float", "torch", "math"})
 
@@ -331,6 +332,8 @@ def mask_reader(cls: cst.ClassDef, method: cst.FunctionDef, functions: dict[str,
         if found is None:
             return _read_bool_statements(name, statements, {position} if position else set())
         name, call = found
+        if code_of(call.func).rsplit(".", 1)[-1] in KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS:
+            return None  # masking_utils' helpers (4.53+, 5.x): cache_object replaces their call sites instead
         on_self = self_attribute_name(call.func)
         helper = find_method(cls, on_self) if on_self else (
             functions.get(call.func.value) if isinstance(call.func, cst.Name) else None)
