@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import typing
 
 import torch
 
@@ -54,6 +55,33 @@ def declared_not_compilable(model: type | torch.nn.Module) -> str | None:
     and counts what breaks. The flag's own words, or None."""
     if getattr(model, "_can_compile_fullgraph", True) is False and not hasattr(model, "_supports_static_cache"):
         return f"{_name(model)} declares _can_compile_fullgraph = False in this transformers release"
+    return None
+
+
+def takes_no_cache(model: type | torch.nn.Module) -> str | None:
+    """None when the model's forward takes a transformers Cache (under past_key_values or cache), else what it
+    carries between steps instead, in one line: XLNet's `mems` (past hidden states), RWKV's `state`, Reformer's
+    buckets, xLSTM's cache of its own class, or nothing at all (GPT-1 recomputes the sequence), none of which
+    StaticCache holds."""
+    from transformers.cache_utils import Cache
+
+    forward = model.forward
+    parameters = inspect.signature(forward).parameters
+    name = next((name for name in ("past_key_values", "cache") if name in parameters), None)
+    if name is None:
+        carried = [p for p in parameters if any(word in p for word in ("mem", "state", "past"))
+                   and not p.startswith(("output_", "use_"))]
+        what = f"takes {', '.join(f'`{p}`' for p in carried)} instead" if carried else "keeps nothing between steps"
+        return f"{_name(model)}'s forward takes no cache (no past_key_values argument): it {what}"
+    try:
+        hints = typing.get_type_hints(forward)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the run says what fails
+        return None
+    classes = [c for c in typing.get_args(hints.get(name)) or (hints.get(name),) if isinstance(c, type)]
+    own = [c for c in classes if c is not type(None) and not issubclass(c, Cache)]
+    if own and not any(issubclass(c, Cache) for c in classes if c is not type(None)):
+        return (f"{_name(model)} keeps its state in {own[0].__name__}, a class of its own that is not a transformers "
+                "Cache")
     return None
 
 
@@ -153,6 +181,10 @@ def _without_ring_layers(cache, max_cache_len: int):
     for index, layer in enumerate(layers):
         if type(layer).__name__ == "StaticSlidingWindowLayer":
             layers[index] = StaticLayer(max_cache_len=max_cache_len)
+            # Still a sliding layer to the mask code, which sizes the sliding-window mask from the first layer that
+            # says it is one, else from layer 0: in a hybrid stack (RecurrentGemma) layer 0 holds recurrent state,
+            # whose length is 0, and the mask would let each query see position 0 alone.
+            layers[index].is_sliding = True
     return cache
 
 
@@ -187,9 +219,54 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
     if "kv_lora_rank" in overrides and has("num_key_value_heads"):
         # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
         overrides[aliases.get("num_key_value_heads", "num_key_value_heads")] = heads
+    overrides.update(_tiny_open_fields({**default.to_dict(), **(values or {})}, sizes))
     overrides.update(_tiny_sub_config_overrides(default, sizes, values or {}))
     overrides.update(_tiny_layer_kinds(config_class, default, overrides, sizes["num_hidden_layers"]))
+    overrides.update(_tiny_shared_kv_layers(config_class, default, overrides, sizes["num_hidden_layers"]))
     return overrides
+
+
+# Qwen4-Exp's QSA indexer, which its attention layers build whether or not the config sets it: 4 query heads and the
+# one key head the config requires, heads of the tiny head size (the rotary part must fit in them), and a budget of
+# 4 blocks of 4 tokens, so a 64-token cache holds more than the budget and the selection is exercised.
+TINY_QSA_INDEXER = {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 16,
+                    "indexer_compress_ratio": 4}
+
+
+def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
+    """Fields the class leaves open (its checkpoints set them) that its model cannot be built without, and the
+    per-layer input embeddings' sizes (Gemma 3n, Gemma 4), a table of vocab_size_per_layer_input rows that at full
+    size outweighs the tiny model a thousand times. `values`: the config's values."""
+    overrides: dict = {}
+    layer_types = values.get("layer_types")
+    if values.get("rope_parameters") == {} and isinstance(layer_types, list) and layer_types:
+        # Cohere Compass reads rope_parameters[layer_type] for every kind of layer, and its class defaults to {}.
+        overrides["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                        for kind in dict.fromkeys(layer_types)}
+    if all(name in values and values[name] is None for name in TINY_QSA_INDEXER) \
+            and "indexed_attention" in (layer_types or []):
+        overrides.update(TINY_QSA_INDEXER)
+    if isinstance(values.get("vocab_size_per_layer_input"), int):
+        overrides["vocab_size_per_layer_input"] = sizes["vocab_size"]
+    if isinstance(values.get("hidden_size_per_layer_input"), int) and values["hidden_size_per_layer_input"] > 0:
+        overrides["hidden_size_per_layer_input"] = sizes["hidden_size"] // sizes["num_attention_heads"]
+    return overrides
+
+
+def _tiny_shared_kv_layers(config_class, default, overrides: dict, layers: int) -> dict:
+    """Gemma 3n's last num_kv_shared_layers layers (15 of 35) reuse the keys and values of the last earlier layer
+    of their kind, and its config refuses a stack where a kind has no such layer: the tiny stack shares its last
+    layer where the kinds allow, else none."""
+    shared = _global_value(default, "num_kv_shared_layers")
+    if not isinstance(shared, int) or shared <= 0:
+        return {}
+    for count in range(min(shared, layers - 1), -1, -1):
+        try:
+            _global_value(config_class(**overrides, num_kv_shared_layers=count), "kv_sharing_modes")
+        except Exception:  # noqa: BLE001 - a kind with no layer to share from: fewer shared layers
+            continue
+        return {"num_kv_shared_layers": count}
+    return {}
 
 
 def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> dict:
@@ -218,6 +295,12 @@ def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> di
         attention = [i for i, kind in enumerate(pattern) if kind == "full_attention"]
         candidates += [{"attn_layer_indices": attention},
                        {"attn_layer_period": layers, "attn_layer_offset": attention[0]}]
+    # A list of the kinds under names of the class's own, which layer_types is derived from (RecurrentGemma's
+    # block_types, ["recurrent", "recurrent", "attention"] repeated): the same pattern in those names.
+    for name, value in default.to_dict().items():
+        own = list(dict.fromkeys(value)) if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
+        if name != "layer_types" and len(own) == len(kinds):
+            candidates.append({name: [own[0]] * (layers - len(own)) + own})
     for candidate in candidates:
         if all(_global_value(default, name, candidate) is not candidate for name in candidate) \
                 and _layer_types(config_class, {**overrides, **candidate}) == pattern:
@@ -369,11 +452,18 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
     """tiny_moe_mla_overrides' expert part: TINY_EXPERTS experts (`experts`: the field that counts them), the
     layers' MoE pattern, and the expert groups."""
     overrides: dict = {experts: TINY_EXPERTS}
+
+    def per_token(name: str) -> int:
+        # A config that routes each token to fewer experts keeps its count (ZAYA's config accepts only 1).
+        given = values.get(name)
+        return min(given if isinstance(given, int) and given > 0 else TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS_PER_TOKEN,
+                   TINY_EXPERTS)
+
     if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
-        overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+        overrides["num_experts_per_tok"] = per_token("num_experts_per_tok")
     for name in ("moe_k", "num_experts_per_token"):  # ERNIE 4.5's and Ling's names for it
         if isinstance(values.get(name), int):
-            overrides[name] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+            overrides[name] = per_token(name)
     for shared in ("n_shared_experts", "moe_num_shared_experts"):
         # (left None by the class with the expert count: the checkpoint sets both)
         if (isinstance(values.get(shared), int) and values[shared] > 0) or (shared in values and values[shared] is None
