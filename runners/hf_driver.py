@@ -82,6 +82,17 @@ def takes_no_cache(model: type | torch.nn.Module) -> str | None:
     if own and not any(issubclass(c, Cache) for c in classes if c is not type(None)):
         return (f"{_name(model)} keeps its state in {own[0].__name__}, a class of its own that is not a transformers "
                 "Cache")
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if callable(supports) and not supports():
+        # transformers' own list of models that take no standard cache (MiniMax's MiniMaxCache, a DynamicCache
+        # whose code refuses any other cache object)
+        import sys
+
+        module = sys.modules.get(model.__module__)
+        caches = [value.__name__ for value in vars(module).values() if isinstance(value, type)
+                  and issubclass(value, Cache) and value.__module__ == model.__module__] if module else []
+        what = f"its own {caches[0]}" if caches else "a cache of its own"
+        return f"{_name(model)} takes {what} alone (transformers' generate() makes it no standard cache)"
     return None
 
 
@@ -206,6 +217,15 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     overrides.update(_tiny_head_overrides(config_class, default, hidden // heads))
     _set_tiny_ffn(overrides, default, aliases, sizes["intermediate_size"])
+    expand, mamba_heads = _global_value(default, "expand"), _global_value(default, "num_heads")
+    if isinstance(expand, int) and isinstance(mamba_heads, int) and isinstance(overrides.get("head_dim"), int) \
+            and "num_heads" not in overrides:
+        # Mamba-2's heads tile its inner width (num_heads * head_dim == hidden_size * expand, which its config checks),
+        # and its groups divide the heads
+        overrides["num_heads"] = hidden * expand // overrides["head_dim"]
+        groups = _global_value(default, "n_groups")
+        if isinstance(groups, int) and overrides["num_heads"] % groups:
+            overrides["n_groups"] = 1
     if has("word_embed_proj_dim"):  # OPT projects embeddings when this differs from the hidden size
         overrides["word_embed_proj_dim"] = hidden
     if has("tie_word_embeddings"):
@@ -246,6 +266,16 @@ def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
     if all(name in values and values[name] is None for name in TINY_QSA_INDEXER) \
             and "indexed_attention" in (layer_types or []):
         overrides.update(TINY_QSA_INDEXER)
+    if values.get("layer_types") is None and "layer_types" in values and isinstance(values.get("conv_L_cache"), int):
+        # LFM2-MoE's class leaves its stack to the checkpoint (short convolutions with an attention layer every few),
+        # and its layers read config.layer_types[i]: the tiny stack is LFM2's kinds, the attention layer last.
+        overrides["layer_types"] = ["conv"] * (sizes["num_hidden_layers"] - 1) + ["full_attention"]
+    heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if isinstance(values.get("index_num_heads"), int) and isinstance(values.get("num_key_value_heads"), int):
+        # Kolibri's indexer heads come from the query heads of key head 0: no more than the tiny group holds.
+        overrides["index_num_heads"] = max(1, min(values["index_num_heads"], heads // kv_heads))
+    if isinstance(values.get("unpadded_vocab_size"), int):
+        overrides["unpadded_vocab_size"] = sizes["vocab_size"]  # Inkling's LM head: the vocabulary before padding
     if isinstance(values.get("vocab_size_per_layer_input"), int):
         overrides["vocab_size_per_layer_input"] = sizes["vocab_size"]
     if isinstance(values.get("hidden_size_per_layer_input"), int) and values["hidden_size_per_layer_input"] > 0:
@@ -486,8 +516,9 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
 def _tiny_moe_layers(values: dict, layers: int) -> dict:
     """The fields that say which layers are MoE, set so a model of `layers` layers keeps at least one (the last)."""
     overrides: dict = {}
-    if isinstance(values.get("first_k_dense_replace"), int):
-        overrides["first_k_dense_replace"] = min(values["first_k_dense_replace"], layers - 1)
+    for name in ("first_k_dense_replace", "num_dense_layers"):  # (LFM2-MoE's name for the dense prefix)
+        if isinstance(values.get(name), int):
+            overrides[name] = min(values[name], layers - 1)
     for name in ("moe_layer_freq", "decoder_sparse_step"):
         if isinstance(values.get(name), int):
             overrides[name] = 1
