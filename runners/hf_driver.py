@@ -274,6 +274,15 @@ def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
     if isinstance(values.get("index_num_heads"), int) and isinstance(values.get("num_key_value_heads"), int):
         # Kolibri's indexer heads come from the query heads of key head 0: no more than the tiny group holds.
         overrides["index_num_heads"] = max(1, min(values["index_num_heads"], heads // kv_heads))
+    for name in ("adapter_in_dim", "adapter_out_dim", "adapter_input_size", "adapter_output_size"):
+        # dots.ocr 3's vision and audio adapters map the part's hidden width onto the text model's (its config
+        # checks the one against the other): both are the tiny hidden size
+        if isinstance(values.get(name), int):
+            overrides[name] = sizes["hidden_size"]
+    if "kv_n_heads" in values and values.get("clip_qkv") is None and "rope_theta" not in values:
+        # DBRX's attention reads attn_config.rope_theta and clamps to attn_config.clip_qkv, which its class no longer
+        # defines or leaves None (clamp(None, None) fails): DBRX's checkpoints' values
+        overrides.update({"clip_qkv": 8.0, "rope_theta": 500000.0})
     if isinstance(values.get("unpadded_vocab_size"), int):
         overrides["unpadded_vocab_size"] = sizes["vocab_size"]  # Inkling's LM head: the vocabulary before padding
     if isinstance(values.get("vocab_size_per_layer_input"), int):

@@ -33,12 +33,16 @@ SEQUENCE = "input_ids"  # the whole sequence so far, as generate() keeps it
 def generate_prefill(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """The prompt, as generate()'s first step: (last position's logits, the step state)."""
     keywords: dict[str, Any] = {"attention_mask": torch.ones_like(tokens), "use_cache": True}
-    cache = _generate_default_cache(model)
-    if cache is not None:
-        keywords[cache_argument(model)] = cache
     if _takes(_prepare_inputs(model), "cache_position"):
         keywords["cache_position"] = torch.arange(tokens.shape[1], device=tokens.device)
     logits, state = _step(model, tokens, keywords, new_tokens=tokens.shape[1], first=True)
+    name = cache_argument(model)
+    if state.get(name) is None:
+        # An output without a cache (RecurrentGemma's): the prompt again, into the cache generate() makes first,
+        # which the model writes in place. Only then: BLT's own cache works where generate()'s fails.
+        cache = _generate_default_cache(model)
+        if cache is not None:
+            logits, state = _step(model, tokens, {**keywords, name: cache}, new_tokens=tokens.shape[1], first=True)
     vocab = vocabulary_size(model.config) if hasattr(model, "config") else None
     if vocab is not None and logits.shape[-1] != vocab:
         raise ValueError(f"{type(_model(model)).__name__} returns {logits.shape[-1]} values per position, not logits "
