@@ -187,15 +187,25 @@ def _without_ring_layers(cache, max_cache_len: int):
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, list):
         return cache
+    from transformers import cache_utils
     from transformers.cache_utils import StaticLayer
 
+    # A layer that holds linear-attention state beside its sliding window (Inkling's "hybrid_sliding") becomes its
+    # full-attention counterpart, with as many states.
+    hybrid_full = getattr(cache_utils, "LinearAttentionAndStaticFullAttentionLayer", None)
     for index, layer in enumerate(layers):
         if type(layer).__name__ == "StaticSlidingWindowLayer":
             layers[index] = StaticLayer(max_cache_len=max_cache_len)
-            # Still a sliding layer to the mask code, which sizes the sliding-window mask from the first layer that
-            # says it is one, else from layer 0: in a hybrid stack (RecurrentGemma) layer 0 holds recurrent state,
-            # whose length is 0, and the mask would let each query see position 0 alone.
-            layers[index].is_sliding = True
+        elif type(layer).__name__ == "LinearAttentionAndStaticSlidingWindowAttentionLayer" and hybrid_full:
+            states = getattr(layer, "number_of_states", None)
+            layers[index] = hybrid_full(max_cache_len=max_cache_len,
+                                        **({"number_of_states": states} if isinstance(states, int) else {}))
+        else:
+            continue
+        # Still a sliding layer to the mask code, which sizes the sliding-window mask from the first layer that says
+        # it is one, else from layer 0: in a hybrid stack (RecurrentGemma) layer 0 holds recurrent state, whose
+        # length is 0, and the mask would let each query see position 0 alone.
+        layers[index].is_sliding = True
     return cache
 
 

@@ -61,6 +61,7 @@ def test_a_spec_that_names_no_model_is_refused_with_what_to_do(spec, tiny, says)
     ("xlnet", r"XLNetLMHeadModel's forward takes no cache .*takes `mems` instead"),  # past hidden states
     ("xlstm", r"keeps its state in xLSTMCache, a class of its own that is not a transformers Cache"),
     ("openai-gpt", r"takes no cache .*keeps nothing between steps"),
+    ("minimax", r"takes its own MiniMaxCache alone"),  # its code refuses any other cache object
 ])
 def test_a_type_whose_state_no_static_cache_holds_is_refused_naming_it(spec, says):
     from transformers import CONFIG_MAPPING
@@ -247,6 +248,14 @@ def test_tiny_hybrid_stacks_keep_an_attention_layer_beside_their_recurrent_ones(
     # in the indexer's own per-query torch.nonzero: built and run here, not compiled)
     ("qwen4_exp_text", {"indexer_kv_heads": 1, "indexer_budget": 16, "layer_types": ["linear_attention",
                                                                                      "indexed_attention"]}),
+    # LFM2-MoE's class leaves its stack to the checkpoint (its layers read config.layer_types[i])
+    ("lfm2_moe", {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1}),
+    ("mamba2", {"num_heads": 8}),  # its heads tile hidden_size * expand (64 * 2 = 8 heads of 16)
+    ("kolibri1_1", {"index_num_heads": 2}),  # no more indexer heads than the query heads of one key head
+    ("inkling2_text", {"unpadded_vocab_size": 256}),  # its LM head's width
+    # its layers hold linear-attention state beside a sliding window: a full-size hybrid layer that still says it
+    # slides compiles Decode once (the sliding one recompiled at every step)
+    ("inkling_text", {}),
 ])
 def test_tiny_configs_fill_what_the_class_leaves_to_its_checkpoints_and_keep_its_limits(model_type, expected):
     from transformers import AutoModelForCausalLM, CONFIG_MAPPING
@@ -262,6 +271,21 @@ def test_tiny_configs_fill_what_the_class_leaves_to_its_checkpoints_and_keep_its
         return
     dynamic, static = _greedy(model_type, steps=4)
     assert torch.equal(dynamic, static)
+
+
+@pytest.mark.parametrize("model_type", ["dbrx", "dots3_note"])
+def test_tiny_builds_a_model_whose_class_defaults_build_none(model_type):
+    # DBRX's attention reads attn_config.rope_theta and clip_qkv, which its class no longer defines or leaves None;
+    # dots.ocr 3's vision and audio adapters are checked against their part's hidden size.
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](
+        **tiny_config_overrides(CONFIG_MAPPING[model_type])))
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 256)
 
 
 def test_a_hybrid_whose_attention_layers_slide_decodes_as_generate_does(tmp_path):
