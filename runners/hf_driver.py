@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import typing
 
 import torch
 
@@ -54,6 +55,44 @@ def declared_not_compilable(model: type | torch.nn.Module) -> str | None:
     and counts what breaks. The flag's own words, or None."""
     if getattr(model, "_can_compile_fullgraph", True) is False and not hasattr(model, "_supports_static_cache"):
         return f"{_name(model)} declares _can_compile_fullgraph = False in this transformers release"
+    return None
+
+
+def takes_no_cache(model: type | torch.nn.Module) -> str | None:
+    """None when the model's forward takes a transformers Cache (under past_key_values or cache), else what it
+    carries between steps instead, in one line: XLNet's `mems` (past hidden states), RWKV's `state`, Reformer's
+    buckets, xLSTM's cache of its own class, or nothing at all (GPT-1 recomputes the sequence), none of which
+    StaticCache holds."""
+    from transformers.cache_utils import Cache
+
+    forward = model.forward
+    parameters = inspect.signature(forward).parameters
+    name = next((name for name in ("past_key_values", "cache") if name in parameters), None)
+    if name is None:
+        carried = [p for p in parameters if any(word in p for word in ("mem", "state", "past"))
+                   and not p.startswith(("output_", "use_"))]
+        what = f"takes {', '.join(f'`{p}`' for p in carried)} instead" if carried else "keeps nothing between steps"
+        return f"{_name(model)}'s forward takes no cache (no past_key_values argument): it {what}"
+    try:
+        hints = typing.get_type_hints(forward)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the run says what fails
+        return None
+    classes = [c for c in typing.get_args(hints.get(name)) or (hints.get(name),) if isinstance(c, type)]
+    own = [c for c in classes if c is not type(None) and not issubclass(c, Cache)]
+    if own and not any(issubclass(c, Cache) for c in classes if c is not type(None)):
+        return (f"{_name(model)} keeps its state in {own[0].__name__}, a class of its own that is not a transformers "
+                "Cache")
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if callable(supports) and not supports():
+        # transformers' own list of models that take no standard cache (MiniMax's MiniMaxCache, a DynamicCache
+        # whose code refuses any other cache object)
+        import sys
+
+        module = sys.modules.get(model.__module__)
+        caches = [value.__name__ for value in vars(module).values() if isinstance(value, type)
+                  and issubclass(value, Cache) and value.__module__ == model.__module__] if module else []
+        what = f"its own {caches[0]}" if caches else "a cache of its own"
+        return f"{_name(model)} takes {what} alone (transformers' generate() makes it no standard cache)"
     return None
 
 
@@ -148,11 +187,25 @@ def _without_ring_layers(cache, max_cache_len: int):
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, list):
         return cache
+    from transformers import cache_utils
     from transformers.cache_utils import StaticLayer
 
+    # A layer that holds linear-attention state beside its sliding window (Inkling's "hybrid_sliding") becomes its
+    # full-attention counterpart, with as many states.
+    hybrid_full = getattr(cache_utils, "LinearAttentionAndStaticFullAttentionLayer", None)
     for index, layer in enumerate(layers):
         if type(layer).__name__ == "StaticSlidingWindowLayer":
             layers[index] = StaticLayer(max_cache_len=max_cache_len)
+        elif type(layer).__name__ == "LinearAttentionAndStaticSlidingWindowAttentionLayer" and hybrid_full:
+            states = getattr(layer, "number_of_states", None)
+            layers[index] = hybrid_full(max_cache_len=max_cache_len,
+                                        **({"number_of_states": states} if isinstance(states, int) else {}))
+        else:
+            continue
+        # Still a sliding layer to the mask code, which sizes the sliding-window mask from the first layer that says
+        # it is one, else from layer 0: in a hybrid stack (RecurrentGemma) layer 0 holds recurrent state, whose
+        # length is 0, and the mask would let each query see position 0 alone.
+        layers[index].is_sliding = True
     return cache
 
 
@@ -174,6 +227,15 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     overrides.update(_tiny_head_overrides(config_class, default, hidden // heads))
     _set_tiny_ffn(overrides, default, aliases, sizes["intermediate_size"])
+    expand, mamba_heads = _global_value(default, "expand"), _global_value(default, "num_heads")
+    if isinstance(expand, int) and isinstance(mamba_heads, int) and isinstance(overrides.get("head_dim"), int) \
+            and "num_heads" not in overrides:
+        # Mamba-2's heads tile its inner width (num_heads * head_dim == hidden_size * expand, which its config checks),
+        # and its groups divide the heads
+        overrides["num_heads"] = hidden * expand // overrides["head_dim"]
+        groups = _global_value(default, "n_groups")
+        if isinstance(groups, int) and overrides["num_heads"] % groups:
+            overrides["n_groups"] = 1
     if has("word_embed_proj_dim"):  # OPT projects embeddings when this differs from the hidden size
         overrides["word_embed_proj_dim"] = hidden
     if has("tie_word_embeddings"):
@@ -187,9 +249,73 @@ def tiny_config_overrides(config_class, sizes: dict[str, int] | None = None,
     if "kv_lora_rank" in overrides and has("num_key_value_heads"):
         # MLA expands its latent into keys and values for every head: as many key/value heads as heads.
         overrides[aliases.get("num_key_value_heads", "num_key_value_heads")] = heads
+    overrides.update(_tiny_open_fields({**default.to_dict(), **(values or {})}, sizes))
     overrides.update(_tiny_sub_config_overrides(default, sizes, values or {}))
     overrides.update(_tiny_layer_kinds(config_class, default, overrides, sizes["num_hidden_layers"]))
+    overrides.update(_tiny_shared_kv_layers(config_class, default, overrides, sizes["num_hidden_layers"]))
     return overrides
+
+
+# Qwen4-Exp's QSA indexer, which its attention layers build whether or not the config sets it: 4 query heads and the
+# one key head the config requires, heads of the tiny head size (the rotary part must fit in them), and a budget of
+# 4 blocks of 4 tokens, so a 64-token cache holds more than the budget and the selection is exercised.
+TINY_QSA_INDEXER = {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 16,
+                    "indexer_compress_ratio": 4}
+
+
+def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
+    """Fields the class leaves open (its checkpoints set them) that its model cannot be built without, and the
+    per-layer input embeddings' sizes (Gemma 3n, Gemma 4), a table of vocab_size_per_layer_input rows that at full
+    size outweighs the tiny model a thousand times. `values`: the config's values."""
+    overrides: dict = {}
+    layer_types = values.get("layer_types")
+    if values.get("rope_parameters") == {} and isinstance(layer_types, list) and layer_types:
+        # Cohere Compass reads rope_parameters[layer_type] for every kind of layer, and its class defaults to {}.
+        overrides["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                        for kind in dict.fromkeys(layer_types)}
+    if all(name in values and values[name] is None for name in TINY_QSA_INDEXER) \
+            and "indexed_attention" in (layer_types or []):
+        overrides.update(TINY_QSA_INDEXER)
+    if values.get("layer_types") is None and "layer_types" in values and isinstance(values.get("conv_L_cache"), int):
+        # LFM2-MoE's class leaves its stack to the checkpoint (short convolutions with an attention layer every few),
+        # and its layers read config.layer_types[i]: the tiny stack is LFM2's kinds, the attention layer last.
+        overrides["layer_types"] = ["conv"] * (sizes["num_hidden_layers"] - 1) + ["full_attention"]
+    heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if isinstance(values.get("index_num_heads"), int) and isinstance(values.get("num_key_value_heads"), int):
+        # Kolibri's indexer heads come from the query heads of key head 0: no more than the tiny group holds.
+        overrides["index_num_heads"] = max(1, min(values["index_num_heads"], heads // kv_heads))
+    for name in ("adapter_in_dim", "adapter_out_dim", "adapter_input_size", "adapter_output_size"):
+        # dots.ocr 3's vision and audio adapters map the part's hidden width onto the text model's (its config
+        # checks the one against the other): both are the tiny hidden size
+        if isinstance(values.get(name), int):
+            overrides[name] = sizes["hidden_size"]
+    if "kv_n_heads" in values and values.get("clip_qkv") is None and "rope_theta" not in values:
+        # DBRX's attention reads attn_config.rope_theta and clamps to attn_config.clip_qkv, which its class no longer
+        # defines or leaves None (clamp(None, None) fails): DBRX's checkpoints' values
+        overrides.update({"clip_qkv": 8.0, "rope_theta": 500000.0})
+    if isinstance(values.get("unpadded_vocab_size"), int):
+        overrides["unpadded_vocab_size"] = sizes["vocab_size"]  # Inkling's LM head: the vocabulary before padding
+    if isinstance(values.get("vocab_size_per_layer_input"), int):
+        overrides["vocab_size_per_layer_input"] = sizes["vocab_size"]
+    if isinstance(values.get("hidden_size_per_layer_input"), int) and values["hidden_size_per_layer_input"] > 0:
+        overrides["hidden_size_per_layer_input"] = sizes["hidden_size"] // sizes["num_attention_heads"]
+    return overrides
+
+
+def _tiny_shared_kv_layers(config_class, default, overrides: dict, layers: int) -> dict:
+    """Gemma 3n's last num_kv_shared_layers layers (15 of 35) reuse the keys and values of the last earlier layer
+    of their kind, and its config refuses a stack where a kind has no such layer: the tiny stack shares its last
+    layer where the kinds allow, else none."""
+    shared = _global_value(default, "num_kv_shared_layers")
+    if not isinstance(shared, int) or shared <= 0:
+        return {}
+    for count in range(min(shared, layers - 1), -1, -1):
+        try:
+            _global_value(config_class(**overrides, num_kv_shared_layers=count), "kv_sharing_modes")
+        except Exception:  # noqa: BLE001 - a kind with no layer to share from: fewer shared layers
+            continue
+        return {"num_kv_shared_layers": count}
+    return {}
 
 
 def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> dict:
@@ -218,6 +344,12 @@ def _tiny_layer_kinds(config_class, default, overrides: dict, layers: int) -> di
         attention = [i for i, kind in enumerate(pattern) if kind == "full_attention"]
         candidates += [{"attn_layer_indices": attention},
                        {"attn_layer_period": layers, "attn_layer_offset": attention[0]}]
+    # A list of the kinds under names of the class's own, which layer_types is derived from (RecurrentGemma's
+    # block_types, ["recurrent", "recurrent", "attention"] repeated): the same pattern in those names.
+    for name, value in default.to_dict().items():
+        own = list(dict.fromkeys(value)) if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
+        if name != "layer_types" and len(own) == len(kinds):
+            candidates.append({name: [own[0]] * (layers - len(own)) + own})
     for candidate in candidates:
         if all(_global_value(default, name, candidate) is not candidate for name in candidate) \
                 and _layer_types(config_class, {**overrides, **candidate}) == pattern:
@@ -369,11 +501,18 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
     """tiny_moe_mla_overrides' expert part: TINY_EXPERTS experts (`experts`: the field that counts them), the
     layers' MoE pattern, and the expert groups."""
     overrides: dict = {experts: TINY_EXPERTS}
+
+    def per_token(name: str) -> int:
+        # A config that routes each token to fewer experts keeps its count (ZAYA's config accepts only 1).
+        given = values.get(name)
+        return min(given if isinstance(given, int) and given > 0 else TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS_PER_TOKEN,
+                   TINY_EXPERTS)
+
     if "num_experts_per_tok" in values:  # DeepSeek-V2's class leaves it None: its configs always set it
-        overrides["num_experts_per_tok"] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+        overrides["num_experts_per_tok"] = per_token("num_experts_per_tok")
     for name in ("moe_k", "num_experts_per_token"):  # ERNIE 4.5's and Ling's names for it
         if isinstance(values.get(name), int):
-            overrides[name] = min(TINY_EXPERTS_PER_TOKEN, TINY_EXPERTS)
+            overrides[name] = per_token(name)
     for shared in ("n_shared_experts", "moe_num_shared_experts"):
         # (left None by the class with the expert count: the checkpoint sets both)
         if (isinstance(values.get(shared), int) and values[shared] > 0) or (shared in values and values[shared] is None
@@ -396,8 +535,9 @@ def _tiny_expert_overrides(values: dict, experts: str, layers: int) -> dict:
 def _tiny_moe_layers(values: dict, layers: int) -> dict:
     """The fields that say which layers are MoE, set so a model of `layers` layers keeps at least one (the last)."""
     overrides: dict = {}
-    if isinstance(values.get("first_k_dense_replace"), int):
-        overrides["first_k_dense_replace"] = min(values["first_k_dense_replace"], layers - 1)
+    for name in ("first_k_dense_replace", "num_dense_layers"):  # (LFM2-MoE's name for the dense prefix)
+        if isinstance(values.get(name), int):
+            overrides[name] = min(values[name], layers - 1)
     for name in ("moe_layer_freq", "decoder_sparse_step"):
         if isinstance(values.get(name), int):
             overrides[name] = 1

@@ -55,6 +55,23 @@ def test_a_spec_that_names_no_model_is_refused_with_what_to_do(spec, tiny, says)
         resolve(spec, tiny, 64)
 
 
+@pytest.mark.parametrize("spec, says", [
+    # XLM attends both ways unless its config's `causal` is set (its CLM checkpoints set it; the class does not)
+    ("xlm", r"XLMConfig describes an encoder \(causal is false"),
+    ("xlnet", r"XLNetLMHeadModel's forward takes no cache .*takes `mems` instead"),  # past hidden states
+    ("xlstm", r"keeps its state in xLSTMCache, a class of its own that is not a transformers Cache"),
+    ("openai-gpt", r"takes no cache .*keeps nothing between steps"),
+    ("minimax", r"takes its own MiniMaxCache alone"),  # its code refuses any other cache object
+])
+def test_a_type_whose_state_no_static_cache_holds_is_refused_naming_it(spec, says):
+    from transformers import CONFIG_MAPPING
+
+    if spec not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {spec}")
+    with pytest.raises(UserError, match=says):
+        resolve(spec, True, 64)
+
+
 def test_a_type_transformers_doubts_compiles_is_driven_with_a_note_not_refused():
     # transformers 5.x keeps `_can_compile_fullgraph = False` on a few models: Aria's text model is one, and its static
     # path compiles to one graph (bench/hf_zoo.py verifies it), so the flag is said, not obeyed.
@@ -218,6 +235,84 @@ def test_tiny_hybrid_stacks_keep_an_attention_layer_beside_their_recurrent_ones(
         ["linear_attention", "full_attention"]
     dynamic, static = _greedy(model_type, steps=4)
     assert torch.equal(dynamic, static)
+
+
+@pytest.mark.parametrize("model_type, expected", [
+    ("zaya", {"num_experts_per_tok": 1}),  # its config accepts only 1: the tiny count is no larger than the class's
+    # Cohere Compass reads rope_parameters[layer_type], which its class leaves {}
+    ("cohere_compass_text", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # Gemma 3n's last 15 of 35 layers reuse an earlier layer's keys and values: one of the two tiny layers does, and
+    # its per-layer input embeddings (262k rows) take the tiny vocabulary
+    ("gemma3n_text", {"num_kv_shared_layers": 1, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 16}),
+    # Qwen4-Exp's attention layers build the QSA indexer its class leaves unset (its Decode then breaks the graph
+    # in the indexer's own per-query torch.nonzero: built and run here, not compiled)
+    ("qwen4_exp_text", {"indexer_kv_heads": 1, "indexer_budget": 16, "layer_types": ["linear_attention",
+                                                                                     "indexed_attention"]}),
+    # LFM2-MoE's class leaves its stack to the checkpoint (its layers read config.layer_types[i])
+    ("lfm2_moe", {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1}),
+    ("mamba2", {"num_heads": 8}),  # its heads tile hidden_size * expand (64 * 2 = 8 heads of 16)
+    ("kolibri1_1", {"index_num_heads": 2}),  # no more indexer heads than the query heads of one key head
+    ("inkling2_text", {"unpadded_vocab_size": 256}),  # its LM head's width
+    # its layers hold linear-attention state beside a sliding window: a full-size hybrid layer that still says it
+    # slides compiles Decode once (the sliding one recompiled at every step)
+    ("inkling_text", {}),
+])
+def test_tiny_configs_fill_what_the_class_leaves_to_its_checkpoints_and_keep_its_limits(model_type, expected):
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    config = CONFIG_MAPPING[model_type](**tiny_config_overrides(CONFIG_MAPPING[model_type]))
+    assert {name: getattr(config, name) for name in expected} == expected
+    if model_type == "qwen4_exp_text":
+        with torch.no_grad():
+            logits = AutoModelForCausalLM.from_config(config)(torch.tensor([[1, 2, 3]])).logits
+        assert logits.shape == (1, 3, 256)
+        return
+    dynamic, static = _greedy(model_type, steps=4)
+    assert torch.equal(dynamic, static)
+
+
+@pytest.mark.parametrize("model_type", ["dbrx", "dots3_note"])
+def test_tiny_builds_a_model_whose_class_defaults_build_none(model_type):
+    # DBRX's attention reads attn_config.rope_theta and clip_qkv, which its class no longer defines or leaves None;
+    # dots.ocr 3's vision and audio adapters are checked against their part's hidden size.
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](
+        **tiny_config_overrides(CONFIG_MAPPING[model_type])))
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 256)
+
+
+def test_a_hybrid_whose_attention_layers_slide_decodes_as_generate_does(tmp_path):
+    # RecurrentGemma's stack is named in block_types (recurrent, recurrent, attention): the tiny stack keeps an
+    # attention layer through it. Its sliding layer, held as a full static layer, still says it slides, or the mask
+    # code sizes the mask from the recurrent layer 0 and each query sees position 0 alone. Its output carries no
+    # cache: the harness passes the one generate() makes, or every step would start from an empty cache.
+    from transformers import CONFIG_MAPPING
+
+    from graphmode.agent.targets.hf import write_target
+    from graphmode.runners.harness import load_harness
+
+    if "recurrent_gemma" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no recurrent_gemma")
+    config = CONFIG_MAPPING["recurrent_gemma"](**tiny_config_overrides(CONFIG_MAPPING["recurrent_gemma"]))
+    assert config.block_types == ["recurrent", "attention"]
+    harness = load_harness(write_target(resolve("recurrent_gemma", True, 64), None, tmp_path / "target", 64))
+    model = harness.build_model()
+    prompt = harness.make_prompt()
+    got = _harness_tokens(harness, model, 6)
+    with torch.no_grad():
+        generated = model.generate(prompt, max_new_tokens=6, do_sample=False)[0, prompt.shape[1]:].tolist()
+        logits, static = model.prefill(prompt, torch.arange(8)), []
+        for step in range(6):
+            static.append(int(logits[0, -1].argmax()))
+            logits = model.decode(torch.tensor([[static[-1]]]), torch.tensor([8 + step]))
+    assert got == generated == static and len(set(got)) > 1
 
 
 def test_tiny_shrinks_each_part_of_a_composite_config(tmp_path):

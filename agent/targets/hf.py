@@ -263,45 +263,57 @@ def _check_static_path(spec: str, config_class, config: dict | None = None) -> s
     where the model comes from a folder."""
     from transformers import AutoModelForCausalLM
 
-    from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path
+    from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path, takes_no_cache
 
     try:
         model_class = AutoModelForCausalLM._model_mapping[config_class]
     except KeyError:
         raise UserError(f"--hf {spec}: {config_class.model_type} has no causal language model in transformers "
                         "(AutoModelForCausalLM); graphmode adapts decoders that generate token by token") from None
-    if _attends_both_ways(config_class, model_class, config or {}):
-        raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder (is_decoder is false: every "
+    flag = _encoder_flag(config_class, model_class, config or {})
+    if flag:
+        raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder ({flag} is false: every "
                         "position attends to the ones after it too), which no KV cache serves; graphmode adapts "
                         "decoders that generate token by token")
     why_not = has_static_cache_path(model_class)
     if why_not:
         raise UserError(f"--hf {spec}: {why_not}, so graphmode cannot drive it without rewriting transformers' code; "
                         f"copy its modeling file beside a harness (`graphmode init`) to have it rewritten")
+    state = takes_no_cache(model_class)
+    if state:
+        raise UserError(f"--hf {spec}: {state}, so it has no path on transformers' StaticCache, which graphmode "
+                        "compiles Decode on; graphmode drives models that keep their state in a transformers Cache")
     doubt = declared_not_compilable(model_class)
     return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
             "report counts what breaks") if doubt else None
 
 
-def _attends_both_ways(config_class, model_class, config: dict) -> bool:
-    """An encoder's causal LM head (BERT, RoBERTa, ...): its code makes attention causal only where the config says
-    `is_decoder` (checkpoints fine-tuned as decoders), and neither the config nor the class says so. BART's and
-    Marian's causal LM classes set it themselves; GPT-NeoX declares the field and never reads it."""
+def _encoder_flag(config_class, model_class, config: dict) -> str | None:
+    """An encoder's causal LM head: the config field that makes its attention causal, where neither the config nor
+    the class sets it, else None. BERT, RoBERTa, ... attend causally only where `is_decoder` is set (checkpoints
+    fine-tuned as decoders); XLM only where `causal` is (its CLM checkpoints). BART's and Marian's causal LM classes
+    set is_decoder themselves; GPT-NeoX declares the field and never reads it."""
     import inspect
 
-    if "is_decoder" not in getattr(config_class, "__annotations__", {}) or config.get("is_decoder") is True:
-        return False
+    fields = getattr(config_class, "__annotations__", {})
     try:
         module = ast.parse(inspect.getsource(sys.modules[model_class.__module__]))
         init = ast.parse(textwrap.dedent(inspect.getsource(model_class.__init__)))
     except (OSError, TypeError, KeyError, SyntaxError):
-        return False
+        return None
 
-    def uses(tree: ast.AST, context: type) -> bool:
-        return any(isinstance(node, ast.Attribute) and node.attr == "is_decoder" and isinstance(node.ctx, context)
+    def uses(tree: ast.AST, name: str, context: type) -> bool:
+        return any(isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.ctx, context)
                    for node in ast.walk(tree))
 
-    return uses(module, ast.Load) and not uses(init, ast.Store)
+    for flag in ("is_decoder", "causal"):
+        if flag not in fields or config.get(flag) is True:
+            continue
+        # (a class whose default is already True, were there one, is a decoder as built)
+        if getattr(config_class, flag, False) is not True and uses(module, flag, ast.Load) \
+                and not uses(init, flag, ast.Store):
+            return flag
+    return None
 
 
 def _remote_code(target: HFTarget, folder: Path, config_file: Path, auto_map: dict, python: str | None) -> None:

@@ -36,12 +36,43 @@ def generate_prefill(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torc
     if _takes(_prepare_inputs(model), "cache_position"):
         keywords["cache_position"] = torch.arange(tokens.shape[1], device=tokens.device)
     logits, state = _step(model, tokens, keywords, new_tokens=tokens.shape[1], first=True)
+    name = cache_argument(model)
+    if state.get(name) is None:
+        # An output without a cache (RecurrentGemma's): the prompt again, into the cache generate() makes first,
+        # which the model writes in place. Only then: BLT's own cache works where generate()'s fails.
+        cache = _generate_default_cache(model)
+        if cache is not None:
+            logits, state = _step(model, tokens, {**keywords, name: cache}, new_tokens=tokens.shape[1], first=True)
     vocab = vocabulary_size(model.config) if hasattr(model, "config") else None
     if vocab is not None and logits.shape[-1] != vocab:
         raise ValueError(f"{type(_model(model)).__name__} returns {logits.shape[-1]} values per position, not logits "
                          f"over the {vocab}-token vocabulary: graphmode drives language models (a class with an LM "
                          "head)")
     return logits, state
+
+
+def _generate_default_cache(model: torch.nn.Module):
+    """The cache generate() makes before its first step, for transformers' own models (the ones StaticCacheDecoder
+    wraps): with no cache_implementation set, a DynamicCache of the model's text config, where the model takes one
+    (`_supports_default_dynamic_cache`). The model writes into it in place; a model that returns no cache in its
+    output (RecurrentGemma) keeps its keys and values only there, and without it every Decode step would start from
+    an empty cache. None where generate() makes none, or this transformers has no such cache (before 5.0)."""
+    from graphmode.runners.hf_driver import StaticCacheDecoder
+
+    if not isinstance(model, StaticCacheDecoder):
+        return None
+    inner = model.model
+    try:
+        from transformers import DynamicCache
+
+        supported = inner._supports_default_dynamic_cache()
+        implementation = getattr(getattr(inner, "generation_config", None), "cache_implementation", None)
+        if not supported or implementation not in (None, "dynamic") \
+                or "config" not in inspect.signature(DynamicCache.__init__).parameters:
+            return None
+        return DynamicCache(config=inner.config.get_text_config(decoder=True))
+    except (ImportError, AttributeError, TypeError):
+        return None
 
 
 def generate_decode(model: torch.nn.Module, token: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
@@ -136,7 +167,8 @@ def _updated(model: torch.nn.Module, out: Any, keywords: dict, cache: Any, name:
         parameters = inspect.signature(own).parameters
         extra = {"is_encoder_decoder": False} if "is_encoder_decoder" in parameters else {}
         return dict(own(out, dict(keywords), **extra))
-    keywords = {**keywords, name: cache}
+    # (an output without a cache leaves the one passed in, which the model wrote in place, as generate() keeps it)
+    keywords = {**keywords, name: cache if cache is not None else keywords.get(name)}
     mask = keywords.get("attention_mask")
     if mask is not None:
         keywords["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
