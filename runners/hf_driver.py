@@ -63,16 +63,26 @@ def takes_no_cache(model: type | torch.nn.Module) -> str | None:
     carries between steps instead, in one line: XLNet's `mems` (past hidden states), RWKV's `state`, Reformer's
     buckets, xLSTM's cache of its own class, or nothing at all (GPT-1 recomputes the sequence), none of which
     StaticCache holds."""
-    from transformers.cache_utils import Cache
-
     forward = model.forward
     parameters = inspect.signature(forward).parameters
     name = next((name for name in ("past_key_values", "cache") if name in parameters), None)
     if name is None:
-        carried = [p for p in parameters if any(word in p for word in ("mem", "state", "past"))
-                   and not p.startswith(("output_", "use_"))]
-        what = f"takes {', '.join(f'`{p}`' for p in carried)} instead" if carried else "keeps nothing between steps"
-        return f"{_name(model)}'s forward takes no cache (no past_key_values argument): it {what}"
+        return f"{_name(model)}'s forward takes no cache (no past_key_values argument): it {_carried(parameters)}"
+    return _state_class_of_its_own(model, forward, name) or _cache_class_of_its_own(model)
+
+
+def _carried(parameters) -> str:
+    """What a forward without a cache argument carries between steps, said from its parameters' names."""
+    carried = [p for p in parameters if any(word in p for word in ("mem", "state", "past"))
+               and not p.startswith(("output_", "use_"))]
+    return f"takes {', '.join(f'`{p}`' for p in carried)} instead" if carried else "keeps nothing between steps"
+
+
+def _state_class_of_its_own(model: type | torch.nn.Module, forward, name: str) -> str | None:
+    """takes_no_cache's answer where the cache argument `name` is annotated with classes none of which is a
+    transformers Cache (xLSTM's xLSTMCache)."""
+    from transformers.cache_utils import Cache
+
     try:
         hints = typing.get_type_hints(forward)
     except Exception:  # noqa: BLE001 - an annotation that does not resolve: the run says what fails
@@ -82,18 +92,24 @@ def takes_no_cache(model: type | torch.nn.Module) -> str | None:
     if own and not any(issubclass(c, Cache) for c in classes if c is not type(None)):
         return (f"{_name(model)} keeps its state in {own[0].__name__}, a class of its own that is not a transformers "
                 "Cache")
-    supports = getattr(model, "_supports_default_dynamic_cache", None)
-    if callable(supports) and not supports():
-        # transformers' own list of models that take no standard cache (MiniMax's MiniMaxCache, a DynamicCache
-        # whose code refuses any other cache object)
-        import sys
-
-        module = sys.modules.get(model.__module__)
-        caches = [value.__name__ for value in vars(module).values() if isinstance(value, type)
-                  and issubclass(value, Cache) and value.__module__ == model.__module__] if module else []
-        what = f"its own {caches[0]}" if caches else "a cache of its own"
-        return f"{_name(model)} takes {what} alone (transformers' generate() makes it no standard cache)"
     return None
+
+
+def _cache_class_of_its_own(model: type | torch.nn.Module) -> str | None:
+    """takes_no_cache's answer for a model on transformers' own list of models that take no standard cache (MiniMax's
+    MiniMaxCache, a DynamicCache whose code refuses any other cache object)."""
+    from transformers.cache_utils import Cache
+
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if not callable(supports) or supports():
+        return None
+    import sys
+
+    module = sys.modules.get(model.__module__)
+    caches = [value.__name__ for value in vars(module).values() if isinstance(value, type)
+              and issubclass(value, Cache) and value.__module__ == model.__module__] if module else []
+    what = f"its own {caches[0]}" if caches else "a cache of its own"
+    return f"{_name(model)} takes {what} alone (transformers' generate() makes it no standard cache)"
 
 
 def _name(model: type | torch.nn.Module) -> str:
@@ -267,6 +283,12 @@ def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
     """Fields the class leaves open (its checkpoints set them) that its model cannot be built without, and the
     per-layer input embeddings' sizes (Gemma 3n, Gemma 4), a table of vocab_size_per_layer_input rows that at full
     size outweighs the tiny model a thousand times. `values`: the config's values."""
+    return {**_tiny_open_stack_fields(values, sizes), **_tiny_open_attention_fields(values, sizes),
+            **_tiny_part_widths(values, sizes)}
+
+
+def _tiny_open_stack_fields(values: dict, sizes: dict[str, int]) -> dict:
+    """_tiny_open_fields' part for the layer stack: the kinds of layer and what each kind reads."""
     overrides: dict = {}
     layer_types = values.get("layer_types")
     if values.get("rope_parameters") == {} and isinstance(layer_types, list) and layer_types:
@@ -280,19 +302,31 @@ def _tiny_open_fields(values: dict, sizes: dict[str, int]) -> dict:
         # LFM2-MoE's class leaves its stack to the checkpoint (short convolutions with an attention layer every few),
         # and its layers read config.layer_types[i]: the tiny stack is LFM2's kinds, the attention layer last.
         overrides["layer_types"] = ["conv"] * (sizes["num_hidden_layers"] - 1) + ["full_attention"]
+    return overrides
+
+
+def _tiny_open_attention_fields(values: dict, sizes: dict[str, int]) -> dict:
+    """_tiny_open_fields' part for attention: Kolibri's indexer heads, DBRX's rope and clamp."""
+    overrides: dict = {}
     heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     if isinstance(values.get("index_num_heads"), int) and isinstance(values.get("num_key_value_heads"), int):
         # Kolibri's indexer heads come from the query heads of key head 0: no more than the tiny group holds.
         overrides["index_num_heads"] = max(1, min(values["index_num_heads"], heads // kv_heads))
+    if "kv_n_heads" in values and values.get("clip_qkv") is None and "rope_theta" not in values:
+        # DBRX's attention reads attn_config.rope_theta and clamps to attn_config.clip_qkv, which its class no longer
+        # defines or leaves None (clamp(None, None) fails): DBRX's checkpoints' values
+        overrides.update({"clip_qkv": 8.0, "rope_theta": 500000.0})
+    return overrides
+
+
+def _tiny_part_widths(values: dict, sizes: dict[str, int]) -> dict:
+    """_tiny_open_fields' part for widths that follow the tiny sizes: adapters, vocabularies, per-layer inputs."""
+    overrides: dict = {}
     for name in ("adapter_in_dim", "adapter_out_dim", "adapter_input_size", "adapter_output_size"):
         # dots.ocr 3's vision and audio adapters map the part's hidden width onto the text model's (its config
         # checks the one against the other): both are the tiny hidden size
         if isinstance(values.get(name), int):
             overrides[name] = sizes["hidden_size"]
-    if "kv_n_heads" in values and values.get("clip_qkv") is None and "rope_theta" not in values:
-        # DBRX's attention reads attn_config.rope_theta and clamps to attn_config.clip_qkv, which its class no longer
-        # defines or leaves None (clamp(None, None) fails): DBRX's checkpoints' values
-        overrides.update({"clip_qkv": 8.0, "rope_theta": 500000.0})
     if isinstance(values.get("unpadded_vocab_size"), int):
         overrides["unpadded_vocab_size"] = sizes["vocab_size"]  # Inkling's LM head: the vocabulary before padding
     if isinstance(values.get("vocab_size_per_layer_input"), int):

@@ -113,9 +113,13 @@ def evidence_cache_writes(evidence: Evidence) -> tuple[tuple[str, int, tuple[int
     for statement, entry in evidence.by_statement():
         grown = [g for g in entry.growing if g.kind == "cache" and g.via and g.dims]
         if grown:
-            found.append((statement.file, statement.line, tuple(g.dims[0] for g in grown),
-                          tuple(tuple(tuple(shape) for shape in g.call_shapes or []) for g in grown)))
+            found.append((statement.file, statement.line, tuple(g.dims[0] for g in grown), _shapes_per_layer(grown)))
     return tuple(sorted(found))
+
+
+def _shapes_per_layer(grown) -> tuple:
+    """Each grown tensor's shapes, one per call (per layer), as tuples."""
+    return tuple(tuple(tuple(shape) for shape in g.call_shapes or []) for g in grown)
 
 
 def host_sync_lines(evidence: Evidence) -> tuple[tuple[str, int], ...]:

@@ -256,20 +256,23 @@ def _picked_mask_helpers(method: cst.FunctionDef) -> dict[str, cst.BaseExpressio
     picked: dict[str, cst.BaseExpression] = {}
     for stmt in nodes_of_type(method, cst.SimpleStatementLine):
         assigned = single_assignment(stmt)
-        if not (assigned and isinstance(assigned[1], cst.IfExp)):
-            continue
-        pick = assigned[1]
-        names = [code_of(pick.body), code_of(pick.orelse)]
-        test = pick.test
-        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-                and code_of(test.comparisons[0].comparator) == "None"
-                and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))):
-            continue
-        if isinstance(test.comparisons[0].operator, cst.IsNot):
-            names.reverse()  # `sliding if window is not None else plain`
-        if names[0] in KEYWORD_MASK_HELPERS and names[1] in SLIDING_KEYWORD_MASK_HELPERS:
-            picked[assigned[0]] = test.left
+        if assigned and isinstance(assigned[1], cst.IfExp) and (window := _window_picking(assigned[1])) is not None:
+            picked[assigned[0]] = window
     return picked
+
+
+def _window_picking(pick: cst.IfExp) -> cst.BaseExpression | None:
+    """The window of `plain if window is None else sliding` (or `sliding if window is not None else plain`), plain a
+    keyword mask helper and sliding its sliding-window one; None for any other conditional."""
+    test = pick.test
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and code_of(test.comparisons[0].comparator) == "None"
+            and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))):
+        return None
+    names = [code_of(pick.body), code_of(pick.orelse)]
+    if isinstance(test.comparisons[0].operator, cst.IsNot):
+        names.reverse()  # `sliding if window is not None else plain`
+    return test.left if names[0] in KEYWORD_MASK_HELPERS and names[1] in SLIDING_KEYWORD_MASK_HELPERS else None
 
 
 def _helper_window(call: cst.Call, helper: str, picked: dict[str, cst.BaseExpression]

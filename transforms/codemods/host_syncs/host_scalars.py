@@ -99,28 +99,32 @@ class HostScalars(StepCodemod):
 
     def _non_tensor_use(self, function: cst.FunctionDef, name: str) -> str | None:
         """Why `name` cannot stay a tensor (the first use that needs a number), or None."""
-        uses: list[cst.Name] = []
-        assignments: list[cst.CSTNode] = []
-        for node in walk(function.body):  # in a CSTVisitor's order, without building every node again
-            if type(node) is cst.Name and node.value == name:
-                uses.append(node)
-            elif type(node) is cst.AssignTarget and isinstance(node.target, cst.Name) and node.target.value == name:
-                assignments.append(node)
-        if len(assignments) != 1:
+        reads, assignments = _reads_and_assignments(function, name)
+        if assignments != 1:
             return "it is assigned more than once"
-        target = assignments[0].target
-        reads = [u for u in uses if u is not target]
         if not reads:
             return "it is never read"
-        for use in reads:
-            parent = self.get_metadata(ParentNodeProvider, use)
-            if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, _ARITHMETIC)):
-                line = self._lines(use)[0]
-                return f"line {line}"
-            other = parent.right if parent.left is use else parent.left
-            if _is_number_literal(other):
-                return f"line {self._lines(use)[0]}, with a number literal"
-        return None
+        return next(filter(None, (self._needs_a_number(use) for use in reads)), None)
+
+    def _needs_a_number(self, use: cst.Name) -> str | None:
+        """Where this read needs a number: anything but arithmetic, or arithmetic with a number literal."""
+        parent = self.get_metadata(ParentNodeProvider, use)
+        if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, _ARITHMETIC)):
+            return f"line {self._lines(use)[0]}"
+        other = parent.right if parent.left is use else parent.left
+        return f"line {self._lines(use)[0]}, with a number literal" if _is_number_literal(other) else None
+
+
+def _reads_and_assignments(function: cst.FunctionDef, name: str) -> tuple[list[cst.Name], int]:
+    """The names reading `name` in the function's body, and how many plain `name = ...` assign it."""
+    uses: list[cst.Name] = []
+    targets: list[cst.Name] = []
+    for node in walk(function.body):  # in a CSTVisitor's order, without building every node again
+        if type(node) is cst.Name and node.value == name:
+            uses.append(node)
+        elif type(node) is cst.AssignTarget and isinstance(node.target, cst.Name) and node.target.value == name:
+            targets.append(node.target)
+    return [use for use in uses if not any(use is target for target in targets)], len(targets)
 
 
 def _conversion(value: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
