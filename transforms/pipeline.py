@@ -132,7 +132,8 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
         # The helpers the codemods inserted go to graphmode_static.py beside the file, which it imports.
-        split = move_helpers_out(keep_original_path(original.module, parsed.module, source), original.module, source)
+        split = move_helpers_out(keep_original_path(original.module, parsed.module, source, parsed.method_text),
+                                 original.module, source)
         module = tidy(split)
         if options.entry_class is None:  # no entries, so no `setup_caches` for graphmode's words to point to
             module = without_entry_promises(module, source)
