@@ -768,3 +768,21 @@ def test_a_text_whose_code_differs_is_laid_out_by_generating_it():
     assert layout_of_parsed(cst.parse_module("x = (1,\r     2)\r"), "x = (1,\r     2)\r") is None
     parsed = ParsedSource("class A:\n    def f(self):\n        return 1")
     assert parsed.layout == layout_of(parsed.module)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::3]], ids=_ids)
+def test_the_output_copying_what_the_layouts_generated_is_its_code(path, monkeypatch):
+    """The chain's output text copies the code its layouts generated for the statements, methods and statements of
+    methods the output holds as the same nodes (positions.module_code_reusing): the code libcst generates."""
+    real, checked = pipeline.module_code_reusing, []
+
+    def compared(module, layouts):
+        text = real(module, layouts)
+        assert text == module.code
+        checked.append(len(layouts))
+        return text
+
+    monkeypatch.setattr(pipeline, "module_code_reusing", compared)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    if path.name == "model.py":
+        assert checked and checked[0] > 0  # not vacuous: the chain's layouts were there to copy from

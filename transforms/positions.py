@@ -148,38 +148,68 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
     if earlier is None or earlier.defaults != defaults or not module.has_trailing_newline:
         module._codegen(state)
     else:
-        # libcst's Module._codegen with the statements `earlier` holds copied (tests/test_pipeline_shortcuts.py holds
-        # the text to libcst's). A module without a trailing newline drops its last token: generated above.
-        state.before_codegen(module)
-        for line in module.header:
-            line._codegen(state)
-        methods = {method: layout for known in earlier.statement_methods.values() for method, layout in known.items()}
-        statements = {statement: layout for method in methods.values()
-                      for statement, layout in method.statements.items()}
-        for statement in module.body:
-            text = earlier.statement_texts.get(statement)
-            if text is None:
-                if type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock and any(
-                        member in methods or _holds_known(member, statements) for member in statement.body.body):
-                    # A class a codemod changed: its other methods copied, and in those it changed, the statements
-                    # it kept.
-                    _class_codegen(statement, state, methods, statements)
-                else:
-                    statement._codegen(state)
-            else:
-                state.add_generated(statement, text, earlier.statement_parents[statement],
-                                    earlier.statement_methods.get(statement))
-        for line in module.footer:
-            line._codegen(state)
-        if not state.tokens:
-            state.add_token(state.default_newline)
-        state.after_codegen(module)
+        _codegen_reusing(module, state, [earlier])
     parts = _parent_tables(state.statement_parents, state.statement_methods)
     parents = _merged(state.top, parts, earlier)
     # A node held in two places has one entry for both: the union is smaller than the tables together.
     duplicated = state.duplicated or len(parents) != len(state.top) + sum(map(len, parts))
     return Layout("".join(state.tokens), None if duplicated else parents, state.first_lines, state.statement_texts,
                   state.statement_parents, defaults, state.statement_methods, state.top)
+
+
+def module_code_reusing(module: cst.Module, layouts: list[Layout]) -> str:
+    """`module_code(module)`, with the code of what `layouts` generated copied where the module holds the same node:
+    its statements, the methods of its classes and the statements of their bodies."""
+    defaults = (module.default_indent, module.default_newline)
+    usable = [layout for layout in layouts if layout.defaults == defaults]
+    if not usable or not module.has_trailing_newline:
+        return module_code(module)
+    state = _ReusingTextState(*defaults)
+    _codegen_reusing(module, state, usable)
+    return "".join(state.tokens)
+
+
+def _codegen_reusing(module: cst.Module, state: _LayoutState | _ReusingTextState, earlier: list[Layout]) -> None:
+    """libcst's Module._codegen with the statements the `earlier` layouts hold copied (tests/test_pipeline_shortcuts.py
+    holds the text to libcst's). A module without a trailing newline drops its last token: not for this."""
+    state.before_codegen(module)
+    for line in module.header:
+        line._codegen(state)
+    methods = {method: layout for found in earlier for known in found.statement_methods.values()
+               for method, layout in known.items()}
+    statements = {statement: layout for method in methods.values() for statement, layout in method.statements.items()}
+    for statement in module.body:
+        found = next((layout for layout in earlier if statement in layout.statement_texts), None)
+        if found is not None:
+            state.add_generated(statement, found.statement_texts[statement], found.statement_parents[statement],
+                                found.statement_methods.get(statement))
+        elif type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock and any(
+                member in methods or _holds_known(member, statements) for member in statement.body.body):
+            # A class a codemod changed: its other methods copied, and in those it changed, the statements it kept.
+            _class_codegen(statement, state, methods, statements)
+        else:
+            statement._codegen(state)
+    for line in module.footer:
+        line._codegen(state)
+    if not state.tokens:
+        state.add_token(state.default_newline)
+    state.after_codegen(module)
+
+
+class _ReusingTextState(_TextState):
+    """_TextState that takes the code an earlier layout generated (`_codegen_reusing`)."""
+
+    def __init__(self, default_indent: str, default_newline: str) -> None:
+        super().__init__(default_indent=default_indent, default_newline=default_newline)
+
+    def add_method(self, method: cst.CSTNode, known: MethodLayout) -> None:
+        self.tokens.append(known.text)
+
+    def add_statement(self, statement: cst.CSTNode, known: StatementLayout) -> None:
+        self.tokens.append(known.text)
+
+    def add_generated(self, statement: cst.CSTNode, text: str, below: object, methods: object) -> None:
+        self.tokens.append(text)
 
 
 def _parent_tables(statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]],
@@ -222,8 +252,8 @@ def _holds_known(member: cst.CSTNode, statements: dict[cst.CSTNode, StatementLay
         and any(statement in statements for statement in member.body.body)
 
 
-def _class_codegen(cls: cst.ClassDef, state: _LayoutState, methods: dict[cst.CSTNode, MethodLayout],
-                   statements: dict[cst.CSTNode, StatementLayout]) -> None:
+def _class_codegen(cls: cst.ClassDef, state: _LayoutState | _ReusingTextState,
+                   methods: dict[cst.CSTNode, MethodLayout], statements: dict[cst.CSTNode, StatementLayout]) -> None:
     """`cls._codegen(state)` with the methods an earlier layout generated under the same indent copied from it, and
     the statements it generated in the others (`_method_codegen`). The class's own code is libcst's ClassDef and
     IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py holds the text and parents to a generation of the
@@ -278,7 +308,8 @@ def _class_codegen(cls: cst.ClassDef, state: _LayoutState, methods: dict[cst.CST
     state.after_codegen(cls)
 
 
-def _method_codegen(method: cst.FunctionDef, state: _LayoutState, statements: dict[cst.CSTNode, StatementLayout]
+def _method_codegen(method: cst.FunctionDef, state: _LayoutState | _ReusingTextState,
+                    statements: dict[cst.CSTNode, StatementLayout]
                     ) -> None:
     """`method._codegen(state)` with the statements of its body an earlier layout generated under the same indent
     copied from it: a codemod that rewrites one statement of a long `forward` hands the others on as they were. The
