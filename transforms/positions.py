@@ -175,25 +175,40 @@ def _codegen_reusing(module: cst.Module, state: _LayoutState | _ReusingTextState
     state.before_codegen(module)
     for line in module.header:
         line._codegen(state)
-    methods = {method: layout for found in earlier for known in found.statement_methods.values()
-               for method, layout in known.items()}
-    statements = {statement: layout for method in methods.values() for statement, layout in method.statements.items()}
+    methods, statements = _known_parts(earlier)
     for statement in module.body:
         found = next((layout for layout in earlier if statement in layout.statement_texts), None)
         if found is not None:
             state.add_generated(statement, found.statement_texts[statement], found.statement_parents[statement],
                                 found.statement_methods.get(statement))
-        elif type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock and any(
-                member in methods or _holds_known(member, statements) for member in statement.body.body):
-            # A class a codemod changed: its other methods copied, and in those it changed, the statements it kept.
-            _class_codegen(statement, state, methods, statements)
         else:
-            statement._codegen(state)
+            _statement_codegen(statement, state, methods, statements)
     for line in module.footer:
         line._codegen(state)
     if not state.tokens:
         state.add_token(state.default_newline)
     state.after_codegen(module)
+
+
+def _known_parts(earlier: list[Layout]
+                 ) -> tuple[dict[cst.CSTNode, MethodLayout], dict[cst.CSTNode, StatementLayout]]:
+    """The methods the layouts generated, and the statements of their bodies."""
+    methods = {method: layout for found in earlier for known in found.statement_methods.values()
+               for method, layout in known.items()}
+    statements = {statement: layout for method in methods.values() for statement, layout in method.statements.items()}
+    return methods, statements
+
+
+def _statement_codegen(statement: cst.CSTNode, state: _LayoutState | _ReusingTextState,
+                       methods: dict[cst.CSTNode, MethodLayout],
+                       statements: dict[cst.CSTNode, StatementLayout]) -> None:
+    """A statement of the module's body no earlier layout generated: a class a codemod changed takes its other methods
+    from them, and in those it changed, the statements it kept."""
+    if type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock and any(
+            member in methods or _holds_known(member, statements) for member in statement.body.body):
+        _class_codegen(statement, state, methods, statements)
+    else:
+        statement._codegen(state)
 
 
 class _ReusingTextState(_TextState):
@@ -210,6 +225,14 @@ class _ReusingTextState(_TextState):
 
     def add_generated(self, statement: cst.CSTNode, text: str, below: object, methods: object) -> None:
         self.tokens.append(text)
+
+
+def all_parents(top: dict[cst.CSTNode, cst.CSTNode],
+                statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]],
+                statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]]
+                ) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`Layout.parents` from a layout's other tables."""
+    return _merged(top, _parent_tables(statement_parents, statement_methods), None)
 
 
 def _parent_tables(statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]],
@@ -232,6 +255,12 @@ def _merged(top: dict[cst.CSTNode, cst.CSTNode], parts: list[dict[cst.CSTNode, c
         for part in parts:
             merged.update(part)
         return merged
+    return _merged_from(earlier, top, parts)
+
+
+def _merged_from(earlier: Layout, top: dict[cst.CSTNode, cst.CSTNode], parts: list[dict[cst.CSTNode, cst.CSTNode]]
+                 ) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`_merged` from the earlier layout's table."""
     merged = dict(earlier.parents)
     now = {id(part) for part in parts}
     for part in [earlier.top, *_parent_tables(earlier.statement_parents, earlier.statement_methods)]:
@@ -322,6 +351,27 @@ def _method_codegen(method: cst.FunctionDef, state: _LayoutState | _ReusingTextS
         decorator._codegen(state)
     for line in method.lines_after_decorators:
         line._codegen(state)
+    _def_line_codegen(method, state)
+    block = method.body
+    state.before_codegen(block)
+    block.header._codegen(state)
+    state.increase_indent(state.default_indent if block.indent is None else block.indent)
+    indent = tuple(state.indent_tokens)
+    for statement in block.body:  # not empty: it holds a statement an earlier layout generated
+        known = statements.get(statement)
+        if known is not None and known.indent == indent:
+            state.add_statement(statement, known)
+        else:
+            statement._codegen(state)
+    for line in block.footer:
+        line._codegen(state)
+    state.decrease_indent()
+    state.after_codegen(block)
+    state.after_codegen(method)
+
+
+def _def_line_codegen(method: cst.FunctionDef, state: CodegenState) -> None:
+    """libcst's FunctionDef `_codegen_impl` from the indent of the `def` line up to its colon."""
     state.add_indent_tokens()
     if method.asynchronous is not None:
         method.asynchronous._codegen(state)
@@ -340,22 +390,16 @@ def _method_codegen(method: cst.FunctionDef, state: _LayoutState | _ReusingTextS
         method.returns._codegen(state, default_indicator="->")
     method.whitespace_before_colon._codegen(state)
     state.add_token(":")
-    block = method.body
-    state.before_codegen(block)
-    block.header._codegen(state)
-    state.increase_indent(state.default_indent if block.indent is None else block.indent)
-    indent = tuple(state.indent_tokens)
-    for statement in block.body:  # not empty: it holds a statement an earlier layout generated
-        known = statements.get(statement)
-        if known is not None and known.indent == indent:
-            state.add_statement(statement, known)
-        else:
-            statement._codegen(state)
-    for line in block.footer:
-        line._codegen(state)
-    state.decrease_indent()
-    state.after_codegen(block)
-    state.after_codegen(method)
+
+
+def _is_method(node: cst.CSTNode, cls: cst.CSTNode, parent: cst.CSTNode) -> bool:
+    """A node three levels under the module is a method of a top-level class."""
+    return type(node) is cst.FunctionDef and type(cls) is cst.ClassDef and type(parent) is cst.IndentedBlock
+
+
+def _in_block(node: cst.CSTNode, parent: cst.CSTNode) -> bool:
+    """The node is a statement of the block it is in."""
+    return type(parent) is cst.IndentedBlock and isinstance(node, cst.BaseStatement)
 
 
 def newlines_in(value: str) -> int:
@@ -400,23 +444,25 @@ class _LayoutState(_TextState):
             parents[node] = parent
             if len(parents) == held:
                 self.duplicated = True
-            if depth > 5:
-                pass
-            elif depth == 1 and isinstance(node, cst.BaseStatement):  # a statement of the module's body
-                self.first_lines[node] = self.line
-                self._into = self.statement_parents[node] = {}
-                self._statement_start = len(self.tokens)
-            elif depth == 3 and type(node) is cst.FunctionDef and type(generating[1]) is cst.ClassDef \
-                    and type(parent) is cst.IndentedBlock:  # a method of a top-level class: its parents on their own
-                self._method, self._method_start = node, (self.line, len(self.tokens), tuple(self.indent_tokens))
-                self._into = self._method_parents = {}
-                self._method_statements = {}
-            elif depth == 5 and generating[3] is self._method and type(parent) is cst.IndentedBlock \
-                    and isinstance(node, cst.BaseStatement):  # a statement of the body of that method
-                self._body_statement = node
-                self._body_statement_start = (self.line, len(self.tokens), tuple(self.indent_tokens))
-                self._into = {}
+            if depth < 6:
+                self._note_start(node, depth, parent)
         generating.append(node)
+
+    def _note_start(self, node: cst.CSTNode, depth: int, parent: cst.CSTNode) -> None:
+        """Where a statement of the module's body, a method of a top-level class or a statement of its body starts, and
+        the table its nodes' parents go into."""
+        if depth == 1 and isinstance(node, cst.BaseStatement):  # a statement of the module's body
+            self.first_lines[node] = self.line
+            self._into = self.statement_parents[node] = {}
+            self._statement_start = len(self.tokens)
+        elif depth == 3 and _is_method(node, self._generating[1], parent):
+            self._method, self._method_start = node, (self.line, len(self.tokens), tuple(self.indent_tokens))
+            self._into = self._method_parents = {}  # a method's parents on their own
+            self._method_statements = {}
+        elif depth == 5 and self._generating[3] is self._method and _in_block(node, parent):
+            self._body_statement = node  # a statement of the body of that method
+            self._body_statement_start = (self.line, len(self.tokens), tuple(self.indent_tokens))
+            self._into = {}
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         generating = self._generating

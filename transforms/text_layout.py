@@ -16,7 +16,7 @@ import re
 import libcst as cst
 
 from graphmode.transforms.dispatch import Computed
-from graphmode.transforms.positions import Layout, MethodLayout, StatementLayout, newlines_in
+from graphmode.transforms.positions import Layout, MethodLayout, StatementLayout, all_parents, newlines_in
 
 _Parents = dict[cst.CSTNode, cst.CSTNode]
 
@@ -29,9 +29,7 @@ def layout_of_parsed(module: cst.Module, text: str) -> Layout | None:
         return None
     reader = _Reader(text)
     top: _Parents = {}
-    for line in module.header:
-        top[line] = module
-        reader.line += _tally(line, top)
+    reader.line += _tally_lines(module.header, module, top)
     first_lines: dict[cst.CSTNode, int] = {}
     statement_texts: dict[cst.CSTNode, str] = {}
     statement_parents: dict[cst.CSTNode, _Parents] = {}
@@ -49,21 +47,11 @@ def layout_of_parsed(module: cst.Module, text: str) -> Layout | None:
         else:
             reader.line += _tally(statement, below)
         statement_texts[statement] = reader.text(first, reader.line)
-    for line in module.footer:
-        top[line] = module
-        reader.line += _tally(line, top)
+    reader.line += _tally_lines(module.footer, module, top)
     if reader.line != reader.lines:  # the counts missed a line: the text is not what they assume
         return None
-    parents = dict(top)
-    for part in statement_parents.values():
-        parents.update(part)
-    for methods in statement_methods.values():
-        for method in methods.values():
-            parents.update(method.parents)
-            for inner in method.statements.values():
-                parents.update(inner.parents)
-    return Layout(text, parents, first_lines, statement_texts, statement_parents,
-                  (module.default_indent, module.default_newline), statement_methods, top)
+    return Layout(text, all_parents(top, statement_parents, statement_methods), first_lines, statement_texts,
+                  statement_parents, (module.default_indent, module.default_newline), statement_methods, top)
 
 
 class _Reader:
@@ -134,6 +122,13 @@ def _method(method: cst.FunctionDef, reader: _Reader, indent: tuple[str, ...], c
             statements[statement] = StatementLayout(start - first, inner, reader.text(start, reader.line), own)
         reader.line += footer
     return MethodLayout(first - class_line, indent, reader.text(first, reader.line), parents, statements)
+
+
+def _tally_lines(lines: list[cst.CSTNode], module: cst.Module, top: _Parents) -> int:
+    """`_tally` of the module's header or footer lines, whose parent is the module."""
+    for line in lines:
+        top[line] = module
+    return sum(_tally(line, top) for line in lines)
 
 
 def _tally_fields(node: cst.CSTNode, into: _Parents, skip: str) -> int:
