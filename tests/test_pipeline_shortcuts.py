@@ -261,7 +261,7 @@ def _wrapped_trees(paths: list[Path]) -> list[cst.Module]:
 
     seen: list[cst.Module] = []
     real = pipeline.wrapped_with_code
-    pipeline.wrapped_with_code = lambda module, original: seen.append(module) or real(module, original)
+    pipeline.wrapped_with_code = lambda module, original, code=None: seen.append(module) or real(module, original, code)
     try:
         for path in paths:
             adapt_source(path.read_text(), path.name, None, options_for(path))

@@ -533,7 +533,8 @@ class LazyMetadata(Mapping):
 
 
 class _StatementPositions(Mapping):
-    """libcst's PositionProvider, computed one top-level statement at a time when a node in it is first asked about.
+    """libcst's PositionProvider, computed one top-level statement at a time when a node in it is first asked about;
+    in a method of a class, one statement of the method's body at a time.
 
     Tracking positions costs three times plain code generation even done cheaply (transforms.positions), and the
     codemods ask about a few nodes in a few classes: the other statements are only generated as text, to count
