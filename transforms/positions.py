@@ -288,12 +288,7 @@ def _class_codegen(cls: cst.ClassDef, state: _LayoutState | _ReusingTextState,
     IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py holds the text and parents to a generation of the
     whole class)."""
     state.before_codegen(cls)
-    for line in cls.leading_lines:
-        line._codegen(state)
-    for decorator in cls.decorators:
-        decorator._codegen(state)
-    for line in cls.lines_after_decorators:
-        line._codegen(state)
+    _lines_above_codegen(cls, state)
     state.add_indent_tokens()
     state.add_token("class")
     cls.whitespace_after_class._codegen(state)
@@ -318,10 +313,7 @@ def _class_codegen(cls: cst.ClassDef, state: _LayoutState | _ReusingTextState,
     cls.whitespace_before_colon._codegen(state)
     state.add_token(":")
     block = cls.body
-    state.before_codegen(block)
-    block.header._codegen(state)
-    state.increase_indent(state.default_indent if block.indent is None else block.indent)
-    indent = tuple(state.indent_tokens)
+    indent = _block_start_codegen(block, state)
     for statement in block.body:  # not empty: it holds a method
         known = methods.get(statement)
         if known is not None and known.indent == indent:
@@ -330,10 +322,7 @@ def _class_codegen(cls: cst.ClassDef, state: _LayoutState | _ReusingTextState,
             _method_codegen(statement, state, statements)
         else:
             statement._codegen(state)
-    for line in block.footer:
-        line._codegen(state)
-    state.decrease_indent()
-    state.after_codegen(block)
+    _block_end_codegen(block, state)
     state.after_codegen(cls)
 
 
@@ -345,29 +334,44 @@ def _method_codegen(method: cst.FunctionDef, state: _LayoutState | _ReusingTextS
     method's own code is libcst's FunctionDef and IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py
     holds the text and parents to a generation of the whole method)."""
     state.before_codegen(method)
-    for line in method.leading_lines:
-        line._codegen(state)
-    for decorator in method.decorators:
-        decorator._codegen(state)
-    for line in method.lines_after_decorators:
-        line._codegen(state)
+    _lines_above_codegen(method, state)
     _def_line_codegen(method, state)
     block = method.body
-    state.before_codegen(block)
-    block.header._codegen(state)
-    state.increase_indent(state.default_indent if block.indent is None else block.indent)
-    indent = tuple(state.indent_tokens)
+    indent = _block_start_codegen(block, state)
     for statement in block.body:  # not empty: it holds a statement an earlier layout generated
         known = statements.get(statement)
         if known is not None and known.indent == indent:
             state.add_statement(statement, known)
         else:
             statement._codegen(state)
+    _block_end_codegen(block, state)
+    state.after_codegen(method)
+
+
+def _lines_above_codegen(node: cst.ClassDef | cst.FunctionDef, state: CodegenState) -> None:
+    """A class's or a function's blank lines and comments above it, and its decorators, as libcst generates them."""
+    for line in node.leading_lines:
+        line._codegen(state)
+    for decorator in node.decorators:
+        decorator._codegen(state)
+    for line in node.lines_after_decorators:
+        line._codegen(state)
+
+
+def _block_start_codegen(block: cst.IndentedBlock, state: CodegenState) -> tuple[str, ...]:
+    """libcst's IndentedBlock `_codegen_impl` up to its statements; the indent tokens they are generated under."""
+    state.before_codegen(block)
+    block.header._codegen(state)
+    state.increase_indent(state.default_indent if block.indent is None else block.indent)
+    return tuple(state.indent_tokens)
+
+
+def _block_end_codegen(block: cst.IndentedBlock, state: CodegenState) -> None:
+    """libcst's IndentedBlock `_codegen_impl` after its statements."""
     for line in block.footer:
         line._codegen(state)
     state.decrease_indent()
     state.after_codegen(block)
-    state.after_codegen(method)
 
 
 def _def_line_codegen(method: cst.FunctionDef, state: CodegenState) -> None:

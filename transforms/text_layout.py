@@ -74,11 +74,7 @@ def _class(cls: cst.ClassDef, below: _Parents, reader: _Reader, default_indent: 
     outside them go into `below`); None where a block is empty."""
     block = cls.body
     first = reader.line
-    reader.line += _tally_fields(cls, below, skip="body")
-    below[block] = cls
-    # The block's header and footer: the footer's lines come after the members, so they are counted there.
-    footer = sum(_tally(line, {}) for line in block.footer)
-    reader.line += _tally_fields(block, below, skip="body") - footer
+    footer = _tally_above_body(cls, below, reader)
     if not block.body:
         return None
     indent = (block.indent or default_indent,)
@@ -107,10 +103,7 @@ def _method(method: cst.FunctionDef, reader: _Reader, indent: tuple[str, ...], c
         reader.line += _tally(method, parents)
     else:
         block = method.body
-        reader.line += _tally_fields(method, parents, skip="body")
-        parents[block] = method
-        footer = sum(_tally(line, {}) for line in block.footer)
-        reader.line += _tally_fields(block, parents, skip="body") - footer
+        footer = _tally_above_body(method, parents, reader)
         if not block.body:
             return None
         inner = (*indent, block.indent or default_indent)
@@ -122,6 +115,17 @@ def _method(method: cst.FunctionDef, reader: _Reader, indent: tuple[str, ...], c
             statements[statement] = StatementLayout(start - first, inner, reader.text(start, reader.line), own)
         reader.line += footer
     return MethodLayout(first - class_line, indent, reader.text(first, reader.line), parents, statements)
+
+
+def _tally_above_body(node: cst.ClassDef | cst.FunctionDef, into: _Parents, reader: _Reader) -> int:
+    """Counts the lines of a class's or a function's code above the statements of its block (its parents into
+    `into`); the lines of the block's footer, which come after the statements, are returned to be counted there."""
+    block = node.body
+    reader.line += _tally_fields(node, into, skip="body")
+    into[block] = node
+    footer = sum(_tally(line, {}) for line in block.footer)
+    reader.line += _tally_fields(block, into, skip="body") - footer
+    return footer
 
 
 def _tally_lines(lines: list[cst.CSTNode], module: cst.Module, top: _Parents) -> int:
