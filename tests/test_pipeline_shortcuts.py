@@ -36,8 +36,9 @@ from graphmode.transforms.dispatch import Transformer, handled_types
 from graphmode.transforms.output import static_path
 from graphmode.transforms.parsed import ParsedSource, _child_nodes, _StatementPositions, _walk
 from graphmode.transforms.pipeline import adapt_source
-from graphmode.transforms.positions import code_for_node, function_parts_code, module_code, position_table, \
-    positions_and_parents
+from graphmode.transforms.positions import code_for_node, function_parts_code, layout_of, module_code, \
+    position_table, positions_and_parents
+from graphmode.transforms.text_layout import layout_of_parsed
 from test_codemods import CASES, options_for
 
 ROOT = Path(__file__).parents[1]
@@ -112,9 +113,10 @@ def _handed_on_with_earlier(source: str, options: Options) -> list[tuple[cst.Mod
 
 @pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::4]], ids=_ids)
 def test_a_layout_reusing_untouched_statements_is_the_layout_generated_whole(path):
-    """ParsedSource.generated copies the text and parents of the statements a codemod handed on as the same node:
-    the same text, parents, first lines and positions as a generation of the whole tree."""
-    reused = reused_methods = 0
+    """ParsedSource.generated copies the text and parents of the statements a codemod handed on as the same node
+    (top-level statements, methods, and statements of a method's body): the same text, parents, first lines and
+    positions as a generation of the whole tree."""
+    reused = reused_methods = reused_statements = 0
     for tree, handed, earlier in _handed_on_with_earlier(path.read_text(), options_for(path)):
         whole = ParsedSource.generated(tree)
         assert handed.text == whole.text == tree.code
@@ -131,10 +133,17 @@ def test_a_layout_reusing_untouched_statements_is_the_layout_generated_whole(pat
         changed = {s: methods for s, methods in handed.layout.statement_methods.items()
                    if s not in earlier.layout.statement_texts}
         reused_methods += sum(method in earlier_methods for methods in changed.values() for method in methods)
+        # In a method a codemod changed, the statements of its body it handed on as they were are copied too.
+        earlier_statements = {s for methods in earlier.layout.statement_methods.values() for known in methods.values()
+                              for s in known.statements}
+        reused_statements += sum(s in earlier_statements for methods in changed.values()
+                                 for method, known in methods.items() if method not in earlier_methods
+                                 for s in known.statements)
         for statement in kept:
             assert handed.positions[statement] == whole.positions[statement]
     if path.name == "model.py":
-        assert reused > 0 and reused_methods > 0  # not vacuous: the codemods hand untouched statements on as they were
+        # Not vacuous: the codemods hand untouched statements on as they were.
+        assert reused > 0 and reused_methods > 0 and reused_statements > 0
 
 
 def test_a_statement_reused_twice_is_parsed_again():
@@ -252,7 +261,7 @@ def _wrapped_trees(paths: list[Path]) -> list[cst.Module]:
 
     seen: list[cst.Module] = []
     real = pipeline.wrapped_with_code
-    pipeline.wrapped_with_code = lambda module, original: seen.append(module) or real(module, original)
+    pipeline.wrapped_with_code = lambda module, original, code=None: seen.append(module) or real(module, original, code)
     try:
         for path in paths:
             adapt_source(path.read_text(), path.name, None, options_for(path))
@@ -603,9 +612,9 @@ def _trees_split(path: Path, monkeypatch) -> list[tuple[cst.Module, cst.Module]]
     """The (original, adapted) trees the chain hands keep_original_path for the file."""
     real, seen = static_path.keep_original_path, []
 
-    def recorded(original, adapted, original_text=None):
+    def recorded(original, adapted, original_text=None, method_text=None):
         seen.append((original, adapted))
-        return real(original, adapted, original_text)
+        return real(original, adapted, original_text, method_text)
 
     monkeypatch.setattr(pipeline, "keep_original_path", recorded)
     adapt_source(path.read_text(), path.name, None, options_for(path))
@@ -726,3 +735,54 @@ def test_statements_by_start_reach_every_kind_of_body():
     assert parsed._statements_by_start == {start: nodes for start, nodes in everything.items() if nodes}
     statements = sum(isinstance(node, ast.stmt) for node in _walk(parsed.tree))
     assert sum(map(len, parsed._statements_by_start.values())) == statements
+
+
+_ODD_LAYOUTS = [
+    # Windows line ends, a backslash continuation, a triple-quoted string, a form feed in a comment.
+    "import os\r\nx = 1 + \\\r\n    2\r\n\r\nclass A:\r\n    '''doc\r\n    more'''\r\n    def f(self):  # \x0c\r\n"
+    "        return '''a\r\nb'''\r\n",
+    # Decorators over lines, comments closing a method's body and a class's, a one-line method, async, a nested class.
+    "class A(\n    object,\n):\n    @property\n    @decorate(\n        1,\n    )\n    def f(self):\n        x = 1\n"
+    "        # closes f\n    def g(self): return 2\n\n    async def h(self):\n        if x:\n            pass\n"
+    "        # closes h's if\n    class B:\n        def i(self):\n            pass\n    # closes A\n\n# footer\n",
+    "x = (1,\n     2)\n",  # no class
+]
+
+
+@pytest.mark.parametrize("source", [*_ODD_LAYOUTS, *(p.read_text() for p in SOURCES)],
+                         ids=[f"odd{i}" for i in range(len(_ODD_LAYOUTS))] + [_ids(p) for p in SOURCES])
+def test_the_layout_read_off_the_text_is_the_generated_one(source):
+    """A tree parsed from a text takes its layout from the text (text_layout): the same parents, lines, texts and
+    methods as a generation of its code (positions.layout_of)."""
+    module = cst.parse_module(source)
+    read, generated = layout_of_parsed(module, source), layout_of(module)
+    assert read is not None
+    for field in dataclasses.fields(read):
+        assert getattr(read, field.name) == getattr(generated, field.name), field.name
+
+
+def test_a_text_whose_code_differs_is_laid_out_by_generating_it():
+    """libcst leaves out a module's last line break where the text has none (and an old Mac file's last `\\r`): such
+    a text is generated instead."""
+    assert layout_of_parsed(cst.parse_module("x = 1"), "x = 1") is None
+    assert layout_of_parsed(cst.parse_module("x = (1,\r     2)\r"), "x = (1,\r     2)\r") is None
+    parsed = ParsedSource("class A:\n    def f(self):\n        return 1")
+    assert parsed.layout == layout_of(parsed.module)
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, *CASES[::3]], ids=_ids)
+def test_the_output_copying_what_the_layouts_generated_is_its_code(path, monkeypatch):
+    """The chain's output text copies the code its layouts generated for the statements, methods and statements of
+    methods the output holds as the same nodes (positions.module_code_reusing): the code libcst generates."""
+    real, checked = pipeline.module_code_reusing, []
+
+    def compared(module, layouts):
+        text = real(module, layouts)
+        assert text == module.code
+        checked.append(len(layouts))
+        return text
+
+    monkeypatch.setattr(pipeline, "module_code_reusing", compared)
+    adapt_source(path.read_text(), path.name, None, options_for(path))
+    if path.name == "model.py":
+        assert checked and checked[0] > 0  # not vacuous: the chain's layouts were there to copy from

@@ -19,7 +19,9 @@ from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from graphmode.transforms.analysis.astutil import is_position_param
 from graphmode.transforms.analysis.reach import step_qualnames_in
-from graphmode.transforms.positions import Layout, Span, layout_of, method_position_table, position_table
+from graphmode.transforms.positions import (Layout, MethodLayout, Span, code_for_node, layout_of,
+                                              method_position_table, newlines_in, position_table)
+from graphmode.transforms.text_layout import layout_of_parsed
 
 
 class ParsedSource:
@@ -76,8 +78,11 @@ class ParsedSource:
 
     @cached_property
     def layout(self) -> Layout:
-        """Parents and the first lines of top-level statements, recorded in one generation of the code."""
-        found = layout_of(self.module)
+        """Parents and the first lines of top-level statements, recorded in one generation of the code; read off the
+        text instead where the tree is the text's parse (text_layout)."""
+        found = layout_of_parsed(self.module, self.text) if self._module is None else None
+        if found is None:
+            found = layout_of(self.module)
         assert found.parents is not None, "a parsed tree holds each node once"
         return found
 
@@ -528,7 +533,8 @@ class LazyMetadata(Mapping):
 
 
 class _StatementPositions(Mapping):
-    """libcst's PositionProvider, computed one top-level statement at a time when a node in it is first asked about.
+    """libcst's PositionProvider, computed one top-level statement at a time when a node in it is first asked about;
+    in a method of a class, one statement of the method's body at a time.
 
     Tracking positions costs three times plain code generation even done cheaply (transforms.positions), and the
     codemods ask about a few nodes in a few classes: the other statements are only generated as text, to count
@@ -552,16 +558,20 @@ class _StatementPositions(Mapping):
             return CodeRange(*self._whole[node])
         methods = self._source.layout.statement_methods.get(statement)
         if statement not in self._done and methods:
-            # A node in a method of a class: the method's table alone (a codemod asks about a few methods of a class).
-            method = self._method_holding(node, methods)
+            # A node in a method of a class: the table of the method alone, or of the statement of its body that holds
+            # the node (a codemod asks about a few methods of a class, and a few statements of each).
+            method, in_body = self._method_holding(node, methods)
+            if node is method and (span := self._method_span(method, methods[method])) is not None:
+                start, end = span
+                shift = self._source.layout.first_lines[statement] - 1
+                return CodeRange((start[0] + shift, start[1]), (end[0] + shift, end[1]))
             if method is not None:
-                line, indent = methods[method].line, methods[method].indent
-                table = self._methods.get((method, indent))
-                if table is None:
-                    module = self._source.module
-                    table = self._methods[method, indent] = method_position_table(
-                        method, indent, (module.default_indent, module.default_newline))
-                (start_line, start_column), (end_line, end_column) = table[node]
+                known = methods[method]
+                # A node in a statement of the method's body: the table of that statement alone (a codemod asks about
+                # a few statements of a method, and asks again after each codemod that rewrote the method).
+                part, line, indent = (method, known.line, known.indent) if in_body not in known.statements else \
+                    (in_body, known.line + known.statements[in_body].line, known.statements[in_body].indent)
+                (start_line, start_column), (end_line, end_column) = self._table(part, indent)[node]
                 shift = self._source.layout.first_lines[statement] + line - 1
                 return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
         if statement not in self._done:
@@ -571,19 +581,49 @@ class _StatementPositions(Mapping):
         shift = self._source.layout.first_lines[statement] - 1
         return CodeRange((start_line + shift, start_column), (end_line + shift, end_column))
 
+    def _table(self, part: cst.CSTNode, indent: tuple[str, ...]) -> dict[cst.CSTNode, Span]:
+        """The position table of a method or of a statement of its body, generated alone under its indent tokens."""
+        table = self._methods.get((part, indent))
+        if table is None:
+            module = self._source.module
+            table = self._methods[part, indent] = method_position_table(
+                part, indent, (module.default_indent, module.default_newline))
+        return table
+
+    def _method_span(self, method: cst.FunctionDef, known: MethodLayout) -> Span | None:
+        """A method's own position, lines counted from its class's first line, without the table of the whole method
+        (a codemod that records an edit of a whole method asks only this): libcst's starts after the indent of the
+        `def` line and ends where the body's last statement does. None where a comment block ends the body."""
+        body = method.body
+        if type(body) is not cst.IndentedBlock or body.footer or not body.body:
+            return None
+        module = self._source.module
+        above = len(method.leading_lines) + len(method.lines_after_decorators) + sum(
+            newlines_in(code_for_node(decorator, module.default_indent, module.default_newline))
+            for decorator in method.decorators)
+        last = body.body[-1]
+        end_line, end_column = self._table(last, known.statements[last].indent)[last][1]
+        start = (known.line + above + 1, len("".join(known.indent)))
+        return start, (known.line + known.statements[last].line + end_line, end_column)
+
     def carry(self, earlier: _StatementPositions, statements: Mapping[cst.CSTNode, int]) -> None:
         """Takes the tables `earlier` computed for the statements this source holds as the same nodes: a statement's
         table is of the statement generated alone, so it holds wherever the statement sits."""
         self._done.update((statement, table) for statement, table in earlier._done.items() if statement in statements)
         self._methods = earlier._methods  # a method's table holds wherever it sits under the same indent
 
-    def _method_holding(self, node: cst.CSTNode, methods: Mapping[cst.CSTNode, object]) -> cst.CSTNode | None:
+    def _method_holding(self, node: cst.CSTNode, methods: Mapping[cst.CSTNode, object]
+                        ) -> tuple[cst.CSTNode | None, cst.CSTNode | None]:
+        """The method of `methods` that holds the node (None when none does), and the node two levels under it on the
+        way (a statement of its body, where the node is in one)."""
         parents = self._source.parents
+        below: list[cst.CSTNode | None] = [None, None]
         while node not in methods:
+            below.append(node)
             node = parents.get(node)
             if node is None:
-                return None
-        return node
+                return None, None
+        return node, below[-2]
 
     def __iter__(self) -> Iterator:
         raise TypeError("positions are computed per node; iterate the tree instead")

@@ -20,6 +20,7 @@ from graphmode.transforms.output.static_path import (already_adapted, fork_lines
                                               twin_spans)
 from graphmode.transforms.output.tidy import tidy
 from graphmode.transforms.parsed import ParsedSource
+from graphmode.transforms.positions import module_code_reusing
 
 
 @dataclass
@@ -132,11 +133,14 @@ def _run_chain(source: str, path: str, names: set[str], options: Options) -> Fil
         # The static path is an addition: every function the chain changed keeps its original body beside it.
         result.static_view = current
         # The helpers the codemods inserted go to graphmode_static.py beside the file, which it imports.
-        split = move_helpers_out(keep_original_path(original.module, parsed.module, source), original.module, source)
+        split = move_helpers_out(keep_original_path(original.module, parsed.module, source, parsed.method_text),
+                                 original.module, source)
         module = tidy(split)
         if options.entry_class is None:  # no entries, so no `setup_caches` for graphmode's words to point to
             module = without_entry_promises(module, source)
-        current = wrapped_with_code(module, source)[1]
+        # The statements, methods and statements of methods the chain's layouts generated are not generated again.
+        layouts = [found.__dict__["layout"] for found in (original, parsed) if "layout" in found.__dict__]
+        current = wrapped_with_code(module, source, module_code_reusing(module, layouts))[1]
         ast.parse(current)  # the output always parses; a failure here is a codemod bug
         if current == source:  # the chain only renamed parameters, and the original body serves as it is
             result.applied, result.edits, result.static_view = [], [], ""

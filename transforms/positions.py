@@ -35,11 +35,22 @@ class Layout:
     # The methods of each top-level class (`MethodLayout`): what a later layout reuses of a method handed on as the
     # same node in a class a codemod changed, and what a position table of the method alone needs.
     statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]]
+    top: dict[cst.CSTNode, cst.CSTNode]  # the parents of the module's own children (the module)
 
 
 class MethodLayout(NamedTuple):
     line: int  # where the method starts (leading lines included), in lines after its class's first line
     indent: tuple[str, ...]  # the indent tokens its code was generated under (`method_position_table`)
+    text: str
+    parents: dict[cst.CSTNode, cst.CSTNode]  # of the nodes under it (those under the statements of its body aside)
+    # Each statement of its body (`StatementLayout`): a position in one is read off a table of that statement alone,
+    # and a later layout copies one handed on as the same node into a method a codemod changed.
+    statements: dict[cst.CSTNode, StatementLayout]
+
+
+class StatementLayout(NamedTuple):
+    line: int  # where the statement starts (leading lines included), in lines after its method's first line
+    indent: tuple[str, ...]  # the indent tokens its code was generated under
     text: str
     parents: dict[cst.CSTNode, cst.CSTNode]  # of the nodes under it
 
@@ -137,52 +148,147 @@ def layout_of(module: cst.Module, earlier: Layout | None = None) -> Layout:
     if earlier is None or earlier.defaults != defaults or not module.has_trailing_newline:
         module._codegen(state)
     else:
-        # libcst's Module._codegen with the statements `earlier` holds copied (tests/test_pipeline_shortcuts.py holds
-        # the text to libcst's). A module without a trailing newline drops its last token: generated above.
-        state.before_codegen(module)
-        for line in module.header:
-            line._codegen(state)
-        methods = {method: layout for known in earlier.statement_methods.values() for method, layout in known.items()}
-        for statement in module.body:
-            text = earlier.statement_texts.get(statement)
-            if text is None:
-                if type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock \
-                        and any(method in methods for method in statement.body.body):
-                    _class_codegen(statement, state, methods)  # a class a codemod changed: its other methods copied
-                else:
-                    statement._codegen(state)
-            else:
-                state.add_generated(statement, text, earlier.statement_parents[statement],
-                                    earlier.statement_methods.get(statement))
-        for line in module.footer:
-            line._codegen(state)
-        if not state.tokens:
-            state.add_token(state.default_newline)
-        state.after_codegen(module)
-    parents = dict(state.top)
-    for below in state.statement_parents.values():
-        parents.update(below)
-    held = len(state.top) + sum(map(len, state.statement_parents.values()))
-    for methods in state.statement_methods.values():
-        for method in methods.values():
-            parents.update(method.parents)
-            held += len(method.parents)
-    duplicated = state.duplicated or len(parents) != held
+        _codegen_reusing(module, state, [earlier])
+    parts = _parent_tables(state.statement_parents, state.statement_methods)
+    parents = _merged(state.top, parts, earlier)
+    # A node held in two places has one entry for both: the union is smaller than the tables together.
+    duplicated = state.duplicated or len(parents) != len(state.top) + sum(map(len, parts))
     return Layout("".join(state.tokens), None if duplicated else parents, state.first_lines, state.statement_texts,
-                  state.statement_parents, defaults, state.statement_methods)
+                  state.statement_parents, defaults, state.statement_methods, state.top)
 
 
-def _class_codegen(cls: cst.ClassDef, state: _LayoutState, methods: dict[cst.CSTNode, MethodLayout]) -> None:
-    """`cls._codegen(state)` with the methods an earlier layout generated under the same indent copied from it. The
-    class's own code is libcst's ClassDef and IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py holds
-    the text and parents to a generation of the whole class)."""
+def module_code_reusing(module: cst.Module, layouts: list[Layout]) -> str:
+    """`module_code(module)`, with the code of what `layouts` generated copied where the module holds the same node:
+    its statements, the methods of its classes and the statements of their bodies."""
+    defaults = (module.default_indent, module.default_newline)
+    usable = [layout for layout in layouts if layout.defaults == defaults]
+    if not usable or not module.has_trailing_newline:
+        return module_code(module)
+    state = _ReusingTextState(*defaults)
+    _codegen_reusing(module, state, usable)
+    return "".join(state.tokens)
+
+
+def _codegen_reusing(module: cst.Module, state: _LayoutState | _ReusingTextState, earlier: list[Layout]) -> None:
+    """libcst's Module._codegen with the statements the `earlier` layouts hold copied (tests/test_pipeline_shortcuts.py
+    holds the text to libcst's). A module without a trailing newline drops its last token: not for this."""
+    state.before_codegen(module)
+    for line in module.header:
+        line._codegen(state)
+    methods, statements = _known_parts(earlier)
+    for statement in module.body:
+        found = next((layout for layout in earlier if statement in layout.statement_texts), None)
+        if found is not None:
+            state.add_generated(statement, found.statement_texts[statement], found.statement_parents[statement],
+                                found.statement_methods.get(statement))
+        else:
+            _statement_codegen(statement, state, methods, statements)
+    for line in module.footer:
+        line._codegen(state)
+    if not state.tokens:
+        state.add_token(state.default_newline)
+    state.after_codegen(module)
+
+
+def _known_parts(earlier: list[Layout]
+                 ) -> tuple[dict[cst.CSTNode, MethodLayout], dict[cst.CSTNode, StatementLayout]]:
+    """The methods the layouts generated, and the statements of their bodies."""
+    methods = {method: layout for found in earlier for known in found.statement_methods.values()
+               for method, layout in known.items()}
+    statements = {statement: layout for method in methods.values() for statement, layout in method.statements.items()}
+    return methods, statements
+
+
+def _statement_codegen(statement: cst.CSTNode, state: _LayoutState | _ReusingTextState,
+                       methods: dict[cst.CSTNode, MethodLayout],
+                       statements: dict[cst.CSTNode, StatementLayout]) -> None:
+    """A statement of the module's body no earlier layout generated: a class a codemod changed takes its other methods
+    from them, and in those it changed, the statements it kept."""
+    if type(statement) is cst.ClassDef and type(statement.body) is cst.IndentedBlock and any(
+            member in methods or _holds_known(member, statements) for member in statement.body.body):
+        _class_codegen(statement, state, methods, statements)
+    else:
+        statement._codegen(state)
+
+
+class _ReusingTextState(_TextState):
+    """_TextState that takes the code an earlier layout generated (`_codegen_reusing`)."""
+
+    def __init__(self, default_indent: str, default_newline: str) -> None:
+        super().__init__(default_indent=default_indent, default_newline=default_newline)
+
+    def add_method(self, method: cst.CSTNode, known: MethodLayout) -> None:
+        self.tokens.append(known.text)
+
+    def add_statement(self, statement: cst.CSTNode, known: StatementLayout) -> None:
+        self.tokens.append(known.text)
+
+    def add_generated(self, statement: cst.CSTNode, text: str, below: object, methods: object) -> None:
+        self.tokens.append(text)
+
+
+def all_parents(top: dict[cst.CSTNode, cst.CSTNode],
+                statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]],
+                statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]]
+                ) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`Layout.parents` from a layout's other tables."""
+    return _merged(top, _parent_tables(statement_parents, statement_methods), None)
+
+
+def _parent_tables(statement_parents: dict[cst.CSTNode, dict[cst.CSTNode, cst.CSTNode]],
+                   statement_methods: dict[cst.CSTNode, dict[cst.CSTNode, MethodLayout]]
+                   ) -> list[dict[cst.CSTNode, cst.CSTNode]]:
+    """The parents tables of a layout's statements and methods: together, every node's parent but the module's own
+    children's."""
+    methods = [method for known in statement_methods.values() for method in known.values()]
+    return [*statement_parents.values(), *(method.parents for method in methods),
+            *(statement.parents for method in methods for statement in method.statements.values())]
+
+
+def _merged(top: dict[cst.CSTNode, cst.CSTNode], parts: list[dict[cst.CSTNode, cst.CSTNode]],
+            earlier: Layout | None) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`top` and `parts` in one table. From an earlier layout's table where there is one: the tables of what a
+    codemod handed on as it was are the same objects, so only the nodes of the tables it dropped are taken out and
+    those of its new ones put in (merging every table again was a twentieth of the chain)."""
+    if earlier is None or earlier.parents is None:
+        merged = dict(top)
+        for part in parts:
+            merged.update(part)
+        return merged
+    return _merged_from(earlier, top, parts)
+
+
+def _merged_from(earlier: Layout, top: dict[cst.CSTNode, cst.CSTNode], parts: list[dict[cst.CSTNode, cst.CSTNode]]
+                 ) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`_merged` from the earlier layout's table."""
+    merged = dict(earlier.parents)
+    now = {id(part) for part in parts}
+    for part in [earlier.top, *_parent_tables(earlier.statement_parents, earlier.statement_methods)]:
+        if id(part) not in now:  # earlier's tables are disjoint (it held each node once): each node goes once
+            for node in part:
+                del merged[node]
+    then = {id(part) for part in _parent_tables(earlier.statement_parents, earlier.statement_methods)}
+    merged.update(top)
+    for part in parts:
+        if id(part) not in then:
+            merged.update(part)
+    return merged
+
+
+def _holds_known(member: cst.CSTNode, statements: dict[cst.CSTNode, StatementLayout]) -> bool:
+    """The member of a class is a method whose body holds a statement an earlier layout generated."""
+    return type(member) is cst.FunctionDef and type(member.body) is cst.IndentedBlock \
+        and any(statement in statements for statement in member.body.body)
+
+
+def _class_codegen(cls: cst.ClassDef, state: _LayoutState | _ReusingTextState,
+                   methods: dict[cst.CSTNode, MethodLayout], statements: dict[cst.CSTNode, StatementLayout]) -> None:
+    """`cls._codegen(state)` with the methods an earlier layout generated under the same indent copied from it, and
+    the statements it generated in the others (`_method_codegen`). The class's own code is libcst's ClassDef and
+    IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py holds the text and parents to a generation of the
+    whole class)."""
     state.before_codegen(cls)
-    for line in cls.leading_lines:
-        line._codegen(state)
-    for decorator in cls.decorators:
-        decorator._codegen(state)
-    for line in cls.lines_after_decorators:
-        line._codegen(state)
+    _lines_above_codegen(cls, state)
     state.add_indent_tokens()
     state.add_token("class")
     cls.whitespace_after_class._codegen(state)
@@ -207,24 +313,100 @@ def _class_codegen(cls: cst.ClassDef, state: _LayoutState, methods: dict[cst.CST
     cls.whitespace_before_colon._codegen(state)
     state.add_token(":")
     block = cls.body
-    state.before_codegen(block)
-    block.header._codegen(state)
-    state.increase_indent(state.default_indent if block.indent is None else block.indent)
-    indent = tuple(state.indent_tokens)
+    indent = _block_start_codegen(block, state)
     for statement in block.body:  # not empty: it holds a method
         known = methods.get(statement)
         if known is not None and known.indent == indent:
             state.add_method(statement, known)
+        elif _holds_known(statement, statements):
+            _method_codegen(statement, state, statements)
         else:
             statement._codegen(state)
+    _block_end_codegen(block, state)
+    state.after_codegen(cls)
+
+
+def _method_codegen(method: cst.FunctionDef, state: _LayoutState | _ReusingTextState,
+                    statements: dict[cst.CSTNode, StatementLayout]
+                    ) -> None:
+    """`method._codegen(state)` with the statements of its body an earlier layout generated under the same indent
+    copied from it: a codemod that rewrites one statement of a long `forward` hands the others on as they were. The
+    method's own code is libcst's FunctionDef and IndentedBlock `_codegen_impl` (tests/test_pipeline_shortcuts.py
+    holds the text and parents to a generation of the whole method)."""
+    state.before_codegen(method)
+    _lines_above_codegen(method, state)
+    _def_line_codegen(method, state)
+    block = method.body
+    indent = _block_start_codegen(block, state)
+    for statement in block.body:  # not empty: it holds a statement an earlier layout generated
+        known = statements.get(statement)
+        if known is not None and known.indent == indent:
+            state.add_statement(statement, known)
+        else:
+            statement._codegen(state)
+    _block_end_codegen(block, state)
+    state.after_codegen(method)
+
+
+def _lines_above_codegen(node: cst.ClassDef | cst.FunctionDef, state: CodegenState) -> None:
+    """A class's or a function's blank lines and comments above it, and its decorators, as libcst generates them."""
+    for line in node.leading_lines:
+        line._codegen(state)
+    for decorator in node.decorators:
+        decorator._codegen(state)
+    for line in node.lines_after_decorators:
+        line._codegen(state)
+
+
+def _block_start_codegen(block: cst.IndentedBlock, state: CodegenState) -> tuple[str, ...]:
+    """libcst's IndentedBlock `_codegen_impl` up to its statements; the indent tokens they are generated under."""
+    state.before_codegen(block)
+    block.header._codegen(state)
+    state.increase_indent(state.default_indent if block.indent is None else block.indent)
+    return tuple(state.indent_tokens)
+
+
+def _block_end_codegen(block: cst.IndentedBlock, state: CodegenState) -> None:
+    """libcst's IndentedBlock `_codegen_impl` after its statements."""
     for line in block.footer:
         line._codegen(state)
     state.decrease_indent()
     state.after_codegen(block)
-    state.after_codegen(cls)
 
 
-def _newlines(value: str) -> int:
+def _def_line_codegen(method: cst.FunctionDef, state: CodegenState) -> None:
+    """libcst's FunctionDef `_codegen_impl` from the indent of the `def` line up to its colon."""
+    state.add_indent_tokens()
+    if method.asynchronous is not None:
+        method.asynchronous._codegen(state)
+    state.add_token("def")
+    method.whitespace_after_def._codegen(state)
+    method.name._codegen(state)
+    method.whitespace_after_name._codegen(state)
+    if method.type_parameters is not None:
+        method.type_parameters._codegen(state)
+    method.whitespace_after_type_parameters._codegen(state)
+    state.add_token("(")
+    method.whitespace_before_params._codegen(state)
+    method.params._codegen(state)
+    state.add_token(")")
+    if method.returns is not None:
+        method.returns._codegen(state, default_indicator="->")
+    method.whitespace_before_colon._codegen(state)
+    state.add_token(":")
+
+
+def _is_method(node: cst.CSTNode, cls: cst.CSTNode, parent: cst.CSTNode) -> bool:
+    """A node three levels under the module is a method of a top-level class."""
+    return type(node) is cst.FunctionDef and type(cls) is cst.ClassDef and type(parent) is cst.IndentedBlock
+
+
+def _in_block(node: cst.CSTNode, parent: cst.CSTNode) -> bool:
+    """The node is a statement of the block it is in."""
+    return type(parent) is cst.IndentedBlock and isinstance(node, cst.BaseStatement)
+
+
+def newlines_in(value: str) -> int:
     return value.count("\n") + value.count("\r") - value.count("\r\n")  # libcst's newlines: \r\n, \r and \n
 
 
@@ -244,30 +426,47 @@ class _LayoutState(_TextState):
         self._statement_start = 0  # the token the statement being generated starts at
         self._method: cst.CSTNode | None = None  # the method of a top-level class being generated
         self._method_start = (0, 0, ())  # its first line, first token and indent tokens
+        self._method_statements: dict[cst.CSTNode, StatementLayout] = {}  # MethodLayout.statements
+        self._method_parents: dict[cst.CSTNode, cst.CSTNode] = {}  # MethodLayout.parents
+        self._body_statement: cst.CSTNode | None = None  # the statement of that method's body being generated
+        self._body_statement_start = (0, 0, ())  # its first line, first token and indent tokens
 
     def add_token(self, value: str) -> None:
         self.tokens.append(value)
         if "\n" in value or "\r" in value:
-            self.line += _newlines(value)
+            self.line += newlines_in(value)
 
     def before_codegen(self, node: cst.CSTNode) -> None:
         # Called for every node of the tree: one look-up of each table, and a node already held is seen by the size.
+        # Only a node less than six levels down (the module's statements, a class's methods, their statements) is
+        # looked at further.
         generating, parents = self._generating, self._into
-        if generating:
+        depth = len(generating)
+        if depth:
             parent = generating[-1]
             held = len(parents)
             parents[node] = parent
             if len(parents) == held:
                 self.duplicated = True
-            if parent is self.module and isinstance(node, cst.BaseStatement):
-                self.first_lines[node] = self.line
-                self._into = self.statement_parents[node] = {}
-                self._statement_start = len(self.tokens)
-            elif type(node) is cst.FunctionDef and len(generating) == 3 and type(generating[1]) is cst.ClassDef \
-                    and type(parent) is cst.IndentedBlock:  # a method of a top-level class: its parents on their own
-                self._method, self._method_start = node, (self.line, len(self.tokens), tuple(self.indent_tokens))
-                self._into = {}
+            if depth < 6:
+                self._note_start(node, depth, parent)
         generating.append(node)
+
+    def _note_start(self, node: cst.CSTNode, depth: int, parent: cst.CSTNode) -> None:
+        """Where a statement of the module's body, a method of a top-level class or a statement of its body starts, and
+        the table its nodes' parents go into."""
+        if depth == 1 and isinstance(node, cst.BaseStatement):  # a statement of the module's body
+            self.first_lines[node] = self.line
+            self._into = self.statement_parents[node] = {}
+            self._statement_start = len(self.tokens)
+        elif depth == 3 and _is_method(node, self._generating[1], parent):
+            self._method, self._method_start = node, (self.line, len(self.tokens), tuple(self.indent_tokens))
+            self._into = self._method_parents = {}  # a method's parents on their own
+            self._method_statements = {}
+        elif depth == 5 and self._generating[3] is self._method and _in_block(node, parent):
+            self._body_statement = node  # a statement of the body of that method
+            self._body_statement_start = (self.line, len(self.tokens), tuple(self.indent_tokens))
+            self._into = {}
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         generating = self._generating
@@ -276,8 +475,14 @@ class _LayoutState(_TextState):
             line, start, indent = self._method_start
             statement = generating[1]
             self.statement_methods.setdefault(statement, {})[node] = MethodLayout(
-                line - self.first_lines[statement], indent, "".join(self.tokens[start:]), self._into)
+                line - self.first_lines[statement], indent, "".join(self.tokens[start:]), self._into,
+                self._method_statements)
             self._into, self._method = self.statement_parents[statement], None
+        elif node is self._body_statement:
+            line, start, indent = self._body_statement_start
+            self._method_statements[node] = StatementLayout(line - self._method_start[0], indent,
+                                                            "".join(self.tokens[start:]), self._into)
+            self._into, self._body_statement = self._method_parents, None
         elif len(generating) == 1 and self._into is not self.top:  # the end of a statement of the module's body
             self.statement_texts[node] = "".join(self.tokens[self._statement_start:])
             self._into = self.top
@@ -292,6 +497,17 @@ class _LayoutState(_TextState):
             self.duplicated = True
         self.statement_methods.setdefault(statement, {})[method] = known._replace(
             line=self.line - self.first_lines[statement])
+        self.add_token(known.text)
+
+    def add_statement(self, statement: cst.CSTNode, known: StatementLayout) -> None:
+        """A statement of the body of the method being generated, as an earlier layout generated it under the same
+        indent."""
+        parents = self._into
+        held = len(parents)
+        parents[statement] = self._generating[-1]
+        if len(parents) == held:
+            self.duplicated = True
+        self._method_statements[statement] = known._replace(line=self.line - self._method_start[0])
         self.add_token(known.text)
 
     def add_generated(self, statement: cst.CSTNode, text: str, below: dict[cst.CSTNode, cst.CSTNode],
@@ -321,7 +537,8 @@ def method_position_table(method: cst.FunctionDef, indent: tuple[str, ...], defa
                           ) -> dict[cst.CSTNode, Span]:
     """`position_table` of the nodes of one method, generated alone under the indent tokens its class gives it (what
     `Layout.statement_methods` records), with lines counted from the method's own first line: a node's line in the
-    module is its line here plus the method's first line less one, its column the same."""
+    module is its line here plus the method's first line less one, its column the same. The same for one statement
+    of a method's body under its own indent tokens (`MethodLayout.statements`)."""
     state = _PositionState(*defaults)
     state.indent_tokens.extend(indent)
     method._codegen(state)
@@ -354,7 +571,7 @@ class _PositionState(CodegenState):
     def add_token(self, value: str) -> None:
         self.tokens.append(value)
         if "\n" in value or "\r" in value:
-            self.line += _newlines(value)
+            self.line += newlines_in(value)
             self.column = len(value) - max(value.rfind("\n"), value.rfind("\r")) - 1
         else:
             self.column += len(value)

@@ -30,11 +30,13 @@ def wrap_long_lines(module: cst.Module, original: str) -> cst.Module:
     return wrapped_with_code(module, original)[0]
 
 
-def wrapped_with_code(module: cst.Module, original: str) -> tuple[cst.Module, str]:
-    """`wrap_long_lines` and the wrapped module's code, which it generates anyway (once per round)."""
+def wrapped_with_code(module: cst.Module, original: str, code: str | None = None) -> tuple[cst.Module, str]:
+    """`wrap_long_lines` and the wrapped module's code, which it generates anyway (once per round). `code`: the
+    module's code, where the caller has it."""
     known = set(original.splitlines())
     limit = max([MIN_LIMIT, *(len(line) for line in known)])
-    code = module_code(module)
+    if code is None:
+        code = module_code(module)
     for _ in range(_ROUNDS):
         lines = code.splitlines()
         long = {number for number, line in enumerate(lines, 1) if len(line) > limit and line not in known}

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -124,12 +124,14 @@ class _Texts:
         return self.after_leading_lines(stmt).strip()
 
 
-def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None) -> cst.Module:
+def keep_original_path(original: cst.Module, adapted: cst.Module, original_text: str | None = None,
+                       method_text: Callable[[cst.CSTNode], str | None] | None = None) -> cst.Module:
     """The adapted module with every function the chain changed split into its original and its static twin.
-    `original_text`: the original's code, where the caller has it (else it is generated again)."""
+    `original_text`: the original's code, where the caller has it (else it is generated again); `method_text`: the
+    code of a method of `adapted`, where the caller has it (ParsedSource.method_text)."""
     texts = _Texts()
     # The merged projections are the model's own computation off the static path too: both paths share them.
-    original = shared_merges(original, adapted)
+    original = shared_merges(original, adapted, method_text)
     originals = dict(qualified_functions(original))
     changed = {q: f for q, f in qualified_functions(adapted) if q in originals and not _same(originals[q], f, texts)}
     changed = {q: f for q, f in changed.items() if q.rsplit(".", 1)[-1] not in _KEPT_AS_CHANGED}

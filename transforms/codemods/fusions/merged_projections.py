@@ -21,6 +21,8 @@ did; only the kernel's blocking may differ, and with it float rounding.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -251,19 +253,23 @@ def _commented(stmt: cst.BaseStatement, why: str) -> cst.BaseStatement:
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, comment])
 
 
-def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
+def shared_merges(original: cst.Module, adapted: cst.Module,
+                  method_text: Callable[[cst.CSTNode], str | None] | None = None) -> cst.Module:
     """`original` with, in each function, the merges the chain wrote in its adapted form: off the static path
     `graphmode_merged_linear` calls each linear as written, so the merged call is the model's own computation on
     both paths, and the code both share holds it once instead of a fork around the projections
     (transforms/output/static_path.py). A merge goes where the same projections of the same input are; the NPU form
-    (`split=False` under a fused activation) is a static path's alone and stays there."""
+    (`split=False` under a fused activation) is a static path's alone and stays there. `method_text`: the code of a
+    method of `adapted` as the chain already generated it (ParsedSource.method_text), or None; a method whose code
+    does not name the helper holds no merge, and its calls are not walked."""
     # A function the chain handed on as it was parsed (the same node) holds no merge: only the others are read, and
     # of those only the ones the original has (a merge goes into the original's function of that name): the
     # functions the chain added, its helpers and entries, are some 30 on a llama file.
     own = {qualname: id(function) for qualname, function in qualified_functions(original)}
     untouched = set(own.values())
     written = {qualname: merges for qualname, function in qualified_functions(adapted)
-               if qualname in own and id(function) not in untouched and (merges := _merged_calls(function))}
+               if qualname in own and id(function) not in untouched and _may_hold_merge(function, method_text)
+               and (merges := _merged_calls(function))}
     if not written:
         return original
 
@@ -301,6 +307,11 @@ def shared_merges(original: cst.Module, adapted: cst.Module) -> cst.Module:
             return with_blocks(original_node, new_blocks) if new_blocks else updated_node
 
     return original.visit(_Merge())
+
+
+def _may_hold_merge(function: cst.FunctionDef, method_text: Callable[[cst.CSTNode], str | None] | None) -> bool:
+    text = method_text(function) if method_text is not None else None
+    return text is None or HELPER in text
 
 
 def _merged_calls(function: cst.FunctionDef) -> list[tuple[str, tuple[str, ...]]]:
