@@ -762,10 +762,11 @@ def test_the_layout_read_off_the_text_is_the_generated_one(source):
 
 
 def test_a_text_whose_code_differs_is_laid_out_by_generating_it():
-    """libcst leaves out a module's last line break where the text has none (and an old Mac file's last `\\r`): such
-    a text is generated instead."""
+    """libcst leaves out a module's last line break where the text has none (and an old Mac file's last `\\r`), and a
+    byte-order mark: such a text is generated instead."""
     assert layout_of_parsed(cst.parse_module("x = 1"), "x = 1") is None
     assert layout_of_parsed(cst.parse_module("x = (1,\r     2)\r"), "x = (1,\r     2)\r") is None
+    assert layout_of_parsed(cst.parse_module("\ufeffimport os\n"), "\ufeffimport os\n") is None  # drops the mark
     parsed = ParsedSource("class A:\n    def f(self):\n        return 1")
     assert parsed.layout == layout_of(parsed.module)
 

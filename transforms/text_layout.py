@@ -23,9 +23,9 @@ _Parents = dict[cst.CSTNode, cst.CSTNode]
 
 def layout_of_parsed(module: cst.Module, text: str) -> Layout | None:
     """`positions.layout_of(module)` for a module libcst parsed from `text`; None where the code is not the text line
-    for line (a module without a trailing newline, whose last one libcst leaves out) or holds what no node counts (an
-    empty block, which generates `pass`)."""
-    if not module.has_trailing_newline or not module.body:
+    for line (a module without a trailing newline, whose last one libcst leaves out; a byte-order mark, which it
+    drops) or holds what no node counts (an empty block, which generates `pass`)."""
+    if not module.has_trailing_newline or not module.body or text.startswith("\ufeff"):
         return None
     reader = _Reader(text)
     top: _Parents = {}
@@ -65,7 +65,8 @@ class _Reader:
 
     def text(self, first: int, end: int) -> str:
         """Lines `first` up to `end` (not included), counted from 1."""
-        return self._text[self._starts[first - 1]:self._starts[end - 1]]
+        # A count past the text's end is a count gone wrong, which `layout_of_parsed` finds at the end.
+        return self._text[self._starts[min(first, self.lines) - 1]:self._starts[min(end, self.lines) - 1]]
 
 
 def _class(cls: cst.ClassDef, below: _Parents, reader: _Reader, default_indent: str
