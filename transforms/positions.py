@@ -214,9 +214,6 @@ def _statement_codegen(statement: cst.CSTNode, state: _LayoutState | _ReusingTex
 class _ReusingTextState(_TextState):
     """_TextState that takes the code an earlier layout generated (`_codegen_reusing`)."""
 
-    def __init__(self, default_indent: str, default_newline: str) -> None:
-        super().__init__(default_indent=default_indent, default_newline=default_newline)
-
     def add_method(self, method: cst.CSTNode, known: MethodLayout) -> None:
         self.tokens.append(known.text)
 
@@ -263,11 +260,12 @@ def _merged_from(earlier: Layout, top: dict[cst.CSTNode, cst.CSTNode], parts: li
     """`_merged` from the earlier layout's table."""
     merged = dict(earlier.parents)
     now = {id(part) for part in parts}
-    for part in [earlier.top, *_parent_tables(earlier.statement_parents, earlier.statement_methods)]:
+    earlier_parts = _parent_tables(earlier.statement_parents, earlier.statement_methods)
+    for part in [earlier.top, *earlier_parts]:
         if id(part) not in now:  # earlier's tables are disjoint (it held each node once): each node goes once
             for node in part:
                 del merged[node]
-    then = {id(part) for part in _parent_tables(earlier.statement_parents, earlier.statement_methods)}
+    then = {id(part) for part in earlier_parts}
     merged.update(top)
     for part in parts:
         if id(part) not in then:

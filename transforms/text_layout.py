@@ -122,11 +122,12 @@ def _tally_above_body(node: cst.ClassDef | cst.FunctionDef, into: _Parents, read
     """Counts the lines of a class's or a function's code above the statements of its block (its parents into
     `into`); the lines of the block's footer, which come after the statements, are returned to be counted there."""
     block = node.body
-    reader.line += _tally_fields(node, into, skip="body")
+    reader.line += _tally_fields(node, into, skip=("body",))
     into[block] = node
-    footer = sum(_tally(line, {}) for line in block.footer)
-    reader.line += _tally_fields(block, into, skip="body") - footer
-    return footer
+    reader.line += _tally_fields(block, into, skip=("body", "footer"))
+    for line in block.footer:
+        into[line] = block
+    return sum(_tally(line, into) for line in block.footer)
 
 
 def _tally_lines(lines: list[cst.CSTNode], module: cst.Module, top: _Parents) -> int:
@@ -136,12 +137,12 @@ def _tally_lines(lines: list[cst.CSTNode], module: cst.Module, top: _Parents) ->
     return sum(_tally(line, top) for line in lines)
 
 
-def _tally_fields(node: cst.CSTNode, into: _Parents, skip: str) -> int:
-    """`_tally` of the node's children but those in the field `skip`, and of the node's own token; their parents (the
-    node for each child) go into `into` too."""
-    count = _own_newlines(node)
+def _tally_fields(node: cst.CSTNode, into: _Parents, skip: tuple[str, ...]) -> int:
+    """`_tally` of the node's children but those in the fields `skip`; their parents (the node for each child) go
+    into `into` too."""
+    count = 0  # a class, a function or a block: no line break of its own, only its children's
     for name in _FIELDS[type(node)]:
-        if name == skip:
+        if name in skip:
             continue
         value = getattr(node, name)
         for child in (value if type(value) in (tuple, list) else (value,)):
@@ -177,13 +178,6 @@ def _tally(root: cst.CSTNode, into: _Parents) -> int:
                 into[value] = node
                 pending.append(value)
     return count
-
-
-def _own_newlines(node: cst.CSTNode) -> int:
-    if type(node) is cst.Newline:
-        return 1
-    value = getattr(node, "value", None)
-    return newlines_in(value) if type(value) is str else 0
 
 
 _FIELDS: dict[type, tuple[str, ...]] = Computed(lambda kind: tuple(field.name for field in dataclasses.fields(kind)))
