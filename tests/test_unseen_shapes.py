@@ -207,7 +207,8 @@ def test_keyword_entries_pass_every_position_keyword_and_ignore_unused_kwargs():
     **loss_kwargs)` with the cache in buffers. The entries pass the positions to both parameters (rotary tables
     read one, the cache slots and mask rows the other) and leave `**loss_kwargs` empty, also where the harness
     passed something through it that `forward` never reads (Phi-2's remote code under generate()'s
-    `return_dict=True`); where `forward` reads it, the entries could drop what it reads, so there are none."""
+    `return_dict=True`); where `forward` reads it, the entries could drop what it reads, so there are none, unless
+    what went through it is `return_dict`."""
     from graphmode.transforms.codemods import Options
     from graphmode.transforms.pipeline import adapt_source
 
@@ -228,6 +229,12 @@ def test_keyword_entries_pass_every_position_keyword_and_ignore_unused_kwargs():
     reads = source.replace("self.head(input_ids)", "self.head(input_ids, **loss_kwargs)")
     refused = adapt_source(reads, "model.py", {"split_decode"}, Options(entry_class="Model", entry_roles=swallowed))
     assert refused.adapted == reads and "through **kwargs" in refused.manual[0].reason
+    # openPangu under its own generate loop: `return_dict=True` into a `**kwargs` that `forward` hands on. It only
+    # picks the output's container, so the entries are added as where nothing went through it.
+    kept = reads.replace("                return_dict=None, cache_position", "                cache_position")
+    container = (*roles, ("return_dict", "constant"))
+    entries = adapt_source(kept, "model.py", {"split_decode"}, Options(entry_class="Model", entry_roles=container))
+    assert not entries.manual and "def decode(self, input_ids, input_pos)" in entries.adapted
 
 
 def test_keywords_only_kwargs_takes_are_recorded_under_their_names():

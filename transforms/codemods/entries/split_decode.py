@@ -233,7 +233,10 @@ class SplitDecode(GraphCodemod):
         # `**kwargs` (`**loss_kwargs`, ...) stays empty: the entries pass named parameters only. It is refused only
         # where the harness was seen passing something through it that `forward` reads (generate() passes
         # `return_dict=True` into the `**kwargs` of a forward that never looks at them: dropping it changes nothing).
-        swallowed = [name for name, _ in self.options.entry_roles if name not in {p.name.value for p in params}]
+        # `return_dict` only picks the output's container (transformers' `can_return_tuple` takes it out before
+        # `forward` runs), and the entries hand on the logits of either: it is never an input they lose.
+        named = {p.name.value for p in params}
+        swallowed = [name for name, _ in self.options.entry_roles if name not in named and name != "return_dict"]
         star = forward.params.star_kwarg
         read_kwargs = isinstance(star, cst.Param) and star.name.value in names_in(forward.body)
         if len(params) < 2 or isinstance(forward.params.star_arg, cst.Param) \
