@@ -320,7 +320,11 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
         # call pick the rows then, as for any method that names only `position_ids`.
         embeds = keywords.get("input_embeds", keywords.get("inputs_embeds"))
         slots = keywords.get("cache_position", keywords.get("position_ids"))
-        if position is None or positional or embeds is None or slots is None or code_of(slots) != position:
+        # A 5.x call may pass no positions at all (BioGPT's): the helper then counts the past in the cache it is
+        # given, so its rows are the new tokens' own positions, which the entries' slots are too.
+        measured = slots is None and position == "position_ids" and ({"cache", "past_key_values"} & set(keywords))
+        if position is None or positional or embeds is None or not (
+                measured or (slots is not None and code_of(slots) == position)):
             return None, ("the call does not pass `input_embeds=` (or `inputs_embeds=`) and this method's "
                           "`cache_position=` (or `position_ids=`) by keyword")
         return _shape_of(embeds), None
