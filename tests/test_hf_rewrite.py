@@ -24,7 +24,7 @@ from graphmode.agent.targets.hf import resolve  # noqa: E402
 from graphmode.agent.targets.installed_copy import absolute_imports, copy_modeling_file  # noqa: E402
 
 # The smallest type whose copy verifies on the rewrite path (bench/hf_zoo.py --rewrite has the others).
-E2E_TYPE = "gpt2"
+E2E_TYPE = "llama"
 
 
 def test_relative_imports_become_absolute_and_every_line_keeps_its_number():
@@ -73,19 +73,36 @@ def test_the_installed_llama_file_is_copied_line_for_line_and_left_as_it_was(tmp
 
 def test_rewrite_makes_the_copy_the_source_and_refuses_what_no_rewrite_serves(tmp_path):
     target = resolve("llama", True, 64, rewrite=True)
-    assert target.package == "llama_copy" and target.sources == ["llama_copy/modeling_llama.py"]
+    assert target.package is None and target.sources == ["modeling_llama.py"]
     assert target.model_refs == ["modeling_llama.LlamaForCausalLM"]
     assert target.installed_copy.endswith("transformers/models/llama/modeling_llama.py")
     assert resolve("llama", True, 64).installed_copy is None  # without --rewrite: transformers' static path
     # gemma3_text's causal LM lives in models/gemma3/: that file is the one copied
     if "gemma3_text" in transformers.CONFIG_MAPPING:
-        assert resolve("gemma3_text", True, 64, rewrite=True).sources == ["gemma3_text_copy/modeling_gemma3.py"]
+        assert resolve("gemma3_text", True, 64, rewrite=True).sources == ["modeling_gemma3.py"]
     # a recurrent state is no key/value cache: neither the static path nor a rewrite serves it
     with pytest.raises(UserError, match=r"takes `mems` instead.*no rewrite of its code serves it"):
         resolve("xlnet", True, 64, rewrite=True)
     # remote code is rewritten already
     with pytest.raises(UserError, match="--rewrite is for a model type"):
         resolve(str(Path(__file__).parent / "fixtures" / "hub_remote_code"), True, 64, rewrite=True)
+
+
+def test_the_target_folder_holds_the_copy_beside_the_harness_for_a_type_and_for_a_folder(tmp_path):
+    from graphmode.agent.targets.hf import write_target
+
+    folder = tmp_path / "llama-folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for spec, source in (("llama", None), (str(folder), folder)):
+        target = resolve(spec, True, 64, rewrite=True)
+        dest = write_target(target, source, tmp_path / f"target-{source is not None}", 64)
+        assert sorted(p.name for p in dest.iterdir() if p.suffix == ".py") == ["harness.py", "modeling_llama.py"]
+        harness = (dest / "harness.py").read_text()
+        ast.parse(harness)
+        assert "from modeling_llama import LlamaForCausalLM" in harness
+        assert ('AutoConfig.from_pretrained(HERE / "model"' in harness) == (source is not None)
+        assert (dest / "model" / "config.json").is_file() == (source is not None)
 
 
 def graphmode(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -119,8 +136,8 @@ def test_the_copy_is_rewritten_and_verifies_with_the_installed_file_untouched(re
     assert report["passed"] and report["tokens_equal"] and report["graph_breaks"] == 0
     assert report["hf"]["rewritten"] and "copied into the run folder" in report["hf"]["code"]
     assert report["changes_applied"]  # at least one codemod rewrote the copy
-    copy = run / "target" / f"{E2E_TYPE}_copy" / f"modeling_{E2E_TYPE}.py"
-    adapted = run / "adapted" / f"{E2E_TYPE}_copy" / f"modeling_{E2E_TYPE}.py"
+    copy = run / "target" / f"modeling_{E2E_TYPE}.py"
+    adapted = run / "adapted" / f"modeling_{E2E_TYPE}.py"
     assert adapted.read_text() != copy.read_text()
     assert hashlib.sha256(installed.read_bytes()).hexdigest() == before
     assert "the installed file is not touched" in (run / "design.md").read_text()

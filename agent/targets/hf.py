@@ -81,7 +81,8 @@ def summary(target: HFTarget) -> dict:
                "as a tensor), the original on the default dynamic cache")
     return {"spec": target.spec, "model_type": target.model_type, "transformers": target.transformers_version,
             "weights": "tiny, random (--tiny)" if target.tiny else f"read from {target.weights_folder}",
-            "code": how, "rewritten": bool(target.package), "placeholders": dict(target.missing_imports),
+            "code": how, "rewritten": bool(target.package or target.installed_copy),
+            "placeholders": dict(target.missing_imports),
             "prompt_prefix": "; ".join(target.prompt_evidence) or "none (no special token in the config)",
             "notes": list(target.notes)}
 
@@ -318,14 +319,15 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
 
 
 def _use_installed_copy(target: HFTarget, model_class: type) -> None:
-    """The target's source becomes a copy of the installed file that defines `model_class`, as package
-    `<type>_copy` (write_target makes it); the model class is read from the copy, the config from transformers."""
+    """The target's source becomes a copy of the installed file that defines `model_class` (write_target makes it),
+    under its own name; the model class is read from the copy, the config from transformers."""
     from graphmode.agent.targets.installed_copy import installed_modeling_file
 
     installed = installed_modeling_file(model_class)
     target.installed_copy, target.installed_module = str(installed), model_class.__module__
-    target.package = f"{_safe_name(target.model_type)}_copy"
-    target.sources = [f"{target.package}/{installed.name}"]
+    # At the target folder's top, as the harness's own sources are: the copy imports nothing relatively, so the
+    # adapted copy imports graphmode's helper module beside it plainly, which a package would not find.
+    target.sources = [installed.name]
     target.model_refs = [f"{installed.stem}.{model_class.__name__}"]
     target.auto_map = {"AutoModelForCausalLM": target.model_refs[0]}
 
@@ -596,19 +598,15 @@ def write_target(target: HFTarget, source_spec: Path | None, dest: Path, max_seq
         if target.installed_copy:
             from graphmode.agent.targets.installed_copy import copy_modeling_file
 
-            package = staging / target.package
-            package.mkdir()
-            (package / "__init__.py").write_text("", encoding="utf-8")
-            copy_modeling_file(Path(target.installed_copy), target.installed_module, package)
+            copy_modeling_file(Path(target.installed_copy), target.installed_module, staging)
         if source_spec is not None:
             folder = source_spec.parent if source_spec.is_file() else source_spec
-            remote = target.package and not target.installed_copy
-            config_dest = staging / ((target.package if remote else None) or target.config_folder or "model")
+            config_dest = staging / (target.package or target.config_folder or "model")
             config_dest.mkdir()
             shutil.copyfile(folder / "config.json" if source_spec.is_dir() else source_spec,
                             config_dest / "config.json")
             target.config_folder = config_dest.name
-            if remote:
+            if target.package:
                 (config_dest / "__init__.py").write_text("", encoding="utf-8")
                 for source in folder.glob("*.py"):
                     if source.name != "__init__.py":

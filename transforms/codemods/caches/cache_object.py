@@ -460,7 +460,11 @@ class CacheObject(GraphCodemod):
                                        "(use the eager or sdpa attention with the adapted model)")
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
-        if slots is None and self._positions_through_kwargs(classes, cls, method):
+        if slots is None and (self._positions_through_kwargs(classes, cls, method)
+                              or isinstance(method.params.star_kwarg, cst.Param)):
+            # Without positions of its own, a 5.x attention (GPT-2's, MPT's: `**kwargs`, called by the model's
+            # own layers) still writes through the Cache API, whose `update` appends after what the cache holds:
+            # on the entries' path, those are the slots the entries are called with.
             slots = _SLOT_SOURCES["position_ids"]
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
