@@ -125,10 +125,11 @@ def rewritten_run(tmp_path_factory):
     before = hashlib.sha256(installed.read_bytes()).hexdigest()
     tmp = tmp_path_factory.mktemp("rewrite")
     done = graphmode("adapt", "--hf", E2E_TYPE, "--tiny", "--rewrite", "--yes", "--backend", "eager", "--runs", "1",
-                     "--steps", "8", "--out", str(tmp / "out"), home=tmp / "home", cwd=tmp)
+                     "--out", str(tmp / "out"), home=tmp / "home", cwd=tmp)
     return done, tmp / "out" / f"hf-{E2E_TYPE}-tiny", installed, before
 
 
+@pytest.mark.slow
 def test_the_copy_is_rewritten_and_verifies_with_the_installed_file_untouched(rewritten_run):
     done, run, installed, before = rewritten_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -107,10 +107,11 @@ def _hf(spec: TargetSpec, interpreter: Interpreter) -> Target:
     found = resolve_hf(spec.hf, spec.tiny, max_seq_len, interpreter.path, spec.rewrite)
     if found.installed_copy:
         _check_same_release(spec.hf, found, interpreter)
-    # The folder's own code runs on the interpreter's transformers, which graphmode's harness imports. A folder with a
-    # harness of its own is not checked: its harness may put another transformers on the path (the test bed runs a
-    # release's file against that release's own package, on this interpreter), and a failure then says what it lacks.
     elif found.package:
+        # The folder's own code runs on the interpreter's transformers, which graphmode's harness imports. A folder
+        # with a harness of its own is not checked: its harness may put another transformers on the path (the test
+        # bed runs a release's file against that release's own package, on this interpreter), and a failure then
+        # says what it lacks.
         _check_release(*target_code(None, spec.hf), interpreter)
     found.transformers_version = interpreter.transformers or found.transformers_version
     return Target(HF, (spec.out / found.name / "target").resolve(), (spec.out / found.name).resolve(), hf=found,
