@@ -10,7 +10,7 @@
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
     graphmode fix PATH... [--diff] [--jobs N] [--out DIR]       the rewrites alone: adapted copies and diffs
     graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
-    graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] ...  a Hugging Face model, no harness to write
+    graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] [--rewrite] ...  a Hugging Face model, no harness to write
     graphmode batch MANIFEST [--jobs N] [--retry-failed] [--fail-on manual,speedup<X] [--executor ray]
                                                                 every target of a manifest, resumable; summary
 """
