@@ -83,6 +83,10 @@ def test_rewrite_makes_the_copy_the_source_and_refuses_what_no_rewrite_serves(tm
     # a recurrent state is no key/value cache: neither the static path nor a rewrite serves it
     with pytest.raises(UserError, match=r"takes `mems` instead.*no rewrite of its code serves it"):
         resolve("xlnet", True, 64, rewrite=True)
+    # a recurrent state (Mamba's) is overwritten, not grown: no rewrite serves it, transformers' static path does
+    if "mamba" in transformers.CONFIG_MAPPING:
+        with pytest.raises(UserError, match=r"modeling_mamba.py:\d+ calls `update_\w+_state`: .*recurrent state"):
+            resolve("mamba", True, 64, rewrite=True)
     # remote code is rewritten already
     with pytest.raises(UserError, match="--rewrite is for a model type"):
         resolve(str(Path(__file__).parent / "fixtures" / "hub_remote_code"), True, 64, rewrite=True)

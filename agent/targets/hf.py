@@ -308,7 +308,7 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
                         "is not")
     why_not = has_static_cache_path(model_class)
     if rewrite or why_not:
-        _use_installed_copy(target, model_class)
+        _use_installed_copy(target, model_class, rewrite)
         # Said where graphmode chose the copy itself; a --rewrite the person gave needs no note.
         return (f"{why_not}: graphmode cannot drive transformers' static-cache path, and rewrites a copy of "
                 f"{_site_relative(target.installed_copy)} instead") if why_not and not rewrite else None
@@ -318,12 +318,21 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
             "instead)") if doubt else None
 
 
-def _use_installed_copy(target: HFTarget, model_class: type) -> None:
+def _use_installed_copy(target: HFTarget, model_class: type, asked: bool) -> None:
     """The target's source becomes a copy of the installed file that defines `model_class` (write_target makes it),
-    under its own name; the model class is read from the copy, the config from transformers."""
-    from graphmode.agent.targets.installed_copy import installed_modeling_file
+    under its own name; the model class is read from the copy, the config from transformers. `asked`: --rewrite was
+    given (else the release has no static path for the type)."""
+    from graphmode.agent.targets.installed_copy import installed_modeling_file, recurrent_state_write
 
     installed = installed_modeling_file(model_class)
+    recurrent = recurrent_state_write(installed)
+    if recurrent:
+        instead = ("; without --rewrite, transformers' own static-cache path holds that state and is driven" if asked
+                   else ", and this transformers release has no static-cache path for it either")
+        raise UserError(f"--hf {target.spec}{' --rewrite' if asked else ''}: {recurrent}: the model carries a "
+                        "recurrent state (a state overwritten every step, not keys and values that grow by one "
+                        "position), and graphmode's rewrites move only a key/value cache into fixed buffers, so no "
+                        f"rewrite of this file serves it{instead}")
     target.installed_copy, target.installed_module = str(installed), model_class.__module__
     # At the target folder's top, as the harness's own sources are: the copy imports nothing relatively, so the
     # adapted copy imports graphmode's helper module beside it plainly, which a package would not find.

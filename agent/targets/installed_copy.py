@@ -61,6 +61,21 @@ def installed_modeling_file(model_class: type) -> Path:
     return path
 
 
+# transformers' Cache API for a recurrent state (Mamba's convolution and SSM states, linear attention's): a state
+# that is overwritten, not a key/value sequence that grows a position a step, which is all graphmode's buffers hold.
+RECURRENT_STATE_WRITES = ("update_conv_state", "update_recurrent_state")
+
+
+def recurrent_state_write(installed: Path) -> str | None:
+    """`file:line: cache.update_conv_state(...)` for the first write of a recurrent state in `installed`, else None."""
+    import ast
+
+    tree = ast.parse(installed.read_text(encoding="utf-8"))
+    calls = sorted((node.lineno, node.func.attr) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr in RECURRENT_STATE_WRITES)
+    return f"{installed.name}:{calls[0][0]} calls `{calls[0][1]}`" if calls else None
+
+
 def copy_modeling_file(installed: Path, module: str, package_folder: Path) -> Path:
     """Writes the copy of `installed` (module `module`) into `package_folder` (which must exist) under its own name;
     returns the copy. `installed` is only read."""
