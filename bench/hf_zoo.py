@@ -2,6 +2,7 @@
 
     python bench/hf_zoo.py [--backend inductor] [--runs 3] [--out graphmode-out/zoo] [TYPE ...]
     python bench/hf_zoo.py --all-decoders --backend eager --runs 1 --skip-done [--limit N]
+    python bench/hf_zoo.py --rewrite|--retry-rewrite --backend eager --runs 1 biogpt ctrl dbrx ...
 
 `--all-decoders` sweeps every decoder-only model type of the installed transformers that has a causal LM class (its
 AutoModelForCausalLM mapping, encoder-decoders left out), which is how a type the project's zoo does not list is
@@ -10,6 +11,10 @@ rows of types already run, so a sweep of many types runs in parts.
 
 Each model type is built tiny (2 layers, hidden size 64) from the installed transformers' own config class, driven on
 transformers' own static-cache path with Decode compiled, and compared with its default dynamic cache run eagerly.
+`--rewrite` takes the other path for every type: `adapt --hf TYPE --rewrite`, which copies the installed release's
+modeling file into the run folder and rewrites and verifies the copy (its runs under OUT/rewrite/); `--retry-rewrite`
+takes it only for a type that did not verify on the static path, and keeps what stopped that first run in the row.
+The table's first column says which path a row took.
 Every row comes from that run's report.json (a refusal's, from the command's last line); nothing here is measured
 twice or edited. The table (markdown) is
 printed and written to OUT/zoo.md, each run's report under OUT/hf-TYPE-tiny/. On a 2-core CPU with inductor it takes
@@ -31,23 +36,38 @@ from pathlib import Path
 ZOO = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "gpt2", "opt", "falcon", "gpt_neox")
 
 
-def run_one(model_type: str, backend: str, runs: int, out: Path, timeout_s: float) -> dict:
+def run_one(model_type: str, backend: str, runs: int, out: Path, timeout_s: float, rewrite: bool = False) -> dict:
     started = time.perf_counter()
+    out = out / "rewrite" if rewrite else out  # the two paths' runs of one type have the same folder name
     command = [sys.executable, "-m", "graphmode.agent.cli", "adapt", "--hf", model_type, "--tiny", "--yes",
-               "--backend", backend, "--runs", str(runs), "--out", str(out)]
+               "--backend", backend, "--runs", str(runs), "--out", str(out), *(["--rewrite"] if rewrite else [])]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         status, tail = done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
         status, tail = None, [f"stopped after {timeout_s:.0f} s"]
-    row = read_row(model_type, out, status, tail)
+    row = read_row(model_type, out, status, tail, "rewrite" if rewrite else "static")
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
 
-def read_row(model_type: str, out: Path, status: int | None = 0, tail: list[str] | None = None) -> dict:
-    """A row from the run's report.json (or the command's last line when it wrote none)."""
-    row = {"model_type": model_type, "exit": status}
+def run_type(model_type: str, args: argparse.Namespace) -> dict:
+    """The row of one type: on the path asked for, or (--retry-rewrite) on the rewrite where the static path did not
+    verify, with what stopped the static run kept under `static`."""
+    row = run_one(model_type, args.backend, args.runs, args.out, args.timeout, rewrite=args.rewrite)
+    if args.retry_rewrite and not args.rewrite and row.get("passed") is not True:
+        first = row
+        row = run_one(model_type, args.backend, args.runs, args.out, args.timeout, rewrite=True)
+        row["static"] = {key: first.get(key) for key in ("exit", "graph_breaks", "recompiles", "problems")}
+        row["seconds"] = round(first["seconds"] + row["seconds"], 1)
+    return row
+
+
+def read_row(model_type: str, out: Path, status: int | None = 0, tail: list[str] | None = None,
+             path: str = "static") -> dict:
+    """A row from the run's report.json (or the command's last line when it wrote none); `path`: "static"
+    (transformers' static-cache path driven) or "rewrite" (the copy of its modeling file rewritten)."""
+    row = {"model_type": model_type, "path": path, "exit": status}
     report = out / f"hf-{model_type}-tiny" / "report.json"
     if status in (0, 1) and report.is_file():
         data = json.loads(report.read_text(encoding="utf-8"))
@@ -103,7 +123,12 @@ def table(rows: list[dict]) -> str:
         # Paths into site-packages shortened to the package's own: the reader knows where transformers lives.
         why = re.sub(r"/\S*?site-packages/", "", problems[0] if problems else "").replace("|", "\\|")
         why = why if len(why) <= 160 else why[:157] + "..."
-        lines.append(f"| {row['model_type']} | {_cell(row.get('graph_breaks'))} | {_cell(row.get('recompiles'))} | "
+        name = row["model_type"] + (" (rewrite)" if row.get("path") == "rewrite" else "")
+        if row.get("static"):  # --retry-rewrite: what stopped the static path first
+            first = (row["static"].get("problems") or ["not verified"])[0]
+            first = re.sub(r"/\S*?site-packages/", "", first).replace("|", "\\|")
+            why = f"{why} (static path: {first if len(first) <= 100 else first[:97] + '...'})"
+        lines.append(f"| {name} | {_cell(row.get('graph_breaks'))} | {_cell(row.get('recompiles'))} | "
                      f"{_cell(row.get('tokens_equal'))} ({row.get('distinct_tokens', 'n/a')}) | {decode} | {speedup} | "
                      f"{_cell(row.get('passed'))} | {why} |")
     return "\n".join(lines) + "\n"
@@ -133,6 +158,13 @@ def main() -> int:
                         help="types with a row or a report.json in OUT are not run again")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many types (with --skip-done: the "
                                                                     "next ones)")
+    path = parser.add_mutually_exclusive_group()
+    path.add_argument("--rewrite", action="store_true",
+                      help="every type on the rewrite path (adapt --hf TYPE --rewrite: a copy of its modeling file "
+                           "rewritten), runs under OUT/rewrite/")
+    path.add_argument("--retry-rewrite", action="store_true",
+                      help="a type that does not verify on transformers' static path is run again with --rewrite; "
+                           "the row is the rewrite's, and says what stopped the static run")
     parser.add_argument("--from-reports", action="store_true",
                         help="run nothing: the table from the rows and report.json files already in OUT (after "
                              "rerunning some types, say, on a quieter machine)")
@@ -142,15 +174,17 @@ def main() -> int:
     ran = 0
     for model_type in types:
         saved = args.out / "rows" / f"{model_type}.json"
-        done = saved.is_file() or (args.out / f"hf-{model_type}-tiny" / "report.json").is_file()
+        runs_in = args.out / "rewrite" if args.rewrite else args.out
+        done = saved.is_file() or (runs_in / f"hf-{model_type}-tiny" / "report.json").is_file()
         if args.from_reports or (args.skip_done and done):
             if done:
-                rows.append(json.loads(saved.read_text()) if saved.is_file() else read_row(model_type, args.out))
+                rows.append(json.loads(saved.read_text()) if saved.is_file() else
+                            read_row(model_type, runs_in, path="rewrite" if args.rewrite else "static"))
             continue
         if args.limit is not None and ran >= args.limit:
             continue
         ran += 1
-        rows.append(run_one(model_type, args.backend, args.runs, args.out, args.timeout))
+        rows.append(run_type(model_type, args))
         # Each row is kept as it ends: a refusal writes no report.json, and its reason is only in the command's output.
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(rows[-1], indent=2) + "\n", encoding="utf-8")
@@ -158,8 +192,10 @@ def main() -> int:
     import torch
 
     versions = {r.get("transformers") for r in rows if r.get("transformers")}
+    way = (" on the rewrite path (a copy of each modeling file rewritten)" if args.rewrite else
+           "; a type that did not verify on the static path, again on the rewrite path" if args.retry_rewrite else "")
     header = (f"transformers {', '.join(sorted(versions)) or 'n/a'}, torch {torch.__version__}, backend "
-              f"{args.backend}, {args.runs} run(s) per side, CPU\n\n")
+              f"{args.backend}, {args.runs} run(s) per side, CPU{way}\n\n")
     text = header + counts(rows, len(types)) + table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zoo.md").write_text(text, encoding="utf-8")

@@ -35,7 +35,7 @@ def start_adapt(args: argparse.Namespace) -> tuple[int, str]:
     _refuse_bad_usage(args)
     interpreter = _target_interpreter(args, file)
     target = resolve_target(TargetSpec(path=args.path, hf=args.hf, tiny=args.tiny, steps=args.steps, out=args.out,
-                                       file=file), interpreter, _say)
+                                       file=file, rewrite=getattr(args, "rewrite", False)), interpreter, _say)
     from graphmode.agent.workflow.state import RunOptions, RunState
 
     buckets = _batch_buckets(args.batch_buckets)
@@ -100,6 +100,7 @@ def _merge_target_file(args: argparse.Namespace) -> "TargetFile | None":
         local = file.relative(target["hf"])
         args.hf = str(local) if local.exists() else target["hf"]
         args.tiny = args.tiny or target.get("tiny", False)
+        args.rewrite = getattr(args, "rewrite", False) or target.get("rewrite", False)
         args.path = None
     else:
         harness = file.relative(target.get("harness", "harness.py"))
@@ -138,6 +139,9 @@ def _refuse_bad_target(args: argparse.Namespace) -> None:
         raise UserError("no target: give a folder with a harness.py, or --hf MODEL_TYPE|CONFIG|FOLDER")
     if args.tiny:
         raise UserError("--tiny goes with --hf (a Hugging Face model built from its config)")
+    if getattr(args, "rewrite", False):
+        raise UserError("--rewrite goes with --hf (a model type transformers implements, its modeling file copied and "
+                        "rewritten)")
     from graphmode.agent.targets.resolve import target_folder
 
     target = target_folder(args.path)

@@ -10,7 +10,7 @@
     graphmode scan PATH... [--format text|json|sarif] [--check-fixes]  static findings only; no model runs
     graphmode fix PATH... [--diff] [--jobs N] [--out DIR]       the rewrites alone: adapted copies and diffs
     graphmode init PATH [--convention NAME] [--force]           write PATH/harness.py from the model's own code
-    graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] ...  a Hugging Face model, no harness to write
+    graphmode adapt --hf MODEL_TYPE|CONFIG|FOLDER [--tiny] [--rewrite] ...  a Hugging Face model, no harness to write
     graphmode batch MANIFEST [--jobs N] [--retry-failed] [--fail-on manual,speedup<X] [--executor ray]
                                                                 every target of a manifest, resumable; summary
 """
@@ -57,12 +57,22 @@ def _parser() -> argparse.ArgumentParser:
                        help="a Hugging Face model instead of a harness folder: a model type the installed transformers "
                             "knows (llama, qwen2, gpt2, ...), a config.json, or a local model folder (weights are read "
                             "from it; remote code named by config.json's auto_map is loaded from it and rewritten). "
-                            "Models transformers implements are not rewritten: their own static-cache path is driven "
-                            "and verified. graphmode writes the harness into the run folder; nothing is downloaded and "
+                            "Models transformers implements are not rewritten (unless --rewrite): their own "
+                            "static-cache path is driven and verified. graphmode writes the harness into the run "
+                            "folder; nothing is downloaded and "
                             "nothing is written into FOLDER")
     adapt.add_argument("--tiny", action="store_true",
                        help="with --hf: a tiny model (2 layers, hidden size 64, vocabulary 256) with random weights "
                             "from a fixed seed, built from the config; the folder's weights are not read")
+    adapt.add_argument("--rewrite", action="store_true", default=False,
+                       help="with --hf MODEL_TYPE (or a folder of a type transformers implements): instead of driving "
+                            "transformers' own static-cache path, copy the installed release's modeling file "
+                            "(models/TYPE/modeling_TYPE.py) into the run folder, its relative imports made absolute "
+                            "and every line where it was, and rewrite and verify that copy as graphmode does any "
+                            "model's code; the installed file is not touched. For a type whose static path breaks "
+                            "the graph or recompiles (a mask or positions built from the cache's length, experts "
+                            "dispatched with nonzero/tolist). Chosen by itself where the release has no static path "
+                            "for the type")
     adapt.add_argument("--python", metavar="PATH", default=None,
                        help="the Python interpreter the target's model runs under, e.g. a venv with the transformers "
                             "release its code needs (python -m venv DIR && DIR/bin/pip install torch==... "

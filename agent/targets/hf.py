@@ -9,6 +9,9 @@ before any model runs, and said in one line (exit status 2).
 - A model type transformers implements is not rewritten: the harness drives transformers' own static-cache path
   (runners.hf_driver.StaticCacheDecoder), and verification compares it, Decode compiled, with the default dynamic
   cache run eagerly.
+- With `--rewrite`, or where transformers itself says that path does not compile (`_can_compile_fullgraph = False`,
+  no static cache), the installed release's modeling file is copied into the target folder instead
+  (agent.targets.installed_copy) and adapted like remote code; transformers' config class builds the config.
 - Remote code is loaded the way `trust_remote_code` would load it, from the local folder only, and is adapted like
   any other source.
 """
@@ -51,6 +54,8 @@ class HFTarget:
     auto_map: dict = field(default_factory=dict)
     model_refs: list[str] = field(default_factory=list)  # auto_map's model classes, tried in order for an LM head
     in_place: bool = False             # remote code imported from the harness's own folder (`graphmode init`)
+    installed_copy: str | None = None  # --rewrite: the installed modeling file the package's copy is made from
+    installed_module: str | None = None  # ... and its module (transformers.models.x.modeling_x)
     sources: list[str] = field(default_factory=list)
     missing_imports: dict = field(default_factory=dict)  # package -> "file:line" of an unguarded import
     prompt_vocab: int = 256            # prompt ids are drawn below this (and below the vocabulary size)
@@ -63,7 +68,12 @@ class HFTarget:
 
 def summary(target: HFTarget) -> dict:
     """What the documents say about an --hf target (RunOptions.hf)."""
-    if target.package:
+    if target.installed_copy:
+        installed = _site_relative(target.installed_copy)
+        how = (f"the installed transformers {target.transformers_version}'s own {installed}, "
+               f"copied into the run folder as {', '.join(target.sources)} (relative imports made absolute, every "
+               "line where it was) and rewritten; the installed file is not touched")
+    elif target.package:
         how = ("its own code (config.json's auto_map), loaded from the folder's copy; "
                f"{', '.join(target.sources)} rewritten")
     else:
@@ -71,9 +81,16 @@ def summary(target: HFTarget) -> dict:
                "as a tensor), the original on the default dynamic cache")
     return {"spec": target.spec, "model_type": target.model_type, "transformers": target.transformers_version,
             "weights": "tiny, random (--tiny)" if target.tiny else f"read from {target.weights_folder}",
-            "code": how, "rewritten": bool(target.package), "placeholders": dict(target.missing_imports),
+            "code": how, "rewritten": bool(target.package or target.installed_copy),
+            "placeholders": dict(target.missing_imports),
             "prompt_prefix": "; ".join(target.prompt_evidence) or "none (no special token in the config)",
             "notes": list(target.notes)}
+
+
+def _site_relative(path: str) -> str:
+    """transformers/models/x/modeling_x.py for a file of the installed package (the reader knows where it lives)."""
+    parts = Path(path).parts
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("transformers"):]) if "transformers" in parts else path
 
 
 def _transformers():
@@ -117,17 +134,18 @@ def read_config(config_file: Path) -> dict:
     return config
 
 
-def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) -> HFTarget:
+def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None, rewrite: bool = False) -> HFTarget:
     """Reads SPEC (a model type, a config.json or a folder) and checks everything that can be checked without
     running the model. `python`: the interpreter the model runs on (None: this one), which is asked which of the
-    packages the code imports it lacks."""
+    packages the code imports it lacks. `rewrite`: a type transformers implements is adapted from a copy of its
+    installed modeling file rather than driven on transformers' static-cache path."""
     transformers = _transformers()
     from transformers import CONFIG_MAPPING
 
     refuse_missing_path(spec)
     path = Path(spec).expanduser()
     if not path.exists():
-        return _model_type(spec, tiny, max_seq_len, transformers.__version__)
+        return _model_type(spec, tiny, max_seq_len, transformers.__version__, rewrite)
     folder = path.parent if path.is_file() else path
     config_file = path if path.is_file() else path / "config.json"
     config = read_config(config_file)
@@ -137,9 +155,12 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
     target = HFTarget(name=name, spec=spec, model_type=str(model_type), tiny=tiny,
                       transformers_version=transformers.__version__, config_folder="model")
     if auto_map:
+        if rewrite:
+            raise UserError(f"--hf {spec} --rewrite: the folder's own code (config.json's auto_map) is rewritten "
+                            "already; --rewrite is for a model type transformers implements")
         _remote_code(target, folder, config_file, auto_map, python)
     else:
-        target.notes += _built_in_type_notes(spec, config_file, config, transformers.__version__)
+        target.notes += _built_in_type_notes(target, config_file, config, transformers.__version__, rewrite)
     # (the lazy CONFIG_MAPPING answers .get() with None: look the type up by `in`)
     config_class = CONFIG_MAPPING[model_type] if not auto_map and model_type in CONFIG_MAPPING else None
     _sizes_and_prompt(target, config, config_class, folder, max_seq_len)
@@ -148,9 +169,10 @@ def resolve(spec: str, tiny: bool, max_seq_len: int, python: str | None = None) 
     return target
 
 
-def _built_in_type_notes(spec: str, config_file: Path, config: dict, version: str) -> list[str]:
+def _built_in_type_notes(target: HFTarget, config_file: Path, config: dict, version: str,
+                         rewrite: bool) -> list[str]:
     """A folder without code of its own: its model_type must be one the installed transformers implements; the
-    doubts about that model's static path, as notes."""
+    doubts about that model's static path, as notes (and the copy of its modeling file, where it is rewritten)."""
     from transformers import CONFIG_MAPPING
 
     model_type = config.get("model_type")
@@ -160,10 +182,10 @@ def _built_in_type_notes(spec: str, config_file: Path, config: dict, version: st
         raise UserError(f"{config_file}: model_type {model_type!r} is unknown to the installed transformers "
                         f"{version}{_suggest(model_type, list(CONFIG_MAPPING.keys()))}; upgrade "
                         "transformers, or add the model's own code to the folder with an auto_map in config.json")
-    return list(filter(None, [_check_static_path(spec, CONFIG_MAPPING[model_type], config)]))
+    return list(filter(None, [_check_static_path(target, CONFIG_MAPPING[model_type], config, rewrite)]))
 
 
-def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str) -> HFTarget:
+def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str, rewrite: bool = False) -> HFTarget:
     """`--hf MODEL_TYPE --tiny`: a model type the installed transformers implements, built small from its config."""
     from transformers import CONFIG_MAPPING
 
@@ -173,9 +195,9 @@ def _model_type(spec: str, tiny: bool, max_seq_len: int, version: str) -> HFTarg
     if not tiny:
         raise UserError(f"--hf {spec}: a model type alone has no weights; add --tiny for a small model with "
                         "random weights, or give a local model folder")
-    doubt = _check_static_path(spec, CONFIG_MAPPING[spec])
-    target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True, transformers_version=version,
-                      notes=[doubt] if doubt else [])
+    target = HFTarget(name=f"hf-{spec}-tiny", spec=spec, model_type=spec, tiny=True, transformers_version=version)
+    doubt = _check_static_path(target, CONFIG_MAPPING[spec], None, rewrite)
+    target.notes += [doubt] if doubt else []
     target.config_overrides = _tiny_overrides(CONFIG_MAPPING[spec], max_seq_len)
     _set_prompt_tokens(target, prompt_tokens({**CONFIG_MAPPING[spec]().to_dict(), **target.config_overrides}, None))
     return target
@@ -257,14 +279,16 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_static_path(spec: str, config_class, config: dict | None = None) -> str | None:
-    """The model type has a causal LM class in this transformers, on a static-cache path graphmode can drive; a
-    note for the person where transformers doubts that the path compiles whole. `config`: config.json's values,
-    where the model comes from a folder."""
+def _check_static_path(target: HFTarget, config_class, config: dict | None = None, rewrite: bool = False) -> str | None:
+    """The model type has a causal LM class in this transformers, on a static-cache path graphmode can drive, or
+    (`rewrite`, or no static path at all in this release) a modeling file graphmode copies and rewrites instead
+    (`_use_installed_copy`); a note for the person where transformers doubts that the path compiles whole. `config`:
+    config.json's values, where the model comes from a folder."""
     from transformers import AutoModelForCausalLM
 
     from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path, takes_no_cache
 
+    spec = target.spec
     try:
         model_class = AutoModelForCausalLM._model_mapping[config_class]
     except KeyError:
@@ -275,17 +299,46 @@ def _check_static_path(spec: str, config_class, config: dict | None = None) -> s
         raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder ({flag} is false: every "
                         "position attends to the ones after it too), which no KV cache serves; graphmode adapts "
                         "decoders that generate token by token")
-    why_not = has_static_cache_path(model_class)
-    if why_not:
-        raise UserError(f"--hf {spec}: {why_not}, so graphmode cannot drive it without rewriting transformers' code; "
-                        f"copy its modeling file beside a harness (`graphmode init`) to have it rewritten")
     state = takes_no_cache(model_class)
     if state:
+        # Nothing to move into buffers: the rewrites serve a key/value cache that grows a position a step.
         raise UserError(f"--hf {spec}: {state}, so it has no path on transformers' StaticCache, which graphmode "
-                        "compiles Decode on; graphmode drives models that keep their state in a transformers Cache")
+                        "compiles Decode on, and no rewrite of its code serves it either: graphmode's rewrites move "
+                        "a key/value cache that grows by one position a step into fixed buffers, which this state "
+                        "is not")
+    why_not = has_static_cache_path(model_class)
+    if rewrite or why_not:
+        _use_installed_copy(target, model_class, rewrite)
+        # Said where graphmode chose the copy itself; a --rewrite the person gave needs no note.
+        return (f"{why_not}: graphmode cannot drive transformers' static-cache path, and rewrites a copy of "
+                f"{_site_relative(target.installed_copy)} instead") if why_not and not rewrite else None
     doubt = declared_not_compilable(model_class)
     return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
-            "report counts what breaks") if doubt else None
+            "report counts what breaks (where it breaks, `--rewrite` adapts a copy of its modeling file "
+            "instead)") if doubt else None
+
+
+def _use_installed_copy(target: HFTarget, model_class: type, asked: bool) -> None:
+    """The target's source becomes a copy of the installed file that defines `model_class` (write_target makes it),
+    under its own name; the model class is read from the copy, the config from transformers. `asked`: --rewrite was
+    given (else the release has no static path for the type)."""
+    from graphmode.agent.targets.installed_copy import installed_modeling_file, recurrent_state_write
+
+    installed = installed_modeling_file(model_class)
+    recurrent = recurrent_state_write(installed)
+    if recurrent:
+        instead = ("; without --rewrite, transformers' own static-cache path holds that state and is driven" if asked
+                   else ", and this transformers release has no static-cache path for it either")
+        raise UserError(f"--hf {target.spec}{' --rewrite' if asked else ''}: {recurrent}: the model carries a "
+                        "recurrent state (a state overwritten every step, not keys and values that grow by one "
+                        "position), and graphmode's rewrites move only a key/value cache into fixed buffers, so no "
+                        f"rewrite of this file serves it{instead}")
+    target.installed_copy, target.installed_module = str(installed), model_class.__module__
+    # At the target folder's top, as the harness's own sources are: the copy imports nothing relatively, so the
+    # adapted copy imports graphmode's helper module beside it plainly, which a package would not find.
+    target.sources = [installed.name]
+    target.model_refs = [f"{installed.stem}.{model_class.__name__}"]
+    target.auto_map = {"AutoModelForCausalLM": target.model_refs[0]}
 
 
 def _encoder_flag(config_class, model_class, config: dict) -> str | None:
@@ -548,8 +601,13 @@ def init_harness(folder: Path, max_seq_len: int = 64) -> tuple[str, HFTarget]:
 
 
 def write_target(target: HFTarget, source_spec: Path | None, dest: Path, max_seq_len: int) -> Path:
-    """The target folder: harness.py, the config and any remote code, swapped in whole."""
+    """The target folder: harness.py, the config and any remote code (or the copy of the installed modeling file),
+    swapped in whole."""
     with swapped_in(dest) as staging:
+        if target.installed_copy:
+            from graphmode.agent.targets.installed_copy import copy_modeling_file
+
+            copy_modeling_file(Path(target.installed_copy), target.installed_module, staging)
         if source_spec is not None:
             folder = source_spec.parent if source_spec.is_file() else source_spec
             config_dest = staging / (target.package or target.config_folder or "model")

@@ -38,6 +38,7 @@ class TargetSpec:
     steps: int  # Decode steps: an --hf target's static cache and a harness's MAX_SEQ_LEN must hold them
     out: Path
     file: TargetFile | None = None
+    rewrite: bool = False  # --rewrite: a type transformers implements is adapted from a copy of its modeling file
 
 
 @dataclass
@@ -103,15 +104,27 @@ def _hf(spec: TargetSpec, interpreter: Interpreter) -> Target:
     if problem:
         raise UserError(f"--hf {spec.hf}: {problem}")
     max_seq_len = hf_max_seq_len(spec.steps)
-    found = resolve_hf(spec.hf, spec.tiny, max_seq_len, interpreter.path)
-    # The folder's own code runs on the interpreter's transformers, which graphmode's harness imports. A folder with a
-    # harness of its own is not checked: its harness may put another transformers on the path (the test bed runs a
-    # release's file against that release's own package, on this interpreter), and a failure then says what it lacks.
-    if found.package:
+    found = resolve_hf(spec.hf, spec.tiny, max_seq_len, interpreter.path, spec.rewrite)
+    if found.installed_copy:
+        _check_same_release(spec.hf, found, interpreter)
+    elif found.package:
+        # The folder's own code runs on the interpreter's transformers, which graphmode's harness imports. A folder
+        # with a harness of its own is not checked: its harness may put another transformers on the path (the test
+        # bed runs a release's file against that release's own package, on this interpreter), and a failure then
+        # says what it lacks.
         _check_release(*target_code(None, spec.hf), interpreter)
     found.transformers_version = interpreter.transformers or found.transformers_version
     return Target(HF, (spec.out / found.name / "target").resolve(), (spec.out / found.name).resolve(), hf=found,
                   hf_spec=spec.hf, max_seq_len=max_seq_len)
+
+
+def _check_same_release(hf: str, found: HFTarget, interpreter: Interpreter) -> None:
+    """The copy is made from graphmode's own transformers, and imports the interpreter's: they must be one release."""
+    if interpreter.transformers and interpreter.transformers != found.transformers_version:
+        raise UserError(f"--hf {hf}: the copy of {found.installed_module} is made from graphmode's own transformers "
+                        f"{found.transformers_version}, but the model runs under {interpreter.path} with transformers "
+                        f"{interpreter.transformers}, whose other modules it would import; run graphmode from that "
+                        "interpreter, or drop --python")
 
 
 def target_folder(path: Path) -> Path:
@@ -201,7 +214,11 @@ def _write_hf_target(hf_target: HFTarget, spec: str, folder: Path, max_seq_len: 
 
     path = Path(spec).expanduser()
     write_target(hf_target, path if path.exists() else None, folder, max_seq_len)
-    if hf_target.package:
+    if hf_target.installed_copy:
+        what = (f"the installed {hf_target.installed_module} is what gets rewritten, in a copy "
+                f"({', '.join(hf_target.sources)}) under {folder}, its relative imports made absolute, every line "
+                "where it was; the installed file is not touched")
+    elif hf_target.package:
         what = (f"its own code ({', '.join(hf_target.sources)}) is what gets rewritten, in a copy under "
                 f"{folder} (the same lines as in {path})")
     else:

@@ -4,6 +4,7 @@
     harness = "harness.py"       # the harness beside the sources (the default), or:
     # hf = "llama"               # a Hugging Face model type, config.json or model folder (as --hf)
     # tiny = true                # with hf: a tiny model with random weights (as --tiny)
+    # rewrite = true             # with hf: rewrite a copy of transformers' own modeling file (as --rewrite)
     # convention = "start_pos"   # no harness yet: write one for this calling convention (as `graphmode init`)
     sources = ["model.py"]       # the files graphmode may rewrite (instead of the harness's SOURCES)
     # python = "/opt/venvs/tf-4.41/bin/python"  # the interpreter the model runs under (as --python): a venv with
@@ -37,7 +38,7 @@ FILE_NAME = "graphmode.toml"
 # key -> (type, what it must be), per table
 TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "harness": (str, "a file name"), "hf": (str, "a model type, config.json or folder"),
-    "tiny": (bool, "true or false"),
+    "tiny": (bool, "true or false"), "rewrite": (bool, "true or false"),
     "convention": (str, "a convention name"), "sources": (list, "a list of file names"),
     "python": (str, "a Python interpreter's path, or \"auto\""),
 }
@@ -152,8 +153,9 @@ def checked(path: Path, target: Any, run: Any, *, labels: tuple[str, str] = ("[t
     target = found.target
     if "hf" in target and ({"harness", "convention"} & set(target)):
         raise UserError(f"{path}: {target_label} names hf and a harness or convention; give one way to build the model")
-    if target.get("tiny") and "hf" not in target:
-        raise UserError(f"{path}: {target_label} tiny goes with hf")
+    for flag in ("tiny", "rewrite"):
+        if target.get(flag) and "hf" not in target:
+            raise UserError(f"{path}: {target_label} {flag} goes with hf")
     sources = target.get("sources")
     if sources is not None and not all(isinstance(s, str) for s in sources):
         raise UserError(f"{path}: {target_label} sources must be a list of file names, got {sources!r}")

@@ -72,7 +72,7 @@ class ScalarChange:
     op: str
     arg: str  # "arg0", "index[1].stop", "dim", ... (for a function: the parameter name)
     values: list[int]  # at each Decode step
-    delta: int | None  # the same change every step, else None
+    delta: int | None = None  # the same change every step, else None (which `_compact` leaves out of the JSON)
     via: str | None = None
 
 

@@ -320,7 +320,11 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
         # call pick the rows then, as for any method that names only `position_ids`.
         embeds = keywords.get("input_embeds", keywords.get("inputs_embeds"))
         slots = keywords.get("cache_position", keywords.get("position_ids"))
-        if position is None or positional or embeds is None or slots is None or code_of(slots) != position:
+        # A 5.x call may pass no positions at all (BioGPT's): the helper then counts the past in the cache it is
+        # given, so its rows are the new tokens' own positions, which the entries' slots are too.
+        measured = slots is None and position == "position_ids" and ({"cache", "past_key_values"} & set(keywords))
+        if position is None or positional or embeds is None or not (
+                measured or (slots is not None and code_of(slots) == position)):
             return None, ("the call does not pass `input_embeds=` (or `inputs_embeds=`) and this method's "
                           "`cache_position=` (or `position_ids=`) by keyword")
         return _shape_of(embeds), None
@@ -456,7 +460,11 @@ class CacheObject(GraphCodemod):
                                        "(use the eager or sdpa attention with the adapted model)")
             return
         slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
-        if slots is None and self._positions_through_kwargs(classes, cls, method):
+        if slots is None and (self._positions_through_kwargs(classes, cls, method)
+                              or isinstance(method.params.star_kwarg, cst.Param)):
+            # Without positions of its own, a 5.x attention (GPT-2's, MPT's: `**kwargs`, called by the model's
+            # own layers) still writes through the Cache API, whose `update` appends after what the cache holds:
+            # on the entries' path, those are the slots the entries are called with.
             slots = _SLOT_SOURCES["position_ids"]
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
