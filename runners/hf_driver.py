@@ -49,6 +49,26 @@ def has_static_cache_path(model: type | torch.nn.Module) -> str | None:
     return None
 
 
+def layers_without_static_kind(config) -> str | None:
+    """None when transformers' StaticCache has a layer for every layer type the config names, else which types it
+    lacks, in one line. DeepSeek-V4's compressed attention layers, say: StaticCache cannot even be built for them."""
+    from transformers import cache_utils
+
+    mapping = getattr(cache_utils, "STATIC_LAYER_TYPE_MAPPING", None)
+    layer_types = getattr(cache_utils, "get_layer_types_and_kwargs", None)
+    if mapping is None or layer_types is None:  # releases before 5.x: one kind of static layer, built for any model
+        return None
+    try:
+        kinds = layer_types(config.get_text_config(decoder=True))[0]
+    except (AttributeError, TypeError, ValueError):  # a config whose defaults are incomplete (BLT): its build says why
+        return None
+    lacking = [kind for kind in dict.fromkeys(kinds) if kind not in mapping]
+    if not lacking:
+        return None
+    return (f"its {', '.join(map(repr, lacking))} layers have no kind of layer in this transformers' StaticCache "
+            f"(which holds {', '.join(sorted(mapping))})")
+
+
 def declared_not_compilable(model: type | torch.nn.Module) -> str | None:
     """5.x keeps `_can_compile_fullgraph = False` for the models its authors do not expect to compile whole: a
     guess, not a refusal (Aria's text model compiles to one graph on the static path), so graphmode runs the path

@@ -92,6 +92,18 @@ def test_rewrite_makes_the_copy_the_source_and_refuses_what_no_rewrite_serves(tm
         resolve(str(Path(__file__).parent / "fixtures" / "hub_remote_code"), True, 64, rewrite=True)
 
 
+@pytest.mark.skipif("deepseek_v4" not in transformers.CONFIG_MAPPING, reason="a transformers 5.x model type")
+def test_layers_static_cache_cannot_hold_make_graphmode_rewrite_the_copy_by_itself():
+    """DeepSeek-V4's compressed attention layers have no kind of layer in transformers' StaticCache, which then cannot
+    even be built: the copy is rewritten without --rewrite, and the note says why, naming the layer types."""
+    target = resolve("deepseek_v4", True, 64)
+    assert target.sources == ["modeling_deepseek_v4.py"]
+    note, = target.notes
+    assert "'heavily_compressed_attention'" in note and "no kind of layer in this transformers' StaticCache" in note
+    assert "rewrites a copy of transformers/models/deepseek_v4/modeling_deepseek_v4.py" in note
+    assert resolve("gemma2", True, 64).sources == []  # sliding and full layers: StaticCache holds both
+
+
 def test_the_target_folder_holds_the_copy_beside_the_harness_for_a_type_and_for_a_folder(tmp_path):
     from graphmode.agent.targets.hf import write_target
 

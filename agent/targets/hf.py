@@ -286,7 +286,8 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
     config.json's values, where the model comes from a folder."""
     from transformers import AutoModelForCausalLM
 
-    from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path, takes_no_cache
+    from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path, \
+        layers_without_static_kind, takes_no_cache
 
     spec = target.spec
     try:
@@ -306,7 +307,8 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
                         "compiles Decode on, and no rewrite of its code serves it either: graphmode's rewrites move "
                         "a key/value cache that grows by one position a step into fixed buffers, which this state "
                         "is not")
-    why_not = has_static_cache_path(model_class)
+    built = _config_object(config_class, config)
+    why_not = has_static_cache_path(model_class) or (built is not None and layers_without_static_kind(built))
     if rewrite or why_not:
         _use_installed_copy(target, model_class, rewrite)
         # Said where graphmode chose the copy itself; a --rewrite the person gave needs no note.
@@ -316,6 +318,15 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
     return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
             "report counts what breaks (where it breaks, `--rewrite` adapts a copy of its modeling file "
             "instead)") if doubt else None
+
+
+def _config_object(config_class, config: dict | None):
+    """The config the model would be built from: config.json's values where there are some, else the class's
+    defaults (the layer types a tiny build cuts to its layers are the same kinds)."""
+    try:
+        return config_class.from_dict(config) if config else config_class()
+    except (TypeError, ValueError):  # defaults that do not validate (Gemma-4's assistant): the build says why
+        return None
 
 
 def _use_installed_copy(target: HFTarget, model_class: type, asked: bool) -> None:
