@@ -78,6 +78,7 @@ REMOTE = " ".join([
     "remote==4.31.0:qwen_7b",
     "remote==4.33.3:baichuan2_7b",
     "remote==4.36.2:phi2,stable_code_3b",
+    "remote==4.37.2:phi3_mini_128k",
     "remote==4.39.3:deepseek_v2_lite,nanogpt",
     "remote==4.41.2:internlm2_5,hunyuan_large,hunyuan_a13b",
     "remote==4.44.2:glm4_9b",

@@ -218,6 +218,26 @@ MODELS: dict[str, RemoteModel] = {
               "num_experts": 4, "moe_topk": [2, 2], "num_shared_expert": [1, 1], "attention_dropout": 0.0,
               "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "pad_id": 0, "eod_token_id": 3,
               "sep_token_id": 4}),
+    # Phi-3's remote code (April 2024), LongRoPE ("su") scaling: the rotary recomputes its frequencies every call from
+    # short or long factors, picked by `if torch.max(position_ids) + 1 > original_max_position_embeddings` (a branch on
+    # a tensor value that flips mid-generation here: the original length is cut to 32, so Decode crosses it at its
+    # 25th token), and scales cos/sin by a factor from the two lengths; fused qkv_proj and gate_up_proj. The copy
+    # InternVL vendors for its Phi-3 chat models (imports reformatted, the flash-attn import in a try/except), at
+    # the commit that added it; no config.json: auto_map from the Hub's, the 128k model's "su" scaling in small.
+    "phi3_mini_128k": RemoteModel(
+        hub="microsoft/Phi-3-mini-128k-instruct (remote code, as InternVL vendors it)",
+        mirror="OpenGVLab/InternVL", commit="e81aac364c01dc33617a7d446a76fcda8f8a577f",
+        folder="internvl_chat/internvl/model/phi3", files=("configuration_phi3.py", "modeling_phi3.py"),
+        release="4.37.2",  # InternVL's internvl_chat/pyproject.toml pins transformers==4.37.2 for this copy
+        tiny={"vocab_size": core.VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64,
+              "original_max_position_embeddings": 32, "sliding_window": None,
+              "rope_scaling": {"type": "su", "short_factor": [1.0, 1.0, 1.0, 1.01, 1.02, 1.05, 1.1, 1.2],
+                               "long_factor": [1.0, 1.1, 1.3, 1.8, 2.6, 4.0, 6.5, 10.0]},
+              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        auto_map={"AutoConfig": "configuration_phi3.Phi3Config",
+                  "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"}),
     # Ling-lite (Bailing MoE, 2025): a fused query_key_value, DeepSeek-style MoE with shared experts and a host-side
     # dispatch (`tokens_per_expert.cpu().numpy()`), and `norm_head`: on its first eval call the LM head normalises
     # its own weight in place (`self.lm_head.weight.data = ...`) and sets `self.norm_head = False`, state changed
