@@ -21,7 +21,8 @@ kept), and a harness that drives the model the way its own generation does:
 - Hub models (convention "generate"): `prepare_inputs_for_generation` and
   `_update_model_kwargs_for_generation` of the model itself, with a 2-D attention_mask grown by one
   each step and `use_cache=True`, as transformers' greedy loop of that release does. The prompt
-  starts with the config's bos_token_id when it names one.
+  starts with the config's bos_token_id when it names one, or ends with the ids the model's own
+  tokenizer ends every prompt with (`RemoteModel.prompt_end`: ChatGLM-6B's `[gMASK] <sop>`).
 - research code with no KV cache (convention "whole_sequence"): the whole sequence every step,
   cropped to the block size, as its own `generate` does (greedy instead of sampling).
 
