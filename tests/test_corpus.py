@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -224,7 +225,11 @@ def _new_lint(original: Path, adapted: Path) -> list[str]:
         if not before.is_file() or before.read_text(errors="replace") == path.read_text(errors="replace"):
             continue
         text, old = path.read_text(errors="replace"), before.read_text(errors="replace")
-        new = findings(text, path.name) - findings(old, path.name)
+        own = findings(old, path.name)
+        # An undefined name the original reads undefined too is the model's own bug (Hunyuan-A13B's hunyuan.py never
+        # defines `logger`): a statement the rewrite copies into a fork or twin reads it once more, nothing new.
+        new = Counter({key: count for key, count in (findings(text, path.name) - own).items()
+                       if not (key[0] == "F821" and key in own)})
         said += [f"{relative}: {code} {message} (x{count})" for (code, message), count in new.items()]
         said += [f"{relative}:{row}: longer than the original's {own_limit(old)} columns"
                  for row in too_long(text, own_limit(old), old)]

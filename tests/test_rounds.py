@@ -203,3 +203,37 @@ def test_a_change_that_changes_the_tokens_is_bisected_and_left_out(tmp_path):
     assert "merged_projections" not in report["changes_applied"]
     text = (run / "report.md").read_text()
     assert "Left out after round 1: `merged_projections`" in text and "changes the tokens" in text
+
+
+def test_only_the_file_the_harness_takes_its_model_class_from_gets_the_entry_points(tmp_path, monkeypatch):
+    """Hunyuan-A13B's folder defines `HunYuanMoEV1ForCausalLM` in hunyuan.py (which auto_map names) and again in
+    modeling_hunyuan.py: the entry class is the codemods' only in the file the probe saw the class come from."""
+    from graphmode.agent.workflow import adaptation
+    from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
+
+    target = tmp_path / "target"
+    target.mkdir()
+    for name in ("modeling_toy.py", "toy.py"):
+        (target / name).write_text("import torch\n\n\nclass ToyForCausalLM(torch.nn.Module):\n    pass\n")
+    seen: dict[str, str | None] = {}
+
+    def chain(text, rel, chosen, options):
+        seen[rel] = options.entry_class
+        return rel
+    monkeypatch.setattr(adaptation, "adapt_source", chain)
+
+    def entry_classes(entry_file: str | None, **revisions) -> dict[str, str | None]:
+        seen.clear()
+        monkeypatch.setattr(adaptation, "_ADAPTED", {})  # the chain's results are kept by selection and texts
+        state = RunState(session_id="entry", options=RunOptions(target=str(target), run_dir=str(tmp_path / "run")),
+                         sources=["modeling_toy.py", "toy.py"], revisions=revisions,
+                         baseline=Baseline(entry_class="ToyForCausalLM", entry_file=entry_file, steps=8))
+        adaptation.adapt_sources(state, None)
+        return dict(seen)
+
+    assert entry_classes("toy.py") == {"modeling_toy.py": None, "toy.py": "ToyForCausalLM"}
+    # not recorded, or outside the sources (a class from an installed package): every file, as before
+    assert entry_classes(None) == {"modeling_toy.py": "ToyForCausalLM", "toy.py": "ToyForCausalLM"}
+    assert entry_classes("/site/toy.py") == {"modeling_toy.py": "ToyForCausalLM", "toy.py": "ToyForCausalLM"}
+    # a person named another class: the probe's file says nothing about it
+    assert entry_classes("toy.py", entry_class="Other") == {"modeling_toy.py": "Other", "toy.py": "Other"}

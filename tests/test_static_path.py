@@ -497,3 +497,41 @@ def test_a_twin_keeps_a_signature_written_one_parameter_per_line():
     model = _run(split).Attention()
     x = torch.arange(4.0)
     assert torch.equal(model(x), (((x + 1) * 2) - 3) / 4)
+
+
+def test_a_twin_keeps_one_parameter_per_line_when_kwargs_follow():
+    """Hunyuan-Large's attention writes its parameters one per line and ends with `**kwargs`. The twin drops the
+    cache (and `use_cache`) its body never reads and keeps the layout (joined, its signature ran past the file's
+    120 columns, and line_wrap wraps no signature with `**`)."""
+    original = '''
+    import torch
+
+
+    class Attention(torch.nn.Module):
+        def forward(
+            self,
+            hidden_states,
+            past_key_value=None,
+            use_cache=False,
+            **kwargs,
+        ):
+            a = hidden_states + 1
+            a1 = a + 0
+            b = a1 * 2
+            b1 = b + 0
+            c = b1 - 3
+            c1 = c + 0
+            d = c1 / 4
+            return d if past_key_value is None else past_key_value
+    '''
+    adapted = original.replace("+ 1", "+ 2").replace("* 2", "* 3").replace("- 3", "- 4").replace("/ 4", "/ 5") \
+        .replace("return d if past_key_value is None else past_key_value", "return d")
+    split = _split(original, adapted)
+    assert ("    def forward_static(\n"
+            "        self,\n"
+            "        hidden_states,\n"
+            "        **kwargs,\n"
+            "    ):\n") in split
+    model = _run(split).Attention()
+    x = torch.arange(4.0)
+    assert torch.equal(model(x), (((x + 1) * 2) - 3) / 4)

@@ -32,12 +32,25 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     chosen = every if selected is None or (planned and planned <= selected <= every) else frozenset(selected)
     target = Path(state.options.target)
     texts = tuple((rel, read_source(target, rel)) for rel in state.sources)
-    key = (chosen, options, texts)
+    entry_file = _entry_file(state, values["entry_class"], {rel for rel, _ in texts})
+    key = (chosen, options, texts, entry_file)
     if key not in _ADAPTED:
         if len(_ADAPTED) >= _KEPT:
             _ADAPTED.pop(next(iter(_ADAPTED)))
-        _ADAPTED[key] = {rel: adapt_source(text, rel, set(chosen), options) for rel, text in texts}
+        _ADAPTED[key] = {rel: adapt_source(text, rel, set(chosen), options if entry_file in (None, rel)
+                                           else replace(options, entry_class=None)) for rel, text in texts}
     return _ADAPTED[key]
+
+
+def _entry_file(state: RunState, entry_class: str | None, sources: set[str]) -> str | None:
+    """The source file the harness's model class comes from (the probe's record), where it is one of the sources and
+    nobody revised the class: only that file's class of that name gets the entry points. A Hub folder may define a
+    class of the same name in two files (Hunyuan-A13B's hunyuan.py, which auto_map names, and modeling_hunyuan.py):
+    entries on the copy the harness never builds left the one it builds without them. None: every file, as before."""
+    baseline = state.baseline
+    if baseline is None or entry_class != baseline.entry_class or baseline.entry_file not in sources:
+        return None
+    return baseline.entry_file
 
 
 # The chain's results in this process, by selection, options and source texts: design, implement and a

@@ -73,13 +73,16 @@ FAMILIES = {
 # GRAPHMODE_CORPUS=remote: Hub remote code and research code, each under the release it needs (issue 23);
 # its files come from a cache filled once from GitHub (remote.py), else the cases are skipped.
 REMOTE = " ".join([
+    "remote==4.27.1:chatglm_6b",
     "remote==4.30.2:telechat_7b",
     "remote==4.31.0:qwen_7b",
     "remote==4.33.3:baichuan2_7b",
     "remote==4.36.2:phi2,stable_code_3b",
+    "remote==4.37.2:phi3_mini_128k",
     "remote==4.39.3:deepseek_v2_lite,nanogpt",
-    "remote==4.41.2:internlm2_5",
+    "remote==4.41.2:internlm2_5,hunyuan_large,hunyuan_a13b",
     "remote==4.44.2:glm4_9b",
+    "remote==4.46.3:ling_lite",
     "remote==4.53.2:openpangu_embedded_7b",
 ])
 # GRAPHMODE_CORPUS=testbed: at least 20 decoders written by others (issue 9), and the remote-code cases.

@@ -21,7 +21,8 @@ kept), and a harness that drives the model the way its own generation does:
 - Hub models (convention "generate"): `prepare_inputs_for_generation` and
   `_update_model_kwargs_for_generation` of the model itself, with a 2-D attention_mask grown by one
   each step and `use_cache=True`, as transformers' greedy loop of that release does. The prompt
-  starts with the config's bos_token_id when it names one.
+  starts with the config's bos_token_id when it names one, or ends with the ids the model's own
+  tokenizer ends every prompt with (`RemoteModel.prompt_end`: ChatGLM-6B's `[gMASK] <sop>`).
 - research code with no KV cache (convention "whole_sequence"): the whole sequence every step,
   cropped to the block size, as its own `generate` does (greedy instead of sampling).
 
@@ -68,6 +69,12 @@ class RemoteModel:
     # installs graphmode's placeholders for them (for torch_npu, its CPU stand-in of `torch.npu` too), as the
     # harness graphmode writes for `--hf` does; the site's own stand-ins (SHIMS) are found first.
     placeholders: dict = field(default_factory=dict)
+    # Config fields whose token ids end every prompt, in this order, where the model's own generation requires
+    # them (ChatGLM-6B finds its positions and mask from `[gMASK]` and `<sop>` = bos at the prompt's end, as its
+    # tokenizer puts them); the prompt then does not start with bos.
+    prompt_end: tuple[str, ...] = ()
+    # Whether the Hub folder has a generation_config.json to copy beside config.json (ChatGLM-6B's has none).
+    generation_config: bool = True
 
 
 MODELS: dict[str, RemoteModel] = {
@@ -178,6 +185,96 @@ MODELS: dict[str, RemoteModel] = {
               "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2,
               "pad_token_id": 0},
         placeholders={"torch_npu": "modeling_openpangu_dense.py:34"}),
+    # Cross-layer attention (CLA) and QK-norm, with MoE (Hunyuan-Large, November 2024): every second layer has no
+    # k/v projections and reuses the previous layer's projected (not yet rotated) keys and values, handed on as the
+    # decoder layers' extra output `kv_states`, yet still writes its own DynamicCache slot; RMSNorm on queries and keys
+    # after the rotary; a capacity-based top-1 gate (one_hot/einsum dispatch) beside a shared MLP; a dynamic-NTK
+    # "alpha" rotary. The official repository's models/ folder, which has no config.json: auto_map from the Hub's.
+    "hunyuan_large": RemoteModel(
+        hub="tencent/Tencent-Hunyuan-Large (Hunyuan-A52B-Instruct)",
+        mirror="Tencent/Tencent-Hunyuan-Large", commit="c8c1ddd51303506f7813bdbddeae9e924980179d",
+        folder="models", files=("configuration_hunyuan.py", "modeling_hunyuan.py"),
+        release="4.41.2",  # train/requirements.txt and examples/requirements.txt: transformers==4.41.2
+        tiny={"vocab_size": core.VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+              "rope_theta": 10000.0, "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+              "use_qk_norm": True, "use_cla": True, "cla_share_factor": 2, "num_experts": 4, "moe_topk": 1,
+              "use_mixed_mlp_moe": True, "num_shared_expert": 1, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        auto_map={"AutoConfig": "configuration_hunyuan.HunYuanConfig",
+                  "AutoModelForCausalLM": "modeling_hunyuan.HunYuanForCausalLM"}),
+    # Hunyuan-A13B (June 2025): the Hunyuan layers above, with QK-norm and GQA but no CLA, behind a second entry file
+    # (`hunyuan.py`, which auto_map names, imports the decoder layer from `modeling_hunyuan.py`), per-layer lists in
+    # the config (moe_topk, num_shared_expert, moe_intermediate_size) and a capacity-based top-k gate (8 of 64
+    # experts on the Hub, 2 of 4 here). The official release's models/ folder as this fork holds it, at the release's
+    # own "Quick fix for doc & model" (27 June 2025).
+    "hunyuan_a13b": RemoteModel(
+        hub="tencent/Hunyuan-A13B-Instruct",
+        mirror="tianyu1412/Hunyuan-A13B", commit="9bc56999a098e2ecdce97406abc9a398ff1140e3",
+        folder="models", files=("configuration_hunyuan.py", "modeling_hunyuan.py", "hunyuan.py"),
+        release="4.41.2",  # config.json: transformers_version 4.41.2
+        tiny={"org_vocab_size": core.VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128,
+              "moe_intermediate_size": [32, 32], "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "attention_head_dim": 16, "max_position_embeddings": 64,
+              "num_experts": 4, "moe_topk": [2, 2], "num_shared_expert": [1, 1], "attention_dropout": 0.0,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "pad_id": 0, "eod_token_id": 3,
+              "sep_token_id": 4}),
+    # Phi-3's remote code (April 2024), LongRoPE ("su") scaling: the rotary recomputes its frequencies every call from
+    # short or long factors, picked by `if torch.max(position_ids) + 1 > original_max_position_embeddings` (a branch on
+    # a tensor value that flips mid-generation here: the original length is cut to 32, so Decode crosses it at its
+    # 25th token), and scales cos/sin by a factor from the two lengths; fused qkv_proj and gate_up_proj. The copy
+    # InternVL vendors for its Phi-3 chat models (imports reformatted, the flash-attn import in a try/except), at
+    # the commit that added it; no config.json: auto_map from the Hub's, the 128k model's "su" scaling in small.
+    "phi3_mini_128k": RemoteModel(
+        hub="microsoft/Phi-3-mini-128k-instruct (remote code, as InternVL vendors it)",
+        mirror="OpenGVLab/InternVL", commit="e81aac364c01dc33617a7d446a76fcda8f8a577f",
+        folder="internvl_chat/internvl/model/phi3", files=("configuration_phi3.py", "modeling_phi3.py"),
+        release="4.37.2",  # InternVL's internvl_chat/pyproject.toml pins transformers==4.37.2 for this copy
+        tiny={"vocab_size": core.VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64,
+              "original_max_position_embeddings": 32, "sliding_window": None,
+              "rope_scaling": {"type": "su", "short_factor": [1.0, 1.0, 1.0, 1.01, 1.02, 1.05, 1.1, 1.2],
+                               "long_factor": [1.0, 1.1, 1.3, 1.8, 2.6, 4.0, 6.5, 10.0]},
+              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        auto_map={"AutoConfig": "configuration_phi3.Phi3Config",
+                  "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"}),
+    # Ling-lite (Bailing MoE, 2025): a fused query_key_value, DeepSeek-style MoE with shared experts and a host-side
+    # dispatch (`tokens_per_expert.cpu().numpy()`), and `norm_head`: on its first eval call the LM head normalises
+    # its own weight in place (`self.lm_head.weight.data = ...`) and sets `self.norm_head = False`, state changed
+    # by forward. The official repository's models/ folder (no config.json: auto_map from the Hub's), at the last
+    # commit that touched it ("update modeling code", 7 April 2025).
+    "ling_lite": RemoteModel(
+        hub="inclusionAI/Ling-lite",
+        mirror="inclusionAI/Ling", commit="ceb347601d43d1b102fdb10858e2fb384d27bf80",
+        folder="models", files=("configuration_bailing_moe.py", "modeling_bailing_moe.py"),
+        # the file falls back to DynamicCache.get_max_cache_shape (4.46 on) where get_max_length is gone, and still
+        # reads seen_tokens and get_usable_length
+        release="4.46.3",
+        tiny={"vocab_size": core.VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128,
+              "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_experts": 4, "num_shared_experts": 1, "num_experts_per_tok": 2,
+              "first_k_dense_replace": 1, "norm_head": True, "norm_topk_prob": True, "use_bias": False,
+              "use_qkv_bias": False, "embedding_dropout": 0.0, "attention_dropout": 0.0, "output_dropout": 0.0,
+              "max_position_embeddings": 64, "rope_theta": 600000.0, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        auto_map={"AutoConfig": "configuration_bailing_moe.BailingMoeConfig",
+                  "AutoModelForCausalLM": "modeling_bailing_moe.BailingMoeForCausalLM"}),
+    # 2-D positions (ChatGLM-6B, GLM v1): each head's rotary is split in two, one half rotated by the position (the
+    # `[gMASK]` position for generated tokens), the other by the block position (0 in the prompt, 1, 2, ... after it);
+    # a sequence-first tuple cache grown with torch.cat in the module-level `attention_fn`; a rotary cos/sin cache
+    # grown on demand; the mask and positions built from `input_ids.tolist()` and `seq.index(bos)`; half-precision
+    # parameters (params_dtype = torch.half). Its prompts end `[gMASK] <sop>` (sop = bos), as its tokenizer ends them.
+    # The Hub files as this mirror holds them at "Fix position ids in 1d position encoding" (27 April 2023).
+    "chatglm_6b": RemoteModel(
+        hub="THUDM/chatglm-6b",
+        mirror="greensheng/chatglm-6b", commit="a8ede826cf1b62bd3c78bdfb3625c7c5d2048fbd",
+        folder="", files=("configuration_chatglm.py", "modeling_chatglm.py"),
+        release="4.27.1",  # the ChatGLM-6B README and requirements pin transformers==4.27.1 (config.json: 4.23.1)
+        tiny={"hidden_size": 64, "num_attention_heads": 4, "num_layers": 2, "inner_hidden_size": 128,
+              "max_sequence_length": 64, "position_encoding_2d": True, "mask_token_id": 250,
+              "gmask_token_id": 251, "bos_token_id": 252, "eos_token_id": 253, "pad_token_id": 3},
+        prompt_end=("gmask_token_id", "bos_token_id"), generation_config=False),
     # A research codebase with no KV cache: the whole sequence every step.
     "nanogpt": RemoteModel(
         hub="karpathy/nanoGPT",
@@ -212,7 +309,8 @@ def cached_folder(model: RemoteModel, root: Path | None = None) -> Path:
 
 def _wanted(model: RemoteModel) -> list[str]:
     hub_folder = model.convention == "generate" and model.auto_map is None
-    return list(model.files) + (["config.json", "generation_config.json"] if hub_folder else [])
+    hub_files = ["config.json", "generation_config.json"] if model.generation_config else ["config.json"]
+    return list(model.files) + (hub_files if hub_folder else [])
 
 
 def fill(root: Path, mirrors: Path | None = None, names: list[str] | None = None) -> list[str]:
@@ -322,13 +420,7 @@ def build_model() -> torch.nn.Module:
     return corpus_support.init_parameters(model)
 
 
-def make_prompt() -> torch.Tensor:
-    """Random tokens, the first one the config's bos_token_id where it names one (as a tokenizer puts it)."""
-    tokens = corpus_support.make_prompt(VOCAB_SIZE, PROMPT_LEN)
-    if CONFIG.get("bos_token_id") is not None:
-        tokens[:, 0] = CONFIG["bos_token_id"]
-    return tokens
-
+{make_prompt}
 
 def _step(model, input_ids, model_kwargs):
     """One step of the model's own generation loop: its prepare_inputs_for_generation, the call, its
@@ -357,6 +449,24 @@ def prefill(model, tokens):
 def decode(model, token, state):
     input_ids, model_kwargs = state
     return _step(model, torch.cat([input_ids, token], dim=-1), model_kwargs)
+'''
+
+BOS_FIRST = '''def make_prompt() -> torch.Tensor:
+    """Random tokens, the first one the config's bos_token_id where it names one (as a tokenizer puts it)."""
+    tokens = corpus_support.make_prompt(VOCAB_SIZE, PROMPT_LEN)
+    if CONFIG.get("bos_token_id") is not None:
+        tokens[:, 0] = CONFIG["bos_token_id"]
+    return tokens
+'''
+
+PROMPT_END = '''PROMPT_END = {fields!r}
+
+
+def make_prompt() -> torch.Tensor:
+    """Random tokens ending with the ids of the config fields PROMPT_END (as the model's tokenizer ends a prompt)."""
+    tokens = corpus_support.make_prompt(VOCAB_SIZE, PROMPT_LEN)
+    tokens[:, -len(PROMPT_END):] = torch.tensor([CONFIG[name] for name in PROMPT_END])
+    return tokens
 '''
 
 # Before the model's modules are imported: placeholders for packages this machine has no build of.
@@ -429,8 +539,10 @@ def build_target(case: Case, site: Path, dest: Path) -> Path:
     else:
         (config_module, config_class), (model_module, model_class) = (
             entry.rsplit(".", 1) for entry in entry_classes(model, folder))
+        make_prompt = PROMPT_END.format(fields=model.prompt_end) if model.prompt_end else BOS_FIRST
         body = BODY.format(config_module=config_module, config_class=config_class,
-                                    model_module=model_module, model_class=model_class, config_kwargs=config)
+                           model_module=model_module, model_class=model_class, config_kwargs=config,
+                           make_prompt=make_prompt)
         how = ("its own prepare_inputs_for_generation and _update_model_kwargs_for_generation, a growing\n"
                "attention_mask, use_cache=True (transformers' greedy loop of that release)")
     description = (f"{model.hub} ({model.mirror}@{model.commit}, {model.folder or 'the root'}), under "

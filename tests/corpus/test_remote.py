@@ -127,3 +127,33 @@ def test_the_target_keeps_lines_makes_imports_local_and_shrinks_the_hub_config(t
     assert len(prompts) == 1 and "bos_token_id" in ast.get_source_segment(harness, prompts[0])
     assert {"build_model", "prefill", "decode", "generate"} <= {
         node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_a_model_whose_prompts_end_with_its_own_tokens_gets_them_last_and_no_generation_config(toy_mirror, tmp_path,
+                                                                                                monkeypatch):
+    """ChatGLM-6B's generation finds its positions from `[gMASK] <sop>` at the prompt's end, and its Hub folder
+    has no generation_config.json: the case says both, and the harness's prompt ends with those ids."""
+    import dataclasses
+
+    import torch
+
+    from corpus import harness_support
+
+    mirrors, model = toy_mirror
+    model = dataclasses.replace(model, tiny={"hidden_size": 64, "gmask_token_id": 7, "bos_token_id": 9},
+                                prompt_end=("gmask_token_id", "bos_token_id"), generation_config=False)
+    monkeypatch.setitem(remote.MODELS, "toy", model)
+    remote.fill(remote.cache_root(), mirrors, ["toy"])
+    assert not (remote.cached_folder(model) / "generation_config.json").exists()
+    target = remote.build_target(core.Case("remote", "4.44.2", "toy"), tmp_path / "site", tmp_path / "targets")
+    harness = (target / "harness.py").read_text()
+    tree = ast.parse(harness)
+    prompts = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "make_prompt"]
+    assert len(prompts) == 1
+    namespace = {"torch": torch, "corpus_support": harness_support, "VOCAB_SIZE": core.VOCAB_SIZE,
+                 "PROMPT_LEN": 8, "CONFIG": {"gmask_token_id": 7, "bos_token_id": 9},
+                 "PROMPT_END": ("gmask_token_id", "bos_token_id")}
+    exec(ast.get_source_segment(harness, prompts[0]), namespace)
+    tokens = namespace["make_prompt"]()
+    assert tokens.shape == (1, 8) and tokens[0, -2:].tolist() == [7, 9]
+    assert tokens[0, :-2].tolist() == harness_support.make_prompt(core.VOCAB_SIZE, 8)[0, :-2].tolist()

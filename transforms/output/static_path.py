@@ -514,11 +514,15 @@ def _without(params: cst.Parameters, names: set[str]) -> cst.Parameters:
 
 
 def _one_per_line(params: cst.Parameters) -> bool:
-    """Plain parameters only (no `*`, `/` or keyword-only ones), each on a line of its own."""
-    return len(params.params) > 1 and not (params.posonly_params or params.kwonly_params or params.star_kwarg) \
+    """Plain parameters only (no `*`, `/` or keyword-only ones), each on a line of its own; a `**kwargs` may follow
+    on a line of its own (Hub attention forwards end so). Joined instead, such a signature became one line too long
+    for the file, which line_wrap leaves alone (it wraps no signature with `**` or a bracket already broken)."""
+    # With a `**kwargs` after them the last plain parameter has its comma (and line break) too.
+    broken = params.params if params.star_kwarg is not None else params.params[:-1]
+    return len(params.params) > 1 and not (params.posonly_params or params.kwonly_params) \
         and not isinstance(params.star_arg, cst.Param | cst.ParamStar) \
         and all(isinstance(p.comma, cst.Comma) and isinstance(p.comma.whitespace_after, cst.ParenthesizedWhitespace)
-                for p in params.params[:-1])
+                for p in broken)
 
 
 def _with_docstring(function: cst.FunctionDef, text: str) -> cst.FunctionDef:
