@@ -31,8 +31,9 @@ def _line_of(path: Path, text: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), start=1) if text in line)
 
 
-def _adapted_with_yes(tmp_path: Path, target: str) -> tuple[Path, dict]:
-    """`graphmode adapt TARGET --yes` with the default --rounds; it must verify. The run folder and its report.
+def _adapted_with_yes(tmp_path: Path, target: str) -> tuple[Path, dict, str]:
+    """`graphmode adapt TARGET --yes` with the default --rounds; it must verify. The run folder, its report and what
+    the run printed.
 
     The eager backend: these cases are about the rounds, and a failed round's Decode compiles again at each of its
     recompiles (then in the battery too), where aot_eager's tracing doubles the round's time."""
@@ -40,7 +41,7 @@ def _adapted_with_yes(tmp_path: Path, target: str) -> tuple[Path, dict]:
     done = graphmode("adapt", str(TARGETS / target), "--yes", "--backend", "eager", "--runs", "1",
                      "--out", str(out), home=tmp_path / "home", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    return out / target, json.loads((out / target / "report.json").read_text())
+    return out / target, json.loads((out / target / "report.json").read_text()), done.stdout
 
 
 def _chain(*codemods: str, needs: dict[str, list[str]] | None = None) -> list[Change]:
@@ -173,7 +174,10 @@ def test_a_failure_behind_a_declined_change_is_offered_again_but_never_re_added_
 
 @pytest.mark.slow
 def test_a_hazard_only_the_adapted_run_reveals_is_planned_in_a_second_round(tmp_path):
-    run, report = _adapted_with_yes(tmp_path, "hidden_branch")
+    run, report, printed = _adapted_with_yes(tmp_path, "hidden_branch")
+    # Round 1's runs broke the graph: its own-harness and battery checks are left to round 2, which runs them all.
+    assert "the adapted Decode broke its graph: the own harness and the battery wait for the next round" in printed
+    assert report["later_checks_skipped"] == "" and report["battery"] and report["own_harness"]["ran"]
     baddbmm = _line_of(TARGETS / "hidden_branch" / "model.py", "alpha=self.inv_norm")
     first, second = report["rounds"]
     assert first["passed"] is False and first["graph_breaks"] > 0 and "scalar_arguments" not in first["applied"]
@@ -192,7 +196,9 @@ def test_a_hazard_only_the_adapted_run_reveals_is_planned_in_a_second_round(tmp_
 
 @pytest.mark.slow
 def test_a_change_that_changes_the_tokens_is_bisected_and_left_out(tmp_path):
-    run, report = _adapted_with_yes(tmp_path, "hooked_projection")
+    run, report, printed = _adapted_with_yes(tmp_path, "hooked_projection")
+    assert "the adapted side chose other tokens: the own harness and the battery wait for the next round" in printed
+    assert report["later_checks_skipped"] == "" and report["battery"] and report["own_harness"]["tokens_equal"]
     first, second = report["rounds"]
     assert first["tokens_equal"] is False and "merged_projections" in first["applied"]
     dropped, = report["dropped"]

@@ -240,6 +240,9 @@ def verify(state: RunState) -> dict:
                 unfused_dir=Path(state.unfused_dir) if state.unfused_dir else None,
                 fusions=fusions_of(state.applied), full_config=full_config(Path(opts.target)),
                 static_length=static_length(state),
+                # A failed round that another may repair: its own-harness and battery checks would be run on code
+                # about to change; the round that verifies the repair runs them.
+                checks_after_failed_runs=state.round >= opts.rounds,
             )
         except AdaptedNotRunnable as error:
             return error  # the adaptation's outcome, not bad input: the report says why and what is left

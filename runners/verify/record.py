@@ -89,6 +89,9 @@ class Verification(Record):
     # The equivalence battery (runners/workers/battery_worker.py): rows {"name", "path", "status", "detail"}, status
     # "held", "failed" or "n/a" (the original itself cannot run it). Part of the verdict: every row must hold or be n/a.
     battery: list[dict[str, Any]] = Field(default_factory=list)
+    # How the runs had already failed where the own harness, the battery and the bucket sweep were left to the next
+    # round (verify's checks_after_failed_runs), else "".
+    later_checks_skipped: str = ""
     # With fusions applied: the adapted side against the same adaptation without them, and the ops each side's
     # Decode step runs ({} without fusions; the layout is runners.verify.verify.fusion_figures' docstring).
     fusion: dict[str, Any] = Field(default_factory=dict)

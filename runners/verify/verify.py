@@ -398,7 +398,8 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
            batch_buckets: list[int] | None = None,
            progress: Callable[[str], None] | None = None,
            unfused_dir: Path | None = None, fusions: list[str] | None = None,
-           full_config: dict[str, Any] | None = None, static_length: int | None = None) -> Verification:
+           full_config: dict[str, Any] | None = None, static_length: int | None = None,
+           checks_after_failed_runs: bool = True) -> Verification:
     """Runs both sides `runs` times (each process under `timeout_s`) and compares them; see
     Verification.problems. `compile_cache`: a folder the graph runs share for inductor's on-disk
     caches (run 1 fills it when it starts empty); None gives every run its own empty one.
@@ -408,6 +409,9 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     model's full-size config (a config.json's values), for the bytes-per-layer estimate at the sizes it names.
     `static_length`: the positions the adapted side's static path is set up for (`setup_caches`), where a person
     revised it; else the harness's MAX_SEQ_LEN.
+    `checks_after_failed_runs`: False where another round follows a failure (agent.workflow.repair): once the runs
+    themselves failed (other tokens, a graph break, a recompile), the own harness, the battery and the bucket sweep are
+    left to the round that verifies the repaired code, and Verification.later_checks_skipped says so.
     `progress` hears which run starts and how long each took, one line each."""
     say = progress or (lambda _: None)
     _check_counts(steps, runs, similarity)
@@ -420,18 +424,24 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         work = log_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         done = _alternate_runs(setting, work, runs, original_dir, adapted_dir, unfused_dir)
-        say("the original harness against the adapted sources: running")
-        own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
-                                         done.sides["original"][0][0].tokens, static_length)
-        say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): running")
         original_run, eager_logits = done.sides["original"][0][0], done.sides["original"][0][1]
         logits_atol = logits_tolerance(logits_atol, original_run.dtype, eager_logits)
-        battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol,
-                               static_length)
-        # After the runs, so it disturbs neither their alternation nor their figures.
-        sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
-                             partial_graph=done.sides["adapted"][0][0].graph_breaks > 0,
-                             static_length=static_length) if batch_buckets else None
+        skipped = "" if checks_after_failed_runs else _failed_runs(done)
+        own_harness, battery, sweep = {}, [], None
+        if skipped:
+            say(f"{skipped}: the own harness and the battery wait for the next round")
+        else:
+            say("the original harness against the adapted sources: running")
+            own_harness = _check_own_harness(adapted_dir, backend.name, steps, work, timeout_s, log_dir,
+                                             original_run.tokens, static_length)
+            say("the equivalence battery (padding, the model's own loops, two conversations, the sized length): "
+                "running")
+            battery = _run_battery(original_dir, adapted_dir, backend.name, work, timeout_s, log_dir, logits_atol,
+                                   static_length)
+            # After the runs, so it disturbs neither their alternation nor their figures.
+            sweep = _run_buckets(adapted_dir, backend.name, steps, batch_buckets, work, timeout_s, log_dir,
+                                 partial_graph=done.sides["adapted"][0][0].graph_breaks > 0,
+                                 static_length=static_length) if batch_buckets else None
     result = _compared(done, original_dir, adapted_dir, backend.name, reason, steps, logits_atol, similarity)
     result.compile_logs = ([f"{run_name('adapted', run)}.compile.log" for run in range(runs)]
                            + [f"{run_name(UNFUSED, run)}.compile.log" for run in range(len(done.unfused))]
@@ -444,6 +454,7 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
     result.bucket_sweep = sweep.to_dict() if sweep else {}
     result.own_harness = own_harness
     result.battery = battery
+    result.later_checks_skipped = skipped
     result.capture = capture_figures([r for r, _, _ in done.sides["adapted"]], [r for r, _, _ in done.unfused], sweep)
     result.problems = _problems(result)
     if unfused_dir is not None:
@@ -453,6 +464,20 @@ def verify(original_dir: Path, adapted_dir: Path, backend_name: str, steps: int 
         result.fusion["estimate"] = estimates(done.sides["adapted"][0][0].decode_graph.get("config_traffic"),
                                               full_config, list(fusions or []))
     return result
+
+
+def _failed_runs(done: _Runs) -> str:
+    """How the runs themselves failed, in a few words (\"\" when they did not): the graph side broke its graph,
+    recompiled, or chose other tokens than the eager side."""
+    reference = done.sides["original"][0][0].tokens
+    adapted = [run for run, _, _ in done.sides["adapted"]]
+    if any(run.graph_breaks for run in adapted):
+        return "the adapted Decode broke its graph"
+    if any(run.recompiles for run in adapted):
+        return "the adapted Decode recompiled"
+    if any(run.tokens != reference for run in adapted):
+        return "the adapted side chose other tokens"
+    return ""
 
 
 def _check_counts(steps: int, runs: int, similarity: float) -> None:

@@ -146,6 +146,9 @@ def report_json(state: RunState, manual: list[dict]) -> dict:
         "own_harness": v.own_harness,
         # The equivalence battery (added): rows {"name", "path", "status", "detail"}; part of the verdict.
         "battery": v.battery,
+        # Why the own harness and the battery did not run (added): the runs had already failed and another round could
+        # repair them first; "" when they ran.
+        "later_checks_skipped": v.later_checks_skipped,
         # With fusions applied (added; {} without): Decode with and without them in the same runs, the ops of one
         # Decode step before (without) and after (with), and what each fusion does (`notes`).
         "fusion": {**v.fusion, "notes": fusion_notes(v.fusion["applied"])} if v.fusion else {},
