@@ -52,6 +52,12 @@ holds the written slots of the buffers. So a caller that leaves `position_ids` o
 forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and
 no cache, so the compiled Decode never touches it.
 
+A write through a local name of the cache (5.x GPT-2, BioGPT: the cache itself, or its `self_attention_cache` or
+`cross_attention_cache`, picked in if/else under `if cache is not None:`, the write nested in a branch) is the same
+write: the static one goes after the top-level statement that holds it, out of the cache's guard (the entries pass
+no cache), and only for self-attention; cross-attention (where the name is its cache under a test) keeps the
+caller's cache, which a decoder-only model never hands it.
+
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
 """
@@ -561,8 +567,9 @@ class CacheObject(GraphCodemod):
                        f"recognised (expected one `k, v = <name>.update(k, v, ...)`)")
         if not problem and alias and alias.cross is not None \
                 and not _known_before(body, next(iter(writes)), alias.cross, params):
-            problem = (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, which is not known before "
-                       "the statement that writes it")
+            problem = (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, whose names are not bound "
+                       "once, before the statement that holds the write, so the static write after it cannot ask the "
+                       "same test")
         sizing = None if problem else self._sizing(classes, cls, written[0], cache)
         if not problem and sizing is None:
             problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
