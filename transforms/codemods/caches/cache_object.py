@@ -570,6 +570,11 @@ class CacheObject(GraphCodemod):
             problem = (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, whose names are not bound "
                        "once, before the statement that holds the write, so the static write after it cannot ask the "
                        "same test")
+        if not problem and alias and not self._after_holder(body[next(iter(writes))], written[0],
+                                                             set(_write(written[0], alias.name))):
+            problem = (f"writes `{cache}` through `{alias.name}` inside a loop, `with` or `try`, or binds the keys or "
+                       "values again after the write in the statement that holds it, so the static write cannot "
+                       "follow that statement")
         sizing = None if problem else self._sizing(classes, cls, written[0], cache)
         if not problem and sizing is None:
             problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
@@ -632,6 +637,22 @@ class CacheObject(GraphCodemod):
             plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
                 leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
         return write
+
+    def _after_holder(self, top: cst.BaseStatement, write: cst.SimpleStatementLine, written: set[str]) -> bool:
+        """Whether the static write may follow `top`, the top-level statement that holds a nested write: only
+        `if`/`else` branches lead from it to the write (one pass, no `with` or `except` in between), and no
+        statement after the write in it binds the keys or values again (they are the ones written)."""
+        node, parents = write, self.source.parents
+        while (node := parents.get(node)) is not None and node is not top:
+            if not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock)):
+                return False
+        lines = nodes_of_type(top, cst.SimpleStatementLine)
+        after = lines[next(i for i, line in enumerate(lines) if line is write) + 1:]
+        return not any(isinstance(target, cst.Name) and target.value in written
+                       for line in after for small in line.body if isinstance(small, cst.Assign)
+                       for assign_target in small.targets
+                       for target in ([e.value for e in assign_target.target.elements]
+                                      if isinstance(assign_target.target, cst.Tuple) else [assign_target.target]))
 
     def _static_alias_write(self, plan: _Plan, top: cst.BaseStatement, write: cst.SimpleStatementLine,
                             alias: _Alias, slots: str) -> cst.BaseStatement:
