@@ -114,3 +114,21 @@ def test_each_line_is_left_for_a_person_once_with_every_reason(tmp_path):
     text = Path(reported["report_path"]).read_text()
     assert all(text.count(f"`model.py:{m['line']}`") == 1 for m in manual)
     assert all(message in text for _, _, message in left)
+
+
+def test_the_first_item_on_decodes_path_is_named_with_its_words():
+    from graphmode.agent.workflow.report.write import first_on_decode
+
+    def item(line, decode_runs, *reasons):
+        return {"path": "m.py", "line": line, "decode_runs": decode_runs, "reasons": list(reasons)}
+
+    off = {"kind": "finding", "code": "GM201", "message": "a tensor built per step", "trace": "not-run"}
+    cache = {"kind": "finding", "code": "GM303", "message": "the KV cache is an object", "trace": "seen"}
+    note = {"kind": "codemod", "codemod": "split_decode", "reason": "no entries"}
+    # Not run (no entries): the unmodified Decode's trace says which finding it ran.
+    assert first_on_decode([item(3, None, off), item(7, None, note, cache), item(9, None, note)]) == {
+        "at": "m.py:7", "code": "GM303", "reason": "the KV cache is an object"}
+    # Run: the adapted Decode's own trace decides, and an item it does not run is never named.
+    assert first_on_decode([item(7, False, cache), item(9, True, note)]) == {
+        "at": "m.py:9", "code": "split_decode", "reason": "no entries"}
+    assert first_on_decode([item(3, None, off)]) is None

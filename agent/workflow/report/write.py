@@ -64,6 +64,9 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
                                  "code": m.get("code") or m.get("codemod"), "decode_runs": m["decode_runs"],
                                  "codes": [r.get("code") or r.get("codemod") for r in m.get("reasons", [m])]}
                                 for m in manual],
+        # The first of them on Decode's path, with its words (added; `first_on_decode`): what stops a run whose
+        # problem is a consequence of it (no entry points where the cache was not made static).
+        "first_decode_item": first_on_decode(manual),
         # The unmodified Decode's figures (None when its probe crashed and nothing could be measured), the
         # crash (added; None when it ran), what was changed to measure (added) and the headline saying all
         # of it (added).
@@ -77,6 +80,21 @@ def _adaptation_fields(state: RunState, manual: list[dict]) -> dict:
         # None in a session's own report.
         "hand_edits": state.hand_edits,
     }
+
+
+def first_on_decode(manual: list[dict]) -> dict | None:
+    """The first item left for a person on Decode's path, as {"at": "file:line", "code", "reason"}: on a line one
+    traced Decode step of the adapted model runs, or, where the adapted model was not traced (no entries, not run),
+    a finding the unmodified Decode's trace saw run (`Finding.trace` "seen"); None where no item is known to be on
+    it. Its reason is the one the trace saw, else the line's first."""
+    for item in manual:
+        reasons = item.get("reasons") or [item]
+        seen = [r for r in reasons if r.get("trace") == "seen"]
+        if item.get("decode_runs") or (item.get("decode_runs") is None and seen):
+            reason = (seen or reasons)[0]
+            return {"at": f"{item['path']}:{item['line']}", "code": reason.get("code") or reason.get("codemod"),
+                    "reason": reason.get("message") or reason.get("reason")}
+    return None
 
 
 def _side(env: dict) -> dict:

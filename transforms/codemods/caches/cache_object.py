@@ -52,6 +52,12 @@ holds the written slots of the buffers. So a caller that leaves `position_ids` o
 forward still counts them from the cache's length, as before. The prefill/decode entries pass positions and
 no cache, so the compiled Decode never touches it.
 
+A write through a local name of the cache (5.x GPT-2, BioGPT: the cache itself, or its `self_attention_cache` or
+`cross_attention_cache`, picked in if/else under `if cache is not None:`, the write nested in a branch) is the same
+write: the static one goes after the top-level statement that holds it, out of the cache's guard (the entries pass
+no cache), and only for self-attention; cross-attention (where the name is its cache under a test) keeps the
+caller's cache, which a decoder-only model never hands it.
+
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
 """
@@ -238,6 +244,7 @@ class _Plan:
 
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
     drop: set[cst.CSTNode] = field(default_factory=set)
+    after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)  # statements added after a node
     init_lines: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # class -> lines for __init__
     writes: list[cst.CSTNode] = field(default_factory=list)  # the cache writes replaced, in file order
     masks: int = 0
@@ -343,14 +350,89 @@ def _shape_of(embeddings: cst.BaseExpression) -> cst.Tuple:
 
 
 def _caches_written(method: cst.FunctionDef, params: set[str]) -> set[str]:
-    """The parameters the method writes as cache objects (`past.update(k, v, ...)`), or, where it takes the slots
+    """The parameters the method writes as cache objects (`past.update(k, v, ...)`, or through a local name of it,
+    `_Alias`), or, where it takes the slots
     (`cache_position`, `position_ids`), as tuples guarded by their own test (an int position's tuple cache is
     static_kv_cache's)."""
     caches = {c.func.value.value for c in _calls_on(method, params, {CACHE_OBJECT_WRITE}) if len(c.args) >= 2}
+    aliases = _cache_aliases(method, params)
+    caches |= {aliases[c.func.value.value].cache for c in _calls_on(method, set(aliases), {CACHE_OBJECT_WRITE})
+               if len(c.args) >= 2}
     if any(p in params for p in _SLOT_SOURCES):
         caches |= {p for p in params if p not in caches and any(
             _guarded_block(s, p) and _tuple_write(_guarded_block(s, p), p) for s in method.body.body)}
     return caches
+
+
+# The caches an encoder-decoder cache object holds (transformers' `EncoderDecoderCache`), and whether each is the
+# cross-attention's.
+_SUB_CACHES = {"self_attention_cache": False, "cross_attention_cache": True}
+
+
+@dataclass
+class _Alias:
+    """A local name the method writes its cache parameter through (transformers 5.x GPT-2, BioGPT):
+
+        if cache is not None:
+            if isinstance(cache, EncoderDecoderCache):
+                if is_cross_attention:
+                    curr_cache = cache.cross_attention_cache
+                else:
+                    curr_cache = cache.self_attention_cache
+            else:
+                curr_cache = cache
+        ...
+        key_states, value_states = curr_cache.update(key_states, value_states, self.layer_idx)
+
+    `cross`: the test under which the name is the cross-attention's cache (None: it never is)."""
+
+    name: str
+    cache: str
+    cross: cst.BaseExpression | None
+
+
+def _cache_aliases(method: cst.FunctionDef, params: set[str]) -> dict[str, _Alias]:
+    """The local names bound only to a cache parameter or to its self-/cross-attention cache, the cross-attention's
+    only in the body of one `if` (whose test then says when the name is the cross-attention's cache)."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for stmt in nodes_of_type(method.body, cst.SimpleStatementLine):
+        if (assigned := single_assignment(stmt)) is not None:
+            bound.setdefault(assigned[0], []).append(assigned[1])
+    cross_tests: dict[str, list[cst.BaseExpression]] = {}
+    for branch in nodes_of_type(method.body, cst.If):
+        for stmt in branch.body.body if isinstance(branch.body, cst.IndentedBlock) else []:
+            assigned = single_assignment(stmt)
+            value = assigned[1] if assigned else None
+            if isinstance(value, cst.Attribute) and value.attr.value in _SUB_CACHES and _SUB_CACHES[value.attr.value]:
+                cross_tests.setdefault(assigned[0], []).append(branch.test)
+    aliases = {}
+    for name, values in bound.items():
+        caches = {code_of(v) if isinstance(v, cst.Name) else code_of(v.value) if isinstance(v, cst.Attribute)
+                  and v.attr.value in _SUB_CACHES else None for v in values}
+        if name in params or len(caches) != 1 or not caches <= params:
+            continue
+        crosses = sum(isinstance(v, cst.Attribute) and _SUB_CACHES[v.attr.value] for v in values)
+        tests = cross_tests.get(name, [])
+        if crosses != len(tests) or len({code_of(t) for t in tests}) > 1:
+            continue  # a cross-attention cache bound elsewhere than in one test's body
+        aliases[name] = _Alias(name, caches.pop(), tests[0] if tests else None)
+    return aliases
+
+
+def _known_before(body: list[cst.BaseStatement], index: int, test: cst.BaseExpression, params: set[str]) -> bool:
+    """Whether every name the test reads is a parameter, or bound by a top-level statement before body[index] and
+    nowhere else in the method: the static write after that statement asks the test again."""
+    bound_before = {assigned[0] for stmt in body[:index] if (assigned := single_assignment(stmt))}
+    bound = [assigned[0] for stmt in body for node in nodes_of_type(stmt, cst.SimpleStatementLine)
+             if (assigned := single_assignment(node))]
+    return all(name in params or (name in bound_before and bound.count(name) == 1) for name in names_in(test))
+
+
+def _parenthesized(test: cst.BaseExpression) -> cst.BaseExpression:
+    """The test as the operand of `not`: a bare name or attribute as it is, anything else in parentheses."""
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call)) or test.lpar:
+        return test
+    return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def _unrecognised(method: cst.FunctionDef, cache: str, slots: str | None, writes: dict,
@@ -423,10 +505,10 @@ class CacheObject(GraphCodemod):
             self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
         # Only the statements holding a planned node are walked, and in them only the nodes on the way to one.
-        touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop]}
+        touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop, *plan.after]}
         on_the_way: set[cst.CSTNode] = set()
         parents = self.source.parents
-        for node in [*plan.replace, *plan.drop]:
+        for node in [*plan.replace, *plan.drop, *plan.after]:
             while (node := parents.get(node)) is not None and node not in on_the_way:
                 on_the_way.add(node)
         module = transform_statements(tree, _Apply(plan, on_the_way),
@@ -468,10 +550,32 @@ class CacheObject(GraphCodemod):
             slots = _SLOT_SOURCES["position_ids"]
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
-        writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
+        aliases = [a for a in _cache_aliases(method, params).values()
+                   if a.cache == cache and _calls_on(method, {a.name}, {CACHE_OBJECT_WRITE})]
+        alias = aliases[0] if len(aliases) == 1 else None
+        if alias is None:
+            writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
+            written = [body[i] for i in writes]
+        else:  # written through the alias, wherever it is nested: by the top-level statement that holds it
+            written = [s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _write(s, alias.name)]
+            writes = {i: _write(w, alias.name) for w in written for i, s in enumerate(body)
+                      if any(n is w for n in walk(s))}
         lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
-        problem = _unrecognised(method, cache, slots, writes, [body[i] for i in [*writes, *lengths]])
-        sizing = None if problem else self._sizing(classes, cls, body[next(iter(writes))], cache)
+        problem = _unrecognised(method, cache, slots, writes, [*written, *(body[i] for i in lengths)])
+        if not problem and (len(aliases) > 1 or alias and _stray_uses(method, alias.name, written)):
+            problem = (f"writes `{cache}` through more than one local name, or reads its local name in a form not "
+                       f"recognised (expected one `k, v = <name>.update(k, v, ...)`)")
+        if not problem and alias and alias.cross is not None \
+                and not _known_before(body, next(iter(writes)), alias.cross, params):
+            problem = (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, whose names are not bound "
+                       "once, before the statement that holds the write, so the static write after it cannot ask the "
+                       "same test")
+        if not problem and alias and not self._after_holder(body[next(iter(writes))], written[0],
+                                                             set(_write(written[0], alias.name))):
+            problem = (f"writes `{cache}` through `{alias.name}` inside a loop, `with` or `try`, or binds the keys or "
+                       "values again after the write in the statement that holds it, so the static write cannot "
+                       "follow that statement")
+        sizing = None if problem else self._sizing(classes, cls, written[0], cache)
         if not problem and sizing is None:
             problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
         if problem:
@@ -479,7 +583,10 @@ class CacheObject(GraphCodemod):
             plan.incomplete = True
             return
         owner, cache_class, sized_by = sizing
-        write = self._static_write(plan, body, *next(iter(writes.items())), cache, slots)
+        if alias is None:
+            write = self._static_write(plan, body, *next(iter(writes.items())), cache, slots)
+        else:
+            write = self._static_alias_write(plan, body[next(iter(writes))], written[0], alias, slots)
         self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
                                 f"`{cache}`")
         plan.writes.append(write)
@@ -529,6 +636,48 @@ class CacheObject(GraphCodemod):
         else:
             plan.replace[write] = cst.FlattenSentinel([_callers_copy(write, cache), static.with_changes(
                 leading_lines=[_comment("attention reads the preallocated cache, written in place.")])])
+        return write
+
+    def _after_holder(self, top: cst.BaseStatement, write: cst.SimpleStatementLine, written: set[str]) -> bool:
+        """Whether the static write may follow `top`, the top-level statement that holds a nested write: only
+        `if`/`else` branches lead from it to the write (one pass, no `with` or `except` in between), and no
+        statement after the write in it binds the keys or values again (they are the ones written)."""
+        node, parents = write, self.source.parents
+        while (node := parents.get(node)) is not None and node is not top:
+            if not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock)):
+                return False
+        lines = nodes_of_type(top, cst.SimpleStatementLine)
+        after = lines[next(i for i, line in enumerate(lines) if line is write) + 1:]
+        return not any(isinstance(target, cst.Name) and target.value in written
+                       for line in after for small in line.body if isinstance(small, cst.Assign)
+                       for assign_target in small.targets
+                       for target in ([e.value for e in assign_target.target.elements]
+                                      if isinstance(assign_target.target, cst.Tuple) else [assign_target.target]))
+
+    def _static_alias_write(self, plan: _Plan, top: cst.BaseStatement, write: cst.SimpleStatementLine,
+                            alias: _Alias, slots: str) -> cst.BaseStatement:
+        """A write through a local name of the cache (`_Alias`): where it is, the caller's copy only (the
+        cross-attention's keys and values still come from its own cache); after the top-level statement that holds
+        it, the self-attention's keys and values written into the static buffers. On the static path the entries
+        pass no cache, so the guarded write does not run there, and the static one must not be under its guard."""
+        keys, values = _write(write, alias.name)
+        call = write.body[0].value
+        copy = write.with_changes(body=[cst.Expr(call)], leading_lines=[])
+        if alias.cross is None:
+            plan.replace[write] = copy.with_changes(leading_lines=[*write.leading_lines, _comment(
+                "the caller's cache still grows (its length counts positions).")])
+        else:
+            plan.replace[write] = cst.If(
+                test=alias.cross, body=cst.IndentedBlock(body=[write.with_changes(leading_lines=[])]),
+                orelse=cst.Else(body=cst.IndentedBlock(body=[copy])), leading_lines=[*write.leading_lines, _comment(
+                    "cross-attention reads its own cache; the caller's self-attention cache still grows (its "
+                    "length counts positions).")])
+        static = cst.parse_statement(f"{keys}, {values} = self.kv_cache.update({slots}, {keys}, {values})\n")
+        if alias.cross is not None:
+            static = cst.If(test=cst.UnaryOperation(cst.Not(), _parenthesized(alias.cross)),
+                            body=cst.IndentedBlock(body=[static]))
+        plan.after[top] = [static.with_changes(leading_lines=[_comment(
+            "self-attention reads the preallocated cache, written in place.")])]
         return write
 
     def _fixed_lengths(self, plan: _Plan, body: list[cst.BaseStatement], lengths: dict[int, str], cache: str) -> None:
@@ -816,6 +965,8 @@ class _Apply(Transformer):
             return cst.RemoveFromParent()
         if original_node in self.plan.replace:
             return self.plan.replace[original_node]
+        if original_node in self.plan.after:
+            return cst.FlattenSentinel([updated_node, *self.plan.after[original_node]])
         if isinstance(updated_node, cst.ClassDef) and updated_node.name.value in self.plan.init_lines:
             return append_to_init(updated_node, self.plan.init_lines[updated_node.name.value],
                                   "for the static path, allocated by setup_caches.")
