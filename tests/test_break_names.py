@@ -1,6 +1,7 @@
 """A graph break inside library code is named at the model's own line and construct (issue 39): the model's file is
 found from its module classes wherever it is installed, and a break in torch.nn or in a library helper module reads
-as the model line that reached it, with what Dynamo said and where it stopped."""
+as the model line that reached it, with what Dynamo said and where it stopped; so does an error a worker reports
+(cpmant's static Prefill: a shape error raised in torch, from the model's own line)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from graphmode.runners.harness import describe_exception
 from graphmode.runners.measure.dynamo_watch import explain_breaks, model_files, parse_recompile_message
 from graphmode.runners.verify.verify import _breaks_problem
 
@@ -107,3 +109,16 @@ def test_a_recompile_guard_is_named_at_the_models_line_with_its_code():
     reason = parse_recompile_message(message, root=Path("/y"), own={"/x/site-packages/tinymodel/modeling_tiny.py"})
     assert (reason.file, reason.line) == ("/x/site-packages/tinymodel/modeling_tiny.py", 14)
     assert reason.code == "x = self.scale(self.proj(x))" and reason.inside == "/usr/lib/torch/nn/modules/module.py:1775"
+
+
+def test_an_error_raised_in_torch_is_named_at_the_installed_models_line(tmp_path, monkeypatch):
+    model = _load(tmp_path, monkeypatch)
+    adapted = tmp_path / "adapted"
+    adapted.mkdir()
+    try:
+        model(torch.randn(1, 5))  # the Linear takes 4 features: torch raises, from the model's line
+    except RuntimeError as exc:
+        described = describe_exception(exc, adapted)
+    assert described.startswith("RuntimeError: ")
+    assert described.endswith(f"(at tinymodel/modeling_tiny.py:{_line('helper')} `x = self.scale(self.proj(x)) "
+                              "# helper`)")

@@ -73,7 +73,7 @@ def pick_frame(frames: list[tuple[str, int, str]], root: Path | None,
     `root`, such as transformers' modeling file); else the innermost outside torch and the standard library (a break
     inside torch.nn's `__setattr__` is the caller's construct); else the innermost. `frames` run outermost first."""
     own = {_resolved(file) for file in own}
-    for keep in (lambda f: _inside(f[0], root), lambda f: _resolved(f[0]) in own, lambda f: not _library(f[0])):
+    for keep in (lambda f: _inside(f[0], root), lambda f: _resolved(f[0]) in own, lambda f: not is_library(f[0])):
         chosen = [f for f in frames if keep(f)]
         if chosen:
             return chosen[-1]
@@ -91,7 +91,7 @@ _TORCH_DIR = Path(torch.__file__).resolve().parent
 _STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
-def _library(file: str) -> bool:
+def is_library(file: str) -> bool:
     """torch's own code or the standard library's (not a package installed beside it, transformers included)."""
     path = Path(_resolved(file))
     if path.is_relative_to(_TORCH_DIR):
@@ -112,7 +112,7 @@ def model_files(model: torch.nn.Module) -> frozenset[str]:
             file = inspect.getsourcefile(type(module))
         except (OSError, TypeError):
             continue
-        if file and not _library(file):
+        if file and not is_library(file):
             files.add(_resolved(file))
     return frozenset(files)
 
