@@ -122,3 +122,14 @@ def test_an_error_raised_in_torch_is_named_at_the_installed_models_line(tmp_path
     assert described.startswith("RuntimeError: ")
     assert described.endswith(f"(at tinymodel/modeling_tiny.py:{_line('helper')} `x = self.scale(self.proj(x)) "
                               "# helper`)")
+
+
+def test_a_guard_without_a_user_stack_is_named_at_the_frames_line_with_its_code(tmp_path):
+    source = tmp_path / "site-packages" / "tinymodel" / "modeling_tiny.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(MODEL)
+    message = (f"Recompiling function torch_dynamo_resume_in_forward_at_15 in {source}:15\n"
+               "    triggered by the following guard failure(s):\n"
+               "    - 3/0: tensor '___stack0' size mismatch at index 1. expected 9, actual 10\n")
+    reason = parse_recompile_message(message, root=tmp_path / "adapted")
+    assert (reason.line, reason.code) == (15, "self.table = self.table.to(dtype=x.dtype) # setattr")

@@ -16,6 +16,7 @@ Measured on torch 2.13 (tests/test_runners.py keeps these honest):
 from __future__ import annotations
 
 import inspect
+import linecache
 import logging
 import re
 import sysconfig
@@ -161,6 +162,8 @@ def parse_recompile_message(message: str, root: Path | None = None,
                 file, line, code = picked
                 inside = _inside_text(frames, picked)
             break
+    if not code and file and line:  # a guard on the frame's own arguments: the header's line (where it resumed)
+        code = linecache.getline(file, line).strip()
     return SourceReason(reason or message.strip(), _relative(file, root), line, func, code_excerpt(code), inside)
 
 
