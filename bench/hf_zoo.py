@@ -130,12 +130,13 @@ def table(rows: list[dict]) -> str:
         problems = row.get("problems") or []
         # Paths into site-packages shortened to the package's own: the reader knows where transformers lives.
         why = re.sub(r"/\S*?site-packages/", "", problems[0] if problems else "").replace("|", "\\|")
-        why = why if len(why) <= 160 else why[:157] + "..."
+        # Room for the model's line, its code and what Dynamo said (runners.verify's first problem names all three).
+        why = why if len(why) <= 300 else why[:297] + "..."
         name = row["model_type"] + (" (rewrite)" if row.get("path") == "rewrite" else "")
         if row.get("static"):  # --retry-rewrite: what stopped the static path first
             first = (row["static"].get("problems") or ["not verified"])[0]
             first = re.sub(r"/\S*?site-packages/", "", first).replace("|", "\\|")
-            why = f"{why} (static path: {first if len(first) <= 100 else first[:97] + '...'})"
+            why = f"{why} (static path: {first if len(first) <= 200 else first[:197] + '...'})"
         lines.append(f"| {name} | {_cell(row.get('graph_breaks'))} | {_cell(row.get('recompiles'))} | "
                      f"{_cell(row.get('tokens_equal'))} ({row.get('distinct_tokens', 'n/a')}) | {decode} | {speedup} | "
                      f"{_cell(row.get('passed'))} | {why} |")

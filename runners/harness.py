@@ -47,10 +47,26 @@ def where_raised(exc: BaseException, folder: Path) -> str:
 
 
 def describe_exception(exc: BaseException, folder: Path) -> str:
-    """'Type: message (at file:line)', on one line, for errors raised by user code."""
-    where = where_raised(exc, folder)
+    """'Type: message (at file:line)', on one line, for errors raised by user code; where no frame is in `folder`
+    (a model whose code is an installed package's, transformers' modeling file), 'Type: message (at
+    package/file.py:line `its code`)' for the innermost frame of an installed package other than torch."""
+    where = where_raised(exc, folder) or installed_frame(exc)
     text = f"{type(exc).__name__}: {_one_line(exc)}"
     return f"{text} (at {where})" if where else text
+
+
+def installed_frame(exc: BaseException) -> str:
+    """'package/file.py:line `code`' of the innermost traceback frame in an installed package (site-packages)
+    that is not torch's, or ''. A shape error raised in torch reads as the model's line that made it."""
+    from graphmode.runners.measure.dynamo_watch import code_excerpt, is_library, short_path
+
+    found = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        short = short_path(frame.filename)
+        if short != frame.filename and not is_library(frame.filename):
+            code = code_excerpt(frame.line or "")
+            found = f"{short}:{frame.lineno}" + (f" `{code}`" if code else "")
+    return found
 
 
 def _evict_shadowed_modules(folder: Path) -> None:

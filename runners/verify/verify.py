@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from graphmode.runners.backends import resolve
+from graphmode.runners.measure.dynamo_watch import short_path
 from graphmode.runners.measure.shared_cores import waits_given_up
 from graphmode.runners.measure.timing import SPREAD, STEADY_FIGURES, speedup_unstable
 from graphmode.runners.measure.traffic import estimates
@@ -179,11 +180,7 @@ def _problems(result: Verification) -> list[str]:
         problems.append(f"logits differ from eager by up to {result.logits_max_abs_diff:.3g} "
                         f"(tolerance {result.logits_atol:g})")
     if result.graph_breaks:
-        files = [r["file"] for r in result.break_reasons[:3]]
-        where = ", ".join(dict.fromkeys(f"{r['file']}:{r['line']}" for r in result.break_reasons[:3]))
-        # Relative paths are the adapted sources' own; absolute ones are library code (transformers' own file).
-        whose = " (lines of the adapted sources)" if files and not any(Path(f).is_absolute() for f in files) else ""
-        problems.append(f"{result.graph_breaks} graph break(s) in Decode" + (f" at {where}{whose}" if where else ""))
+        problems.append(_breaks_problem(result.graph_breaks, result.break_reasons))
     if result.recompiles:
         first = result.recompile_reasons[0] if result.recompile_reasons else "reason unknown"
         problems.append(f"{result.recompiles} recompile(s) after warm-up, first: {first}")
@@ -205,6 +202,26 @@ def _problems(result: Verification) -> list[str]:
                  if row["status"] == "failed"]
     problems += _capture_problems(result.capture)
     return problems + _bucket_problems(result.bucket_sweep.get("buckets", []), result.logits_atol)
+
+
+def _breaks_problem(count: int, reasons: list[dict[str, Any]]) -> str:
+    """"N graph break(s) in Decode at FILE:LINE (`its code`): what Dynamo said, inside LIBRARY:LINE; also at ...":
+    the first break named by the model's own line and construct (an installed package's file from its package folder
+    on), so that a break inside torch or transformers helper code reads as the model line that reached it."""
+    located = [r for r in reasons if r.get("file")]
+    if not located:
+        return f"{count} graph break(s) in Decode"
+    places = list(dict.fromkeys(f"{short_path(r['file'])}:{r['line']}" for r in located[:3]))
+    # Relative paths are the adapted sources' own; absolute ones are library code (transformers' own file).
+    whose = ", lines of the adapted sources" if not any(Path(r["file"]).is_absolute() for r in located[:3]) else ""
+    first = located[0]
+    code = f"`{first['code']}`" if first.get("code") else ""
+    detail = ", ".join(part for part in (code, whose.lstrip(", ")) if part)
+    said = f": {first.get('reason') or 'reason unknown'}"
+    inside = f", inside {first['inside']}" if first.get("inside") else ""
+    also = f"; also at {', '.join(places[1:])}" if len(places) > 1 else ""
+    return (f"{count} graph break(s) in Decode at {places[0]}" + (f" ({detail})" if detail else "")
+            + said + inside + also)
 
 
 def _own_harness_problems(own: dict[str, Any]) -> list[str]:

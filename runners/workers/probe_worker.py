@@ -40,7 +40,7 @@ from torch._dynamo.utils import counters
 
 from graphmode.runners.backends import BACKEND_NAMES, get
 from graphmode.runners.harness import load_harness, max_seq_len, sources
-from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks
+from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks, model_files
 from graphmode.runners.measure.env_info import environment
 from graphmode.runners.probe.crash import Crash, describe_crash
 from graphmode.runners.workers.common import WorkerFailure, call_user, run_main
@@ -236,7 +236,8 @@ def run_stage(target: _Target, compile_fn: Callable[[Callable[..., Any]], Callab
             _, state = target.prefill(model, device)
             try:
                 run.graph_breaks, run.break_reasons = explain_breaks(
-                    target.decode_step(), model, ref.tokens[0].clone(), state, root=folder)
+                    target.decode_step(), model, ref.tokens[0].clone(), state, root=folder,
+                    own=model_files(model) if isinstance(model, torch.nn.Module) else frozenset())
             except Exception as exc:  # noqa: BLE001 - a compile failure is a finding here
                 run.crash = describe_crash(exc, folder)
                 return run
@@ -386,7 +387,8 @@ def probe_model(folder: Path, steps: int, backend: str = PROBE_BACKEND,
         "crash": stage1.crash.to_dict() if stage1.crash else None,
         "measured_with": measured_with,
         "graph_breaks": stage1.graph_breaks if counted else None,
-        "break_reasons": [{"reason": r.reason, "file": r.file, "line": r.line} for r in stage1.break_reasons],
+        "break_reasons": [{"reason": r.reason, "file": r.file, "line": r.line, "code": r.code, "inside": r.inside}
+                          for r in stage1.break_reasons],
         "graphs_per_step": stage1.graphs_per_step,
         "recompiles": len(recompiles) if counted else None,
         "recompile_reasons": [f"{r.reason} ({r.file}:{r.line})" for r in recompiles],

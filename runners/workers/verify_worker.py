@@ -47,7 +47,8 @@ from graphmode.runners.harness import describe_exception, load_harness, max_seq_
     require_entry_points, size_static_path, static_length
 from graphmode.runners.measure.cuda_graphs import CudaGraphWatch
 from graphmode.runners.measure.decode_graph import capture_decode, inductor_kernels_after, inductor_kernels_before
-from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks
+from graphmode.runners.measure.dynamo_watch import CompileWatch, SourceReason, explain_breaks, model_files, \
+    short_path
 from graphmode.runners.measure.env_info import environment
 from graphmode.runners.measure.memory import peak_memory
 from graphmode.runners.measure.timing import timed
@@ -184,8 +185,11 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     _, decode_lines = call_user("model.decode (line trace)", folder, lambda: lines_run(
         lambda: model.decode(first_token.clone(), probe_pos), folder))
     started = time.perf_counter()
+    # Where the model's code lies outside the folder (transformers' modeling file), a break inside library code is
+    # named at the model's own line that reached it.
+    own = model_files(model)
     graph_breaks, break_reasons = call_user("torch._dynamo.explain(model.decode)", folder, lambda: explain_breaks(
-        model.decode, first_token.clone(), probe_pos, root=folder))
+        model.decode, first_token.clone(), probe_pos, root=folder, own=own))
     explain_s = time.perf_counter() - started
     call_user("model.prefill", folder, lambda: model.prefill(prompt, prefill_pos))
 
@@ -202,7 +206,7 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
     # CUDA graph trees captured and replayed (runners.measure.cuda_graphs).
     addresses = AddressWatch(model)
     graphs = CudaGraphWatch() if device.type == "cuda" else None
-    with CompileWatch(root=folder) as watch, graphs or contextlib.nullcontext():
+    with CompileWatch(root=folder, own=own) as watch, graphs or contextlib.nullcontext():
         for step in range(steps):
             token = trace.next_token(device)
             input_pos = torch.tensor([prompt_len + step], device=device)
@@ -265,7 +269,10 @@ def run_adapted(model: torch.nn.Module, prompt: torch.Tensor, steps: int,
 
 
 def _reason_text(reason: SourceReason) -> str:
-    where = f"{reason.file}:{reason.line}" if reason.line is not None else reason.file
+    """"guard (file:line `its code`, inside library:line)": the construct behind the guard, where the log names it."""
+    where = f"{short_path(reason.file)}:{reason.line}" if reason.line is not None else reason.file
+    where += f" `{reason.code}`" if where and reason.code else ""
+    where += f", inside {reason.inside}" if where and reason.inside else ""
     return f"{reason.reason} ({where})" if where else reason.reason
 
 
@@ -421,7 +428,8 @@ def _record_compiled(result: WorkerResult, adapted) -> None:
     """What compiling the adapted Decode showed: breaks, recompiles, graphs, stance failures, static addresses."""
     result.graph_breaks = adapted.graph_breaks
     result.decode_lines = adapted.decode_lines
-    result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line} for r in adapted.break_reasons]
+    result.break_reasons = [{"reason": r.reason, "file": r.file, "line": r.line, "function": r.function,
+                              "code": r.code, "inside": r.inside} for r in adapted.break_reasons]
     result.recompiles = len(adapted.recompiles)
     result.recompile_reasons = [_reason_text(r) for r in adapted.recompiles]
     result.recompile_details = [r.to_dict() for r in adapted.recompiles]
