@@ -284,22 +284,11 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
     (`rewrite`, or no static path at all in this release) a modeling file graphmode copies and rewrites instead
     (`_use_installed_copy`); a note for the person where transformers doubts that the path compiles whole. `config`:
     config.json's values, where the model comes from a folder."""
-    from transformers import AutoModelForCausalLM
-
     from graphmode.runners.hf_driver import declared_not_compilable, has_static_cache_path, \
         layers_without_static_kind, takes_no_cache
 
     spec = target.spec
-    try:
-        model_class = AutoModelForCausalLM._model_mapping[config_class]
-    except KeyError:
-        raise UserError(f"--hf {spec}: {config_class.model_type} has no causal language model in transformers "
-                        "(AutoModelForCausalLM); graphmode adapts decoders that generate token by token") from None
-    flag = _encoder_flag(config_class, model_class, config or {})
-    if flag:
-        raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder ({flag} is false: every "
-                        "position attends to the ones after it too), which no KV cache serves; graphmode adapts "
-                        "decoders that generate token by token")
+    model_class = _decoder_class(spec, config_class, config)
     state = takes_no_cache(model_class)
     if state:
         # Nothing to move into buffers: the rewrites serve a key/value cache that grows a position a step.
@@ -318,6 +307,23 @@ def _check_static_path(target: HFTarget, config_class, config: dict | None = Non
     return (f"{doubt}: its authors expect graph breaks; graphmode drives the static-cache path anyway, and the "
             "report counts what breaks (where it breaks, `--rewrite` adapts a copy of its modeling file "
             "instead)") if doubt else None
+
+
+def _decoder_class(spec: str, config_class, config: dict | None) -> type:
+    """The type's causal LM class; UserError where it has none, or where it is an encoder's LM head."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[config_class]
+    except KeyError:
+        raise UserError(f"--hf {spec}: {config_class.model_type} has no causal language model in transformers "
+                        "(AutoModelForCausalLM); graphmode adapts decoders that generate token by token") from None
+    flag = _encoder_flag(config_class, model_class, config or {})
+    if flag:
+        raise UserError(f"--hf {spec}: {config_class.__name__} describes an encoder ({flag} is false: every "
+                        "position attends to the ones after it too), which no KV cache serves; graphmode adapts "
+                        "decoders that generate token by token")
+    return model_class
 
 
 def _config_object(config_class, config: dict | None):

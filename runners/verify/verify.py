@@ -212,16 +212,21 @@ def _breaks_problem(count: int, reasons: list[dict[str, Any]]) -> str:
     if not located:
         return f"{count} graph break(s) in Decode"
     places = list(dict.fromkeys(f"{short_path(r['file'])}:{r['line']}" for r in located[:3]))
-    # Relative paths are the adapted sources' own; absolute ones are library code (transformers' own file).
-    whose = ", lines of the adapted sources" if not any(Path(r["file"]).is_absolute() for r in located[:3]) else ""
     first = located[0]
-    code = f"`{first['code']}`" if first.get("code") else ""
-    detail = ", ".join(part for part in (code, whose.lstrip(", ")) if part)
     said = f": {first.get('reason') or 'reason unknown'}"
     inside = f", inside {first['inside']}" if first.get("inside") else ""
     also = f"; also at {', '.join(places[1:])}" if len(places) > 1 else ""
+    detail = _break_detail(first, located[:3])
     return (f"{count} graph break(s) in Decode at {places[0]}" + (f" ({detail})" if detail else "")
             + said + inside + also)
+
+
+def _break_detail(first: dict[str, Any], located: list[dict[str, Any]]) -> str:
+    """The first break's code, and whether the breaks are on lines of the adapted sources: relative paths are the
+    adapted sources' own, absolute ones library code (transformers' own file)."""
+    code = f"`{first['code']}`" if first.get("code") else ""
+    whose = "lines of the adapted sources" if not any(Path(r["file"]).is_absolute() for r in located) else ""
+    return ", ".join(part for part in (code, whose) if part)
 
 
 def _own_harness_problems(own: dict[str, Any]) -> list[str]:

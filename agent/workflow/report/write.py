@@ -91,10 +91,14 @@ def first_on_decode(manual: list[dict]) -> dict | None:
         reasons = item.get("reasons") or [item]
         seen = [r for r in reasons if r.get("trace") == "seen"]
         if item.get("decode_runs") or (item.get("decode_runs") is None and seen):
-            reason = (seen or reasons)[0]
-            return {"at": f"{item['path']}:{item['line']}", "code": reason.get("code") or reason.get("codemod"),
-                    "reason": reason.get("message") or reason.get("reason")}
+            return _item_at(item, (seen or reasons)[0])
     return None
+
+
+def _item_at(item: dict, reason: dict) -> dict:
+    """{"at": "file:line", "code", "reason"} of an item left for a person, with one of its reasons."""
+    return {"at": f"{item['path']}:{item['line']}", "code": reason.get("code") or reason.get("codemod"),
+            "reason": reason.get("message") or reason.get("reason")}
 
 
 def _side(env: dict) -> dict:

@@ -447,6 +447,47 @@ def _unrecognised(method: cst.FunctionDef, cache: str, slots: str | None, writes
     return None
 
 
+@dataclass
+class _WriteSite:
+    """Where a method writes its cache parameter: `writes` maps the index of each top-level statement that holds a
+    write to the keys and values it writes (`_write_statement`), `written` lists the writing statements themselves,
+    and `alias` is the one local name they write through (None: the parameter itself; `aliases` lists every
+    candidate name, more than one being a problem)."""
+
+    method: cst.FunctionDef
+    writes: dict[int, object]
+    written: list[cst.BaseStatement]
+    alias: _Alias | None
+    aliases: list[_Alias]
+
+
+def _write_site(method: cst.FunctionDef, params: set[str], body: list[cst.BaseStatement], cache: str) -> _WriteSite:
+    """The statements that write `cache`, directly or through a local name of it (`_WriteSite`)."""
+    aliases = [a for a in _cache_aliases(method, params).values()
+               if a.cache == cache and _calls_on(method, {a.name}, {CACHE_OBJECT_WRITE})]
+    alias = aliases[0] if len(aliases) == 1 else None
+    if alias is None:
+        writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
+        return _WriteSite(method, writes, [body[i] for i in writes], None, aliases)
+    # Written through the alias, wherever it is nested: by the top-level statement that holds it.
+    written = [s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _write(s, alias.name)]
+    writes = {i: _write(w, alias.name) for w in written for i, s in enumerate(body) if any(n is w for n in walk(s))}
+    return _WriteSite(method, writes, written, alias, aliases)
+
+
+def _create_cache_once(plan: _Plan, owner: str, cache_class: str) -> None:
+    """`self.kv_cache = ...` in the owner's `__init__`, once per attention module: a subclass's write (SDPA) uses its
+    base's. Where one write of a class was seen by the trace and another was not, the buffers shaped by the writes
+    serve both."""
+    lines = plan.init_lines.setdefault(owner, [])
+    created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
+    line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
+    if created is None:
+        lines.append(line)
+    elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
+        lines[created] = line
+
+
 class CacheObject(GraphCodemod):
     NAME = "cache_object"
     SIZES_BUFFERS = True
@@ -541,41 +582,14 @@ class CacheObject(GraphCodemod):
                                        "and cannot hide unwritten slots of a static cache; it keeps the cache object "
                                        "(use the eager or sdpa attention with the adapted model)")
             return
-        slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
-        if slots is None and (self._positions_through_kwargs(classes, cls, method)
-                              or isinstance(method.params.star_kwarg, cst.Param)):
-            # Without positions of its own, a 5.x attention (GPT-2's, MPT's: `**kwargs`, called by the model's
-            # own layers) still writes through the Cache API, whose `update` appends after what the cache holds:
-            # on the entries' path, those are the slots the entries are called with.
-            slots = _SLOT_SOURCES["position_ids"]
+        slots = self._slot_source(classes, cls, method, params)
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
         body = list(method.body.body)
-        aliases = [a for a in _cache_aliases(method, params).values()
-                   if a.cache == cache and _calls_on(method, {a.name}, {CACHE_OBJECT_WRITE})]
-        alias = aliases[0] if len(aliases) == 1 else None
-        if alias is None:
-            writes = {i: w for i, s in enumerate(body) if (w := _write_statement(s, cache))}
-            written = [body[i] for i in writes]
-        else:  # written through the alias, wherever it is nested: by the top-level statement that holds it
-            written = [s for s in nodes_of_type(method.body, cst.SimpleStatementLine) if _write(s, alias.name)]
-            writes = {i: _write(w, alias.name) for w in written for i, s in enumerate(body)
-                      if any(n is w for n in walk(s))}
+        site = _write_site(method, params, body, cache)
         lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
-        problem = _unrecognised(method, cache, slots, writes, [*written, *(body[i] for i in lengths)])
-        if not problem and (len(aliases) > 1 or alias and _stray_uses(method, alias.name, written)):
-            problem = (f"writes `{cache}` through more than one local name, or reads its local name in a form not "
-                       f"recognised (expected one `k, v = <name>.update(k, v, ...)`)")
-        if not problem and alias and alias.cross is not None \
-                and not _known_before(body, next(iter(writes)), alias.cross, params):
-            problem = (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, whose names are not bound "
-                       "once, before the statement that holds the write, so the static write after it cannot ask the "
-                       "same test")
-        if not problem and alias and not self._after_holder(body[next(iter(writes))], written[0],
-                                                             set(_write(written[0], alias.name))):
-            problem = (f"writes `{cache}` through `{alias.name}` inside a loop, `with` or `try`, or binds the keys or "
-                       "values again after the write in the statement that holds it, so the static write cannot "
-                       "follow that statement")
-        sizing = None if problem else self._sizing(classes, cls, written[0], cache)
+        problem = _unrecognised(method, cache, slots, site.writes, [*site.written, *(body[i] for i in lengths)]) \
+            or self._alias_problem(body, site, cache, params)
+        sizing = None if problem else self._sizing(classes, cls, site.written[0], cache)
         if not problem and sizing is None:
             problem = "has no `__init__` of its own or in a base class of this file to create the static cache in"
         if problem:
@@ -583,23 +597,47 @@ class CacheObject(GraphCodemod):
             plan.incomplete = True
             return
         owner, cache_class, sized_by = sizing
-        if alias is None:
-            write = self._static_write(plan, body, *next(iter(writes.items())), cache, slots)
+        if site.alias is None:
+            write = self._static_write(plan, body, *next(iter(site.writes.items())), cache, slots)
         else:
-            write = self._static_alias_write(plan, body[next(iter(writes))], written[0], alias, slots)
+            write = self._static_alias_write(plan, body[next(iter(site.writes))], site.written[0], site.alias, slots)
         self.record_edit(write, f"attention reads `self.kv_cache` ({sized_by}), written at `{slots}`, instead of "
                                 f"`{cache}`")
         plan.writes.append(write)
         self._fixed_lengths(plan, body, lengths, cache)
-        # One cache per attention module: a subclass's write (SDPA) uses its base's. Where one write of a class was
-        # seen by the trace and another was not, the buffers shaped by the writes serve both.
-        lines = plan.init_lines.setdefault(owner.name.value, [])
-        created = next((i for i, line in enumerate(lines) if "self.kv_cache = " in code_of(line)), None)
-        line = cst.parse_statement(f"self.kv_cache = {cache_class}\n")
-        if created is None:
-            lines.append(line)
-        elif f"{CACHE_CLASS}(seq_dim=" in cache_class:
-            lines[created] = line
+        _create_cache_once(plan, owner.name.value, cache_class)
+
+    def _slot_source(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef, method: cst.FunctionDef,
+                     params: set[str]) -> str | None:
+        """What the static write is indexed by: the method's own positions, or, where it has none, the entries'."""
+        slots = next((_SLOT_SOURCES[p] for p in _SLOT_SOURCES if p in params), None)
+        if slots is None and (self._positions_through_kwargs(classes, cls, method)
+                              or isinstance(method.params.star_kwarg, cst.Param)):
+            # Without positions of its own, a 5.x attention (GPT-2's, MPT's: `**kwargs`, called by the model's
+            # own layers) still writes through the Cache API, whose `update` appends after what the cache holds:
+            # on the entries' path, those are the slots the entries are called with.
+            slots = _SLOT_SOURCES["position_ids"]
+        return slots
+
+    def _alias_problem(self, body: list[cst.BaseStatement], site: _WriteSite, cache: str,
+                       params: set[str]) -> str | None:
+        """Why a write through a local name of the cache (`_Alias`) cannot be followed by the static write, or None."""
+        alias = site.alias
+        if len(site.aliases) > 1 or alias and _stray_uses(site.method, alias.name, site.written):
+            return (f"writes `{cache}` through more than one local name, or reads its local name in a form not "
+                    f"recognised (expected one `k, v = <name>.update(k, v, ...)`)")
+        if alias is None:
+            return None
+        holder = next(iter(site.writes))
+        if alias.cross is not None and not _known_before(body, holder, alias.cross, params):
+            return (f"writes the cross-attention's cache when `{code_of(alias.cross)}`, whose names are not bound "
+                    "once, before the statement that holds the write, so the static write after it cannot ask the "
+                    "same test")
+        if not self._after_holder(body[holder], site.written[0], set(_write(site.written[0], alias.name))):
+            return (f"writes `{cache}` through `{alias.name}` inside a loop, `with` or `try`, or binds the keys or "
+                    "values again after the write in the statement that holds it, so the static write cannot "
+                    "follow that statement")
+        return None
 
     def _positions_through_kwargs(self, classes: dict[str, cst.ClassDef], cls: cst.ClassDef,
                                   method: cst.FunctionDef) -> bool:
