@@ -88,10 +88,11 @@ def test_example_is_fully_adapted_and_every_finding_is_attributed():
     source = (Path(__file__).parents[1] / "examples" / "legacy_llm" / "model.py").read_text()
     result = adapt_source(source, "model.py", None, Options(entry_class="Transformer"))
     # Every codemod but the Meta-style slice rewrites (examples/meta_llama), the Cache-API and tuple-cache ones
-    # and the tensor-branch, host-scalar, scalar-argument, MoE and MLA ones (idioms the example does not have; its cache
-    # is static_kv_cache's), and the fusions only the NPU backends apply (Options default to CUDA's fusions).
+    # and the tensor-branch, buffer, host-scalar, scalar-argument, MoE and MLA ones (idioms the example does not have;
+    # its cache is static_kv_cache's), and the fusions only the NPU backends apply (Options default to CUDA's fusions).
     absent = ("sliced_tables", "sliced_kv_cache", "cache_object", "absorbed_mla", "carried_cache", "tensor_branches",
-              "host_scalars", "scalar_arguments", "static_moe", "added_cache", "fused_add_rms_norm", "fused_rotary")
+              "host_scalars", "scalar_arguments", "static_moe", "added_cache", "fused_add_rms_norm", "fused_rotary",
+              "buffers_in_place")
     expected = [c.NAME for c in CHAIN if c.NAME not in absent]
     assert result.applied == expected and not result.manual
     unfixed = [f for f in scan_source(source, "model.py") if fixed_by(f, result.edits) is None]

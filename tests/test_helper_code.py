@@ -20,13 +20,14 @@ from graphmode.transforms.codemods.caches.carried_cache import MASK_ROWS
 from graphmode.transforms.codemods.entries.split_decode import FITS, STATIC_PATH
 from graphmode.transforms.codemods.fusions.merged_projections import HELPER as MERGED_LINEAR, STACKER
 from graphmode.transforms.codemods.lib.helper_code import HELPER_CODE, helper_names, helper_source
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, CACHE_CLASS, MASK_BUILDER, MASK_CLASS
+from graphmode.transforms.codemods.lib.helper_names import (BUFFERS_CLASS, CACHE_CLASS, MASK_BUILDER, MASK_CLASS,
+                                                            WRITE_BUFFER)
 from graphmode.transforms.codemods.lib.new_positions import KEY_SLOTS
 from graphmode.transforms.codemods.lib.slot_masks import HIDE_UNWRITTEN, SLOT_MASK, VISIBLE_SLOTS
 
 INSERTED = (CACHE_CLASS, BUFFERS_CLASS, MASK_BUILDER, MASK_CLASS, WRITTEN_SLOTS, MASK_ROWS, KEY_SLOTS, FITS,
             STATIC_PATH, VISIBLE_SLOTS, HIDE_UNWRITTEN, SLOT_MASK, MERGED_LINEAR, STACKER, LATENT_CACHE,
-            ABSORBED_ATTENTION)
+            ABSORBED_ATTENTION, WRITE_BUFFER)
 
 
 def _load() -> ModuleType:
@@ -58,6 +59,22 @@ def test_no_graphmode_module_is_the_helper_file():
     """It imports torch: the package walk `graphmode scan`'s import check makes must not reach it."""
     walked = pkgutil.walk_packages(graphmode.transforms.__path__, "graphmode.transforms.")
     assert not any(info.name.rsplit(".", 1)[-1] == HELPER_CODE.stem for info in walked)
+
+
+# -- graphmode_write_buffer: a recomputed buffer keeps its memory --------------------------------------------
+def test_a_buffer_written_every_step_keeps_its_address_from_its_first_value_on():
+    rotary = torch.nn.Module()
+    rotary.register_buffer("inv_freq", None, persistent=False)
+    helpers.graphmode_write_buffer(rotary, "inv_freq", torch.ones(4))  # the first value is bound
+    first = rotary.inv_freq.data_ptr()
+    compiled = _compiled(lambda factors: helpers.graphmode_write_buffer(rotary, "inv_freq", 1.0 / factors))
+    for scale in (2.0, 4.0):
+        compiled(torch.full((4,), scale))
+        assert rotary.inv_freq.data_ptr() == first and torch.equal(rotary.inv_freq, torch.full((4,), 1 / scale))
+    assert list(dict(rotary.named_buffers())) == ["inv_freq"]  # still a buffer
+    # A value of another shape or dtype is bound, as the model's own assignment did.
+    helpers.graphmode_write_buffer(rotary, "inv_freq", torch.arange(3))
+    assert rotary.inv_freq.dtype == torch.int64 and rotary.inv_freq.shape == (3,)
 
 
 # -- StaticKVCache: buffers sized by head count and head size, written in place -----------------------------

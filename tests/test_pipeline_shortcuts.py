@@ -46,16 +46,16 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*/*.py") if p.name != "ha
 SOURCES = [*CASES, *EXAMPLES]
 
 
-# The checks that run the whole chain on a source take each half of the fixtures (and every example): between them
-# every fixture is run through the chain's shortcuts, at half the suite's time.
-HALF, OTHER_HALF = [*EXAMPLES, *CASES[::2]], [*EXAMPLES, *CASES[1::2]]
+# The checks that run the whole chain on a source take a quarter of the fixtures each (and every example): between
+# them every fixture is run through the chain's shortcuts, at a quarter of the suite's time.
+QUARTERS = [[*EXAMPLES, *CASES[start::4]] for start in range(4)]
 
 
 def _ids(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
-@pytest.mark.parametrize("path", HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[0], ids=_ids)
 def test_skipped_codemods_would_do_nothing_and_unedited_text_is_unchanged(path):
     source = path.read_text()
     options = options_for(path)
@@ -177,7 +177,7 @@ def _differences(carried: object, parsed: object, where: str = "module") -> list
     return [] if carried == parsed else [f"{where}: {carried!r} vs {parsed!r}"]
 
 
-@pytest.mark.parametrize("path", OTHER_HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[1], ids=_ids)
 def test_a_tree_handed_on_is_its_texts_parse(path):
     for tree, handed in _handed_on(path.read_text(), options_for(path)):
         assert handed.text == tree.code
@@ -378,7 +378,7 @@ def _outcome(source: str, path: Path, selected: set[str] | None) -> tuple:
     return result.adapted, result.static_view, result.edits, result.manual, result.applied
 
 
-@pytest.mark.parametrize("path", OTHER_HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[3], ids=_ids)
 def test_passing_over_classes_and_functions_without_handled_nodes_changes_nothing(path, monkeypatch):
     """A codemod's walk does not enter a class or function under which no node has a handler of the codemod's, a
     class whose functions it passes over and which has no such node outside them, nor such a statement of the
@@ -429,7 +429,7 @@ def test_handled_types_are_the_visit_and_leave_handlers():
     assert handled_types(Transformer) == frozenset()
 
 
-@pytest.mark.parametrize("path", HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[2], ids=_ids)
 def test_calls_renamed_only_in_functions_that_make_them_changes_nothing(path, monkeypatch):
     """static_path visits a changed function with the renaming of calls to twins only when some call under it is
     renamed (`_RenameCalls.applied_to`): the outcome of visiting every one."""
@@ -483,7 +483,7 @@ def test_word_tables_per_statement_count_each_small_statement_of_a_line():
     assert [handed.function_words(q) for q in ("f", "g")] == [whole.function_words(q) for q in ("f", "g")]
 
 
-@pytest.mark.parametrize("path", OTHER_HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[1], ids=_ids)
 def test_a_node_rebuilt_from_the_same_children_counts_as_untouched(path, monkeypatch):
     """A handler that rebuilt a node from the very children it had (hoist_item's `leave_IndentedBlock` does for every
     block) leaves it untouched for the chain (`base._same_fields`): the outcome of counting it as changed."""
@@ -590,7 +590,7 @@ def _held_twice(module: cst.Module) -> list[str]:
     return sorted(twice)
 
 
-@pytest.mark.parametrize("path", HALF, ids=_ids)
+@pytest.mark.parametrize("path", QUARTERS[3], ids=_ids)
 def test_notes_moved_only_where_needed_are_the_visit_of_the_whole_module(path, monkeypatch):
     """static_path visits with _NotesOnHeaders only the functions it built and the statements in which an `if`
     with graphmode's note sits (`_with_notes_on_headers`), not the whole module: the same text, and, as after the

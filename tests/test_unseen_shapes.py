@@ -102,10 +102,13 @@ def _printed(script: str, folder: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, applied", [("static_ready", {"split_decode"}),
                                            ("tuple_cache", {"carried_cache", "split_decode"}),
-                                           ("no_positions", {"carried_cache", "split_decode"}),
-                                           ("length_positions", {"carried_cache", "split_decode"}),
-                                           # Their idioms are checked in process in CI (test_added_cache,
-                                           # test_drop_in, test_static_moe); the whole workflow on them is opt-in.
+                                           # Their idioms are checked in process in CI (below and in
+                                           # test_cache_lengths, test_added_cache, test_drop_in, test_static_moe);
+                                           # the whole workflow on them is opt-in.
+                                           pytest.param("no_positions", {"carried_cache", "split_decode"},
+                                                        marks=pytest.mark.extended),
+                                           pytest.param("length_positions", {"carried_cache", "split_decode"},
+                                                        marks=pytest.mark.extended),
                                            pytest.param("no_cache", {"added_cache", "split_decode"},
                                                         marks=pytest.mark.extended),
                                            pytest.param("sequence_first", {"carried_cache", "split_decode"},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from graphmode.transforms.codemods.base import Edit, GraphCodemod, PartialMatch, Options
+from graphmode.transforms.codemods.buffers.buffers_in_place import BuffersInPlace
 from graphmode.transforms.codemods.caches.absorbed_mla import AbsorbedMLA
 from graphmode.transforms.codemods.caches.added_cache import AddedCache
 from graphmode.transforms.codemods.caches.cache_object import CacheObject
@@ -30,9 +31,9 @@ from graphmode.transforms.codemods.positions.static_rotary import StaticRotary
 # static path's code as it will run. An MoE dispatch is given its static form first, so no other
 # rewrite acts on host reads it replaces.
 CHAIN: tuple[type[GraphCodemod], ...] = (
-    StaticMoE, HoistItem, ScalarArguments, TensorBranches, StaticRotary, SlicedTables, StaticMask, StaticKVCacheCodemod,
-    CacheObject, AbsorbedMLA, CarriedCache, SlicedKVCache, StaticPositions, HostScalars, AddedCache, FusedAddRMSNorm,
-    FusedRMSNorm, FusedAttention, MergedProjections, FusedRotary, SplitDecode,
+    StaticMoE, HoistItem, ScalarArguments, TensorBranches, BuffersInPlace, StaticRotary, SlicedTables, StaticMask,
+    StaticKVCacheCodemod, CacheObject, AbsorbedMLA, CarriedCache, SlicedKVCache, StaticPositions, HostScalars,
+    AddedCache, FusedAddRMSNorm, FusedRMSNorm, FusedAttention, MergedProjections, FusedRotary, SplitDecode,
 )
 CODEMODS: dict[str, type[GraphCodemod]] = {c.NAME: c for c in CHAIN}
 

@@ -674,6 +674,19 @@ def graphmode_position_limit(module):
     return module.graphmode_static_state["max_seq_len"]
 
 
+# Inserted by buffers_in_place where step code puts a new tensor in place of a module's buffer.
+def graphmode_write_buffer(module, name, value):
+    """`setattr(module, name, value)`, but into the buffer's own memory where it has the value's shape, dtype and
+    device (added by graphmode): a captured graph replays against the addresses it was captured with, so a buffer
+    rebound every step would leave it reading the first step's values. The first write (to a buffer registered as
+    None, in eager Prefill) and a write of another shape bind the new tensor, as the model's own code did."""
+    held = getattr(module, name)
+    if held is None or held.shape != value.shape or held.dtype != value.dtype or held.device != value.device:
+        setattr(module, name, value)
+    else:
+        held.copy_(value)
+
+
 # Inserted by merged_projections where one input goes through several linears of one module (q/k/v, gate/up).
 def graphmode_merged_linear(module, names, x, split=True):
     """`getattr(module, name)(x)` for each of `names`, as one matmul over their weights stacked (added by

@@ -16,6 +16,23 @@ which keeps its shape and dtype; helper assignments before it must be pure (numb
 A static part of the test (`x.dtype == torch.float16 and ...`) stays a Python `if`, which Dynamo settles
 while tracing. Any other branch on a tensor value is reported with the reason and left as it is.
 
+An `if`/`else` that binds one name from two values of one kind (the same `torch` call with the same keywords, as
+LongRoPE rotaries pick their factors), on a tensor test or one the trace saw compare the positions with a number,
+
+    if seq_len > self.original_max_position_embeddings:
+        ext_factors = torch.tensor(self.long_factor, dtype=torch.float32, device=x.device)
+    else:
+        ext_factors = torch.tensor(self.short_factor, dtype=torch.float32, device=x.device)
+
+becomes one selection of the two, which holds however far the static path's positions reach (the branch may flip
+mid-generation, past the original length):
+
+    ext_factors = torch.where(
+        seq_len > self.original_max_position_embeddings,
+        torch.tensor(self.long_factor, dtype=torch.float32, device=x.device),
+        torch.tensor(self.short_factor, dtype=torch.float32, device=x.device),
+    )
+
 A test the trace saw compare how far the positions reach with a Python int (dynamic NTK rotary embeddings)
 
     seq_len = torch.max(position_ids) + 1
@@ -53,6 +70,7 @@ _ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "na
                                   "tanh", "sigmoid"})
 _PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
 _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
+_ELSE_COMMENT = "# graphmode: was `if {test}:` / `else:`; both values computed, `torch.where` selects on the device."
 _LIMIT_COMMENT = "# graphmode: positions on the static path stay below `{limit}(self)`, which settles this test."
 # The trace's comparison (tensor on the left) -> the operators that spell it with the tensor on either side.
 _TENSOR_LEFT = {"gt": cst.GreaterThan, "ge": cst.GreaterThanEqual}
@@ -160,6 +178,9 @@ class TensorBranches(StepCodemod):
     def leave_If(self, original_node: cst.If, updated_node: cst.If):
         if not self.in_step_code(original_node):
             return updated_node
+        selected = self._select_between(original_node, updated_node)
+        if selected is not None:
+            return selected
         settled = self._settled_by_limit(original_node, updated_node)
         if settled is not None:
             return settled
@@ -175,6 +196,29 @@ class TensorBranches(StepCodemod):
             return updated_node
         self.record_edit(original_node, f"`if {code_of(original_node.test)}:` became a `torch.where` selection")
         return rewritten
+
+    def _select_between(self, original: cst.If, node: cst.If) -> cst.SimpleStatementLine | None:
+        """`name = torch.where(test, a, b)` for `if test: name = a` / `else: name = b`, where the test is a tensor
+        (a value call, or a comparison the trace saw take a tensor) and `a` and `b` are values of one kind."""
+        split = _split_test(node.test)
+        if split is not None and split[0] is None:
+            condition = split[1]
+        elif self._lines(original)[0] in self._position_tests:
+            condition = node.test
+        else:
+            return None
+        arms = _else_arms(node)
+        if arms is None:
+            return None
+        (name, chosen), (other, otherwise) = arms
+        if name != other or not _one_kind(chosen, otherwise):
+            return None
+        test = self._one_line(original.test)
+        self.record_edit(original, f"`if {test}:` / `else:` became a `torch.where` selection of `{name}`")
+        select = cst.parse_statement(f"{name} = torch.where(\n    {code_of(condition).strip()},\n"
+                                     f"    {code_of(chosen).strip()},\n    {code_of(otherwise).strip()},\n)\n")
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_ELSE_COMMENT.format(test=test)))
+        return select.with_changes(leading_lines=[*node.leading_lines, comment])
 
     def _settled_by_limit(self, original: cst.If, updated: cst.If) -> cst.If | None:
         """The branch with the static path's limit tested first, where the trace saw its test compare how far the
@@ -247,6 +291,41 @@ class TensorBranches(StepCodemod):
                                      leading_lines=[*node.leading_lines, comment])
         body[0] = body[0].with_changes(leading_lines=[*node.leading_lines, comment])
         return cst.FlattenSentinel(body)
+
+
+def _else_arms(node: cst.If) -> tuple[tuple[str, cst.BaseExpression], tuple[str, cst.BaseExpression]] | None:
+    """The (name, value) each arm of `if ...: name = a` / `else: name = b` binds; None for any other shape."""
+    if not isinstance(node.orelse, cst.Else):
+        return None
+    arms = []
+    for block in (node.body, node.orelse.body):
+        if not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+            return None
+        assigned = single_assignment(block.body[0])
+        if assigned is None or _value_calls(assigned[1]):
+            return None
+        arms.append(assigned)
+    return arms[0], arms[1]
+
+
+def _one_kind(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
+    """Two values `torch.where` can select between as the branch did: the same `torch` call with the same keywords
+    (dtype, device) and as many positional arguments, or two plain names or attributes."""
+    if isinstance(first, (cst.Name, cst.Attribute)) and isinstance(second, (cst.Name, cst.Attribute)):
+        return True
+    if not (isinstance(first, cst.Call) and isinstance(second, cst.Call)):
+        return False
+    callee = dotted_name(first.func)
+    if callee is None or not callee.startswith("torch.") or callee != dotted_name(second.func):
+        return False
+
+    def keywords(call: cst.Call) -> list[tuple[str, str]]:
+        return [(a.keyword.value, code_of(a.value).strip()) for a in call.args if a.keyword is not None]
+
+    def positional(call: cst.Call) -> int:
+        return sum(1 for a in call.args if a.keyword is None and not a.star)
+
+    return keywords(first) == keywords(second) and positional(first) == positional(second)
 
 
 def _statement_text(stmt: cst.BaseStatement) -> str:

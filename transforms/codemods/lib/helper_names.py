@@ -15,3 +15,4 @@ RESIZE = "graphmode_resize"  # the method GraphmodeStaticPath.setup calls on eve
 SETUP = "setup_caches"  # the entry's sizing call, as gpt-fast names it
 POSITION_LIMIT = "graphmode_position_limit"  # the static path's number of slots (tensor_branches, carried_cache)
 GUARD = "not torch.compiler.is_compiling()"  # the test that keeps a statement eager only (hoist_item)
+WRITE_BUFFER = "graphmode_write_buffer"  # a buffer the step recomputes, written into its memory (buffers_in_place)

@@ -1,0 +1,1 @@
+"""Codemods for the tensors a module holds between steps."""

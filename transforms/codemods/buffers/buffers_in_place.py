@@ -1,0 +1,107 @@
+"""Writes a buffer the step recomputes into its own memory, instead of binding a new tensor to it.
+
+    self.inv_freq = 1.0 / (ext_factors * self.base**inv_freq_shape)    # a new tensor every step
+
+becomes
+
+    graphmode_write_buffer(self, "inv_freq", 1.0 / (ext_factors * self.base**inv_freq_shape))
+
+A captured graph (npugraph_ex, CUDA graphs) replays against the addresses it was captured with: a buffer rebound
+every step leaves the replay reading the memory of the step it was captured in. `graphmode_write_buffer` copies the
+value into the buffer where shape, dtype and device agree, and binds it as the original did otherwise (the first
+write to a buffer registered as None, in eager Prefill). Only `self.NAME = ...` in step code is touched, where the
+file registers NAME with `register_buffer` and the statement is not the buffer's first value (under
+`if self.NAME is None:`); the values every later read sees are the same.
+"""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider
+
+from graphmode.transforms.codemods.base import StepCodemod
+from graphmode.transforms.codemods.lib.helper_code import helper_statements
+from graphmode.transforms.codemods.lib.helper_names import WRITE_BUFFER
+from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
+from graphmode.transforms.cstutil import code_of
+
+_COMMENT = "# graphmode: written into the buffer's memory (was `{target} = ...`), which a captured graph keeps reading."
+
+
+def _registered_buffers(tree: cst.Module) -> frozenset[str]:
+    """The names the file registers with `register_buffer("name", ...)`, in any class."""
+    names: set[str] = set()
+
+    class _Registrations(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if (isinstance(call.func, cst.Attribute) and call.func.attr.value == "register_buffer" and call.args
+                    and isinstance(call.args[0].value, cst.SimpleString)):
+                names.add(call.args[0].value.evaluated_value)
+
+    tree.visit(_Registrations())
+    return frozenset(names)
+
+
+class BuffersInPlace(StepCodemod):
+    NAME = "buffers_in_place"
+    TITLE = "Write buffers the step recomputes in place"
+    DESCRIPTION = (
+        "`self.name = value` in step code, where `name` is a registered buffer, becomes "
+        "`graphmode_write_buffer(self, \"name\", value)`: the value is copied into the buffer's memory when shape, "
+        "dtype and device agree, and bound as before otherwise (the first write). Every later read sees the same "
+        "values; a captured graph keeps reading the memory it was captured with."
+    )
+    SKILL = "static-buffers"
+    FIXES = frozenset({"GM203"})
+    IDIOM_IN_ONE_FUNCTION = True
+
+    @classmethod
+    def may_apply(cls, source, options) -> bool:
+        return "register_buffer" in source.words
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._buffers = _registered_buffers(tree)
+        module = super().transform_module_impl(tree)
+        if self.edits and not defined_at_top(module, WRITE_BUFFER):
+            module = insert_after_imports(module, helper_statements(WRITE_BUFFER))
+        return module
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine):
+        if len(updated_node.body) != 1 or not isinstance(updated_node.body[0], cst.Assign):
+            return updated_node
+        assign = updated_node.body[0]
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Attribute):
+            return updated_node
+        target = assign.targets[0].target
+        if not isinstance(target.value, cst.Name) or target.attr.value not in self._buffers:
+            return updated_node
+        if target.value.value != self._first_parameter(original_node) or not self.in_step_code(original_node):
+            return updated_node
+        owner, name = target.value.value, target.attr.value
+        if self._under_none_test(original_node, f"{owner}.{name}"):
+            return updated_node  # the buffer's first value, bound once: nothing was captured against it yet
+        self.record_edit(original_node, f"`{owner}.{name}` is written into the buffer's memory")
+        call = cst.parse_statement(f'{WRITE_BUFFER}({owner}, "{name}", {code_of(assign.value).strip()})\n')
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(target=f"{owner}.{name}")))
+        return call.with_changes(leading_lines=[*updated_node.leading_lines, comment])
+
+    def _under_none_test(self, node: cst.CSTNode, target: str) -> bool:
+        """The statement is inside `if <target> is None:` (a buffer filled on first use)."""
+        current = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            test = current.test if isinstance(current, cst.If) else None
+            if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+                    and isinstance(test.comparisons[0].operator, cst.Is) and code_of(test.left).strip() == target
+                    and code_of(test.comparisons[0].comparator).strip() == "None"):
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def _first_parameter(self, node: cst.CSTNode) -> str | None:
+        """The name of the enclosing function's first parameter (`self`), or None outside a function."""
+        current = node
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        if current is None or not current.params.params:
+            return None
+        return current.params.params[0].name.value
