@@ -10,8 +10,9 @@ A captured graph (npugraph_ex, CUDA graphs) replays against the addresses it was
 every step leaves the replay reading the memory of the step it was captured in. `graphmode_write_buffer` copies the
 value into the buffer where shape, dtype and device agree, and binds it as the original did otherwise (the first
 write to a buffer registered as None, in eager Prefill). Only `self.NAME = ...` in step code is touched, where the
-file registers NAME with `register_buffer` and the statement is not the buffer's first value (under
-`if self.NAME is None:`); the values every later read sees are the same.
+file registers NAME with `register_buffer`, and the statement is neither the buffer's first value (under
+`if self.NAME is None:`), nor a move of the buffer itself (`self.NAME = self.NAME.to(device)`), nor in a function that
+registers buffers anew (a table built at a new length); the values every later read sees are the same.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from graphmode.transforms.codemods.lib.helper_names import WRITE_BUFFER
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import code_of
 
-_COMMENT = "# graphmode: written into the buffer's memory (was `{target} = ...`), which a captured graph keeps reading."
+_COMMENT = "# graphmode: written into the buffer's memory, which a captured graph keeps reading."
 
 
-def _registered_buffers(tree: cst.Module) -> frozenset[str]:
+def _registered_buffers(tree: cst.CSTNode) -> frozenset[str]:
     """The names the file registers with `register_buffer("name", ...)`, in any class."""
     names: set[str] = set()
 
@@ -80,9 +81,11 @@ class BuffersInPlace(StepCodemod):
         owner, name = target.value.value, target.attr.value
         if self._under_none_test(original_node, f"{owner}.{name}"):
             return updated_node  # the buffer's first value, bound once: nothing was captured against it yet
+        if _moves_itself(target, assign.value) or _registers_buffers(self._function(original_node)):
+            return updated_node  # a placement, or tables built anew: not a value each step computes
         self.record_edit(original_node, f"`{owner}.{name}` is written into the buffer's memory")
         call = cst.parse_statement(f'{WRITE_BUFFER}({owner}, "{name}", {code_of(assign.value).strip()})\n')
-        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT.format(target=f"{owner}.{name}")))
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT))
         return call.with_changes(leading_lines=[*updated_node.leading_lines, comment])
 
     def _under_none_test(self, node: cst.CSTNode, target: str) -> bool:
@@ -97,11 +100,29 @@ class BuffersInPlace(StepCodemod):
             current = self.get_metadata(ParentNodeProvider, current, None)
         return False
 
-    def _first_parameter(self, node: cst.CSTNode) -> str | None:
-        """The name of the enclosing function's first parameter (`self`), or None outside a function."""
+    def _function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         current = node
         while current is not None and not isinstance(current, cst.FunctionDef):
             current = self.get_metadata(ParentNodeProvider, current, None)
-        if current is None or not current.params.params:
+        return current
+
+    def _first_parameter(self, node: cst.CSTNode) -> str | None:
+        """The name of the enclosing function's first parameter (`self`), or None outside a function."""
+        function = self._function(node)
+        if function is None or not function.params.params:
             return None
-        return current.params.params[0].name.value
+        return function.params.params[0].name.value
+
+
+# A buffer moved or cast as a whole (`self.bias = self.bias.to(device)`) is a placement, not a value the step computes.
+_MOVES = frozenset({"to", "float", "half", "bfloat16", "double", "cuda", "cpu", "type"})
+
+
+def _moves_itself(target: cst.Attribute, value: cst.BaseExpression) -> bool:
+    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _MOVES
+            and value.func.value.deep_equals(target))
+
+
+def _registers_buffers(function: cst.FunctionDef | None) -> bool:
+    """The function (re)registers buffers itself: it builds tables, whose tensors are new in any case."""
+    return function is not None and bool(_registered_buffers(function))

@@ -70,7 +70,7 @@ _ELEMENTWISE_METHODS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "na
                                   "tanh", "sigmoid"})
 _PURE_CALLS = frozenset({"torch.finfo", "torch.iinfo", "float", "abs", "min", "max"})
 _COMMENT = "# graphmode: was `if {test}:`; both sides computed, `torch.where` selects on the device."
-_ELSE_COMMENT = "# graphmode: was `if {test}:` / `else:`; both values computed, `torch.where` selects on the device."
+_ELSE_COMMENT = "# graphmode: both values computed; `torch.where` picks one on the device."
 _LIMIT_COMMENT = "# graphmode: positions on the static path stay below `{limit}(self)`, which settles this test."
 # The trace's comparison (tensor on the left) -> the operators that spell it with the tensor on either side.
 _TENSOR_LEFT = {"gt": cst.GreaterThan, "ge": cst.GreaterThanEqual}
@@ -154,7 +154,9 @@ class TensorBranches(StepCodemod):
         "elementwise op of itself (`clamp`, `nan_to_num`, arithmetic with numbers) becomes "
         "`x = torch.where(test, updated, x)`: both sides are computed on the device and one is selected, so "
         "Decode no longer waits for the device to choose a path and the graph does not break. Results are "
-        "identical; the update now runs every step. A static part of the test stays a Python `if`. A test the "
+        "identical; the update now runs every step. An `if`/`else` that binds one name from the same `torch` call "
+        "in both arms (LongRoPE's factors) becomes `name = torch.where(test, a, b)`, both values computed. A static "
+        "part of the test stays a Python `if`. A test the "
         "trace saw compare how far the positions reach with a number (dynamic NTK rotary scaling) gets the static "
         "path's number of slots tested first: no position reaches it, so the meaning is kept, and with the cache "
         "sized within the bound the test is settled while tracing, without reading the device."
@@ -217,7 +219,7 @@ class TensorBranches(StepCodemod):
         self.record_edit(original, f"`if {test}:` / `else:` became a `torch.where` selection of `{name}`")
         select = cst.parse_statement(f"{name} = torch.where(\n    {code_of(condition).strip()},\n"
                                      f"    {code_of(chosen).strip()},\n    {code_of(otherwise).strip()},\n)\n")
-        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_ELSE_COMMENT.format(test=test)))
+        comment = cst.EmptyLine(indent=True, comment=cst.Comment(_ELSE_COMMENT))
         return select.with_changes(leading_lines=[*node.leading_lines, comment])
 
     def _settled_by_limit(self, original: cst.If, updated: cst.If) -> cst.If | None:

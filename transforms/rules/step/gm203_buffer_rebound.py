@@ -14,6 +14,22 @@ def registered_buffers(tree: ast.Module) -> frozenset[str]:
         and node.args and node.args[0].__class__ is ast.Constant and isinstance(node.args[0].value, str))
 
 
+# A buffer moved or cast as a whole (`self.bias = self.bias.to(device)`) is a placement, not a value the step computes.
+_MOVES = frozenset({"to", "float", "half", "bfloat16", "double", "cuda", "cpu", "type"})
+
+
+def _moves_itself(target: ast.Attribute, value: ast.expr) -> bool:
+    return (value.__class__ is ast.Call and value.func.__class__ is ast.Attribute and value.func.attr in _MOVES
+            and value.func.value.__class__ is ast.Attribute and value.func.value.attr == target.attr
+            and value.func.value.value.__class__ is ast.Name and value.func.value.value.id == target.value.id)
+
+
+def _registers_buffers(function: ast.AST) -> bool:
+    """The function (re)registers buffers itself: it builds tables, whose tensors are new in any case."""
+    return any(node.__class__ is ast.Call and node.func.__class__ is ast.Attribute
+               and node.func.attr == "register_buffer" for node in ast.walk(function))
+
+
 class BufferRebound(Rule):
     CODE = "GM203"
     MESSAGE = (
@@ -52,6 +68,27 @@ class BufferRebound(Rule):
             def forward(self, x):
                 return x * self.inv_freq
         """,
+        # A buffer moved to a device, and tables rebuilt (and registered again) at a new length: placements and
+        # builds, not a value each step computes.
+        """
+        import torch
+
+
+        class Rotary(torch.nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.register_buffer("inv_freq", torch.ones(dim // 2), persistent=False)
+
+            def _build(self, length, device):
+                self.inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float().to(device) / 8))
+                self.register_buffer("cos", torch.outer(torch.arange(length), self.inv_freq).cos(), persistent=False)
+
+            def forward(self, x, length):
+                self.inv_freq = self.inv_freq.to(x.device)
+                if length > self.cos.shape[0]:
+                    self._build(length, x.device)
+                return x * self.cos[:length]
+        """,
     )
     INVALID = (
         # LongRoPE (Phi-3): the frequencies recomputed and rebound every call.
@@ -80,5 +117,7 @@ class BufferRebound(Rule):
         arguments = function.args.posonlyargs + function.args.args if function is not None else []
         if not arguments or arguments[0].arg != target.value.id:  # `self.x`, not another object's attribute
             return
-        if target.attr in self.file.fact("registered_buffers", registered_buffers):
+        if target.attr not in self.file.fact("registered_buffers", registered_buffers):
+            return
+        if not _moves_itself(target, node.value) and not _registers_buffers(function):
             self.report(node, self.MESSAGE.format(target=f"{target.value.id}.{target.attr}", name=target.attr))
