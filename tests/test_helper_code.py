@@ -72,6 +72,10 @@ def test_a_buffer_written_every_step_keeps_its_address_from_its_first_value_on()
         compiled(torch.full((4,), scale))
         assert rotary.inv_freq.data_ptr() == first and torch.equal(rotary.inv_freq, torch.full((4,), 1 / scale))
     assert list(dict(rotary.named_buffers())) == ["inv_freq"]  # still a buffer
+    # A move to where it already is (CTRL's `self.pos_encoding = self.pos_encoding.to(...)`) leaves it in place.
+    compiled_move = _compiled(lambda: helpers.graphmode_write_buffer(rotary, "inv_freq", rotary.inv_freq.to("cpu")))
+    compiled_move()
+    assert rotary.inv_freq.data_ptr() == first and torch.equal(rotary.inv_freq, torch.full((4,), 1 / 4.0))
     # A value of another shape or dtype is bound, as the model's own assignment did.
     helpers.graphmode_write_buffer(rotary, "inv_freq", torch.arange(3))
     assert rotary.inv_freq.dtype == torch.int64 and rotary.inv_freq.shape == (3,)

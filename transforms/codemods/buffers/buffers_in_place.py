@@ -10,9 +10,11 @@ A captured graph (npugraph_ex, CUDA graphs) replays against the addresses it was
 every step leaves the replay reading the memory of the step it was captured in. `graphmode_write_buffer` copies the
 value into the buffer where shape, dtype and device agree, and binds it as the original did otherwise (the first
 write to a buffer registered as None, in eager Prefill). Only `self.NAME = ...` in step code is touched, where the
-file registers NAME with `register_buffer`, and the statement is neither the buffer's first value (under
-`if self.NAME is None:`), nor a move of the buffer itself (`self.NAME = self.NAME.to(device)`), nor in a function that
-registers buffers anew (a table built at a new length); the values every later read sees are the same.
+file makes NAME a buffer (`register_buffer`, `nn.Buffer`), and the statement is neither the buffer's first value
+(under `if self.NAME is None:`) nor in a function that registers buffers anew (a table built at a new length); the
+values every later read sees are the same. A buffer moved and cast to where it already is on every call
+(`self.pos_encoding = self.pos_encoding.to(device=..., dtype=...)`, CTRL) is written the same way: Dynamo breaks its
+graph at a buffer's registration, and not at a copy.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import WRITE_BUFFER
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import code_of
+from graphmode.transforms.cstutil import code_of, dotted_name
 
 _COMMENT = "# graphmode: written into the buffer's memory, which a captured graph keeps reading."
 
 
 def _registered_buffers(tree: cst.CSTNode) -> frozenset[str]:
-    """The names the file registers with `register_buffer("name", ...)`, in any class."""
+    """The names the file makes buffers, in any class: `register_buffer("name", ...)` and `self.name =
+    nn.Buffer(...)`."""
     names: set[str] = set()
 
     class _Registrations(cst.CSTVisitor):
@@ -37,6 +40,12 @@ def _registered_buffers(tree: cst.CSTNode) -> frozenset[str]:
             if (isinstance(call.func, cst.Attribute) and call.func.attr.value == "register_buffer" and call.args
                     and isinstance(call.args[0].value, cst.SimpleString)):
                 names.add(call.args[0].value.evaluated_value)
+
+        def visit_Assign(self, assign: cst.Assign) -> None:
+            target, value = assign.targets[0].target, assign.value
+            if (len(assign.targets) == 1 and isinstance(target, cst.Attribute) and isinstance(value, cst.Call)
+                    and (dotted_name(value.func) or "").rpartition(".")[2] == "Buffer"):
+                names.add(target.attr.value)
 
     tree.visit(_Registrations())
     return frozenset(names)
@@ -57,7 +66,7 @@ class BuffersInPlace(StepCodemod):
 
     @classmethod
     def may_apply(cls, source, options) -> bool:
-        return "register_buffer" in source.words
+        return not source.words.isdisjoint({"register_buffer", "Buffer"})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._buffers = _registered_buffers(tree)
@@ -81,8 +90,8 @@ class BuffersInPlace(StepCodemod):
         owner, name = target.value.value, target.attr.value
         if self._under_none_test(original_node, f"{owner}.{name}"):
             return updated_node  # the buffer's first value, bound once: nothing was captured against it yet
-        if _moves_itself(target, assign.value) or _registers_buffers(self._function(original_node)):
-            return updated_node  # a placement, or tables built anew: not a value each step computes
+        if _registers_buffers(self._function(original_node)):
+            return updated_node  # tables built anew: their tensors are new in any case
         self.record_edit(original_node, f"`{owner}.{name}` is written into the buffer's memory")
         call = cst.parse_statement(f'{WRITE_BUFFER}({owner}, "{name}", {code_of(assign.value).strip()})\n')
         comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT))
@@ -112,15 +121,6 @@ class BuffersInPlace(StepCodemod):
         if function is None or not function.params.params:
             return None
         return function.params.params[0].name.value
-
-
-# A buffer moved or cast as a whole (`self.bias = self.bias.to(device)`) is a placement, not a value the step computes.
-_MOVES = frozenset({"to", "float", "half", "bfloat16", "double", "cuda", "cpu", "type"})
-
-
-def _moves_itself(target: cst.Attribute, value: cst.BaseExpression) -> bool:
-    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _MOVES
-            and value.func.value.deep_equals(target))
 
 
 def _registers_buffers(function: cst.FunctionDef | None) -> bool:

@@ -683,7 +683,7 @@ def graphmode_write_buffer(module, name, value):
     held = getattr(module, name)
     if held is None or held.shape != value.shape or held.dtype != value.dtype or held.device != value.device:
         setattr(module, name, value)
-    else:
+    elif value is not held:  # not a move to where it already is (`.to()` hands the tensor itself back)
         held.copy_(value)
 
 

@@ -7,21 +7,21 @@ from graphmode.transforms.rules.base import Rule
 
 
 def registered_buffers(tree: ast.Module) -> frozenset[str]:
-    """The names the file registers with `register_buffer("name", ...)`, in any class."""
-    return frozenset(
-        node.args[0].value for node in ast.walk(tree)
-        if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "register_buffer"
-        and node.args and node.args[0].__class__ is ast.Constant and isinstance(node.args[0].value, str))
+    """The names the file makes buffers, in any class: `register_buffer("name", ...)` and `self.name =
+    nn.Buffer(...)`."""
+    names = set()
+    for node in ast.walk(tree):
+        if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "register_buffer" \
+                and node.args and node.args[0].__class__ is ast.Constant and isinstance(node.args[0].value, str):
+            names.add(node.args[0].value)
+        elif node.__class__ is ast.Assign and len(node.targets) == 1 and node.targets[0].__class__ is ast.Attribute \
+                and node.value.__class__ is ast.Call and _callee(node.value.func) == "Buffer":
+            names.add(node.targets[0].attr)
+    return frozenset(names)
 
 
-# A buffer moved or cast as a whole (`self.bias = self.bias.to(device)`) is a placement, not a value the step computes.
-_MOVES = frozenset({"to", "float", "half", "bfloat16", "double", "cuda", "cpu", "type"})
-
-
-def _moves_itself(target: ast.Attribute, value: ast.expr) -> bool:
-    return (value.__class__ is ast.Call and value.func.__class__ is ast.Attribute and value.func.attr in _MOVES
-            and value.func.value.__class__ is ast.Attribute and value.func.value.attr == target.attr
-            and value.func.value.value.__class__ is ast.Name and value.func.value.value.id == target.value.id)
+def _callee(func: ast.expr) -> str | None:
+    return func.id if func.__class__ is ast.Name else func.attr if func.__class__ is ast.Attribute else None
 
 
 def _registers_buffers(function: ast.AST) -> bool:
@@ -68,8 +68,7 @@ class BufferRebound(Rule):
             def forward(self, x):
                 return x * self.inv_freq
         """,
-        # A buffer moved to a device, and tables rebuilt (and registered again) at a new length: placements and
-        # builds, not a value each step computes.
+        # Tables rebuilt (and registered again) at a new length: a build, whose tensors are new in any case.
         """
         import torch
 
@@ -84,7 +83,6 @@ class BufferRebound(Rule):
                 self.register_buffer("cos", torch.outer(torch.arange(length), self.inv_freq).cos(), persistent=False)
 
             def forward(self, x, length):
-                self.inv_freq = self.inv_freq.to(x.device)
                 if length > self.cos.shape[0]:
                     self._build(length, x.device)
                 return x * self.cos[:length]
@@ -105,6 +103,20 @@ class BufferRebound(Rule):
                 self.inv_freq = 1.0 / (factors * 10000 ** (torch.arange(0, 8, 2).float() / 8))
                 return x * self.inv_freq
         """,
+        # CTRL: an `nn.Buffer` moved and cast in every forward; Dynamo breaks the graph at the buffer's registration.
+        """
+        import torch
+
+
+        class Model(torch.nn.Module):
+            def __init__(self, length, dim):
+                super().__init__()
+                self.pos_encoding = torch.nn.Buffer(torch.zeros(length, dim), persistent=False)
+
+            def forward(self, x, position_ids):
+                self.pos_encoding = self.pos_encoding.to(device=x.device, dtype=x.dtype)
+                return x + self.pos_encoding[position_ids]
+        """,
     )
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -119,5 +131,5 @@ class BufferRebound(Rule):
             return
         if target.attr not in self.file.fact("registered_buffers", registered_buffers):
             return
-        if not _moves_itself(target, node.value) and not _registers_buffers(function):
+        if not _registers_buffers(function):
             self.report(node, self.MESSAGE.format(target=f"{target.value.id}.{target.attr}", name=target.attr))
