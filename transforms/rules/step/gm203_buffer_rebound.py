@@ -24,10 +24,18 @@ def _callee(func: ast.expr) -> str | None:
     return func.id if func.__class__ is ast.Name else func.attr if func.__class__ is ast.Attribute else None
 
 
-def _registers_buffers(function: ast.AST) -> bool:
-    """The function (re)registers buffers itself: it builds tables, whose tensors are new in any case."""
-    return any(node.__class__ is ast.Call and node.func.__class__ is ast.Attribute
-               and node.func.attr == "register_buffer" for node in ast.walk(function))
+def _first_values(function: ast.AST) -> set[int]:
+    """The assignments `self.name = ...` under `if self.name is None:` in the function: a buffer's first value."""
+    found: set[int] = set()
+    for node in ast.walk(function):
+        test = node.test if node.__class__ is ast.If else None
+        if (test.__class__ is ast.Compare and len(test.ops) == 1 and test.ops[0].__class__ is ast.Is
+                and test.left.__class__ is ast.Attribute and test.comparators[0].__class__ is ast.Constant
+                and test.comparators[0].value is None):
+            found.update(id(inner) for statement in node.body for inner in ast.walk(statement)
+                         if inner.__class__ is ast.Assign and len(inner.targets) == 1
+                         and ast.unparse(inner.targets[0]) == ast.unparse(test.left))
+    return found
 
 
 class BufferRebound(Rule):
@@ -66,6 +74,22 @@ class BufferRebound(Rule):
                 self.inv_freq = self.inv_freq * 2
 
             def forward(self, x):
+                return x * self.inv_freq
+        """,
+        # A buffer registered empty and filled on the first call.
+        """
+        import torch
+
+
+        class Rotary(torch.nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.dim = dim
+                self.register_buffer("inv_freq", None, persistent=False)
+
+            def forward(self, x):
+                if self.inv_freq is None:
+                    self.inv_freq = 1.0 / (10000 ** (torch.arange(0, self.dim, 2).float() / self.dim))
                 return x * self.inv_freq
         """,
         # Tables rebuilt (and registered again) at a new length: a build, whose tensors are new in any case.
@@ -131,5 +155,6 @@ class BufferRebound(Rule):
             return
         if target.attr not in self.file.fact("registered_buffers", registered_buffers):
             return
-        if not _registers_buffers(function):
+        # Not a buffer's first value, nor a function that registers buffers anew (it builds tables, new in any case).
+        if id(node) not in _first_values(function) and not registered_buffers(function):
             self.report(node, self.MESSAGE.format(target=f"{target.value.id}.{target.attr}", name=target.attr))
