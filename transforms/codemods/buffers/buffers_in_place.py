@@ -77,34 +77,39 @@ class BuffersInPlace(StepCodemod):
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine):
-        if len(updated_node.body) != 1 or not isinstance(updated_node.body[0], cst.Assign):
+        found = self._rebound_buffer(original_node, updated_node)
+        if found is None:
             return updated_node
-        assign = updated_node.body[0]
-        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Attribute):
-            return updated_node
-        target = assign.targets[0].target
-        if not isinstance(target.value, cst.Name) or target.attr.value not in self._buffers:
-            return updated_node
-        if target.value.value != self._first_parameter(original_node) or not self.in_step_code(original_node):
-            return updated_node
-        owner, name = target.value.value, target.attr.value
-        if self._under_none_test(original_node, f"{owner}.{name}"):
-            return updated_node  # the buffer's first value, bound once: nothing was captured against it yet
-        if _registers_buffers(self._function(original_node)):
-            return updated_node  # tables built anew: their tensors are new in any case
+        owner, name, value = found
         self.record_edit(original_node, f"`{owner}.{name}` is written into the buffer's memory")
-        call = cst.parse_statement(f'{WRITE_BUFFER}({owner}, "{name}", {code_of(assign.value).strip()})\n')
+        call = cst.parse_statement(f'{WRITE_BUFFER}({owner}, "{name}", {code_of(value).strip()})\n')
         comment = cst.EmptyLine(indent=True, comment=cst.Comment(_COMMENT))
         return call.with_changes(leading_lines=[*updated_node.leading_lines, comment])
+
+    def _rebound_buffer(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                        ) -> tuple[str, str, cst.BaseExpression] | None:
+        """(owner, buffer, value) where the line is `self.buffer = value` in step code, neither the buffer's first
+        value nor in a function that makes buffers anew (tables built at a new length: new tensors in any case)."""
+        assign = updated.body[0] if len(updated.body) == 1 else None
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            return None
+        target = assign.targets[0].target
+        if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name)
+                and target.attr.value in self._buffers):
+            return None
+        owner, name = target.value.value, target.attr.value
+        function = self._function(original)
+        if owner != self._first_parameter(function) or not self.in_step_code(original):
+            return None
+        if self._under_none_test(original, f"{owner}.{name}") or _registers_buffers(function):
+            return None
+        return owner, name, assign.value
 
     def _under_none_test(self, node: cst.CSTNode, target: str) -> bool:
         """The statement is inside `if <target> is None:` (a buffer filled on first use)."""
         current = self.get_metadata(ParentNodeProvider, node, None)
         while current is not None and not isinstance(current, cst.FunctionDef):
-            test = current.test if isinstance(current, cst.If) else None
-            if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-                    and isinstance(test.comparisons[0].operator, cst.Is) and code_of(test.left).strip() == target
-                    and code_of(test.comparisons[0].comparator).strip() == "None"):
+            if isinstance(current, cst.If) and _none_tested(current.test) == target:
                 return True
             current = self.get_metadata(ParentNodeProvider, current, None)
         return False
@@ -115,12 +120,21 @@ class BuffersInPlace(StepCodemod):
             current = self.get_metadata(ParentNodeProvider, current, None)
         return current
 
-    def _first_parameter(self, node: cst.CSTNode) -> str | None:
-        """The name of the enclosing function's first parameter (`self`), or None outside a function."""
-        function = self._function(node)
+    @staticmethod
+    def _first_parameter(function: cst.FunctionDef | None) -> str | None:
+        """The name of the function's first parameter (`self`), or None."""
         if function is None or not function.params.params:
             return None
         return function.params.params[0].name.value
+
+
+def _none_tested(test: cst.BaseExpression) -> str | None:
+    """The code of `x` where the test is `x is None`."""
+    if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Is)
+            and code_of(test.comparisons[0].comparator).strip() == "None"):
+        return code_of(test.left).strip()
+    return None
 
 
 def _registers_buffers(function: cst.FunctionDef | None) -> bool:

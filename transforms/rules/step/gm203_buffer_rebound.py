@@ -6,35 +6,47 @@ import ast
 from graphmode.transforms.rules.base import Rule
 
 
-def registered_buffers(tree: ast.Module) -> frozenset[str]:
-    """The names the file makes buffers, in any class: `register_buffer("name", ...)` and `self.name =
+def registered_buffers(tree: ast.AST) -> frozenset[str]:
+    """The names the code makes buffers, in any class: `register_buffer("name", ...)` and `self.name =
     nn.Buffer(...)`."""
-    names = set()
-    for node in ast.walk(tree):
-        if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "register_buffer" \
-                and node.args and node.args[0].__class__ is ast.Constant and isinstance(node.args[0].value, str):
-            names.add(node.args[0].value)
-        elif node.__class__ is ast.Assign and len(node.targets) == 1 and node.targets[0].__class__ is ast.Attribute \
-                and node.value.__class__ is ast.Call and _callee(node.value.func) == "Buffer":
-            names.add(node.targets[0].attr)
-    return frozenset(names)
+    return frozenset(name for node in ast.walk(tree) if (name := _buffer_made(node)) is not None)
+
+
+def _buffer_made(node: ast.AST) -> str | None:
+    """The buffer's name where `node` is `x.register_buffer("name", ...)` or `x.name = nn.Buffer(...)`."""
+    if node.__class__ is ast.Call and _callee(node.func) == "register_buffer" and node.args:
+        first = node.args[0]
+        return first.value if first.__class__ is ast.Constant and isinstance(first.value, str) else None
+    return _buffer_assigned(node) if node.__class__ is ast.Assign else None
+
+
+def _buffer_assigned(node: ast.Assign) -> str | None:
+    target = node.targets[0] if len(node.targets) == 1 else None
+    made = node.value.__class__ is ast.Call and _callee(node.value.func) == "Buffer"
+    return target.attr if made and target.__class__ is ast.Attribute else None
 
 
 def _callee(func: ast.expr) -> str | None:
     return func.id if func.__class__ is ast.Name else func.attr if func.__class__ is ast.Attribute else None
 
 
+def _none_tested(test: ast.expr | None) -> str | None:
+    """The code of `x` where the test is `x is None`."""
+    if test.__class__ is ast.Compare and len(test.ops) == 1 and test.ops[0].__class__ is ast.Is \
+            and test.comparators[0].__class__ is ast.Constant and test.comparators[0].value is None:
+        return ast.unparse(test.left)
+    return None
+
+
 def _first_values(function: ast.AST) -> set[int]:
     """The assignments `self.name = ...` under `if self.name is None:` in the function: a buffer's first value."""
     found: set[int] = set()
     for node in ast.walk(function):
-        test = node.test if node.__class__ is ast.If else None
-        if (test.__class__ is ast.Compare and len(test.ops) == 1 and test.ops[0].__class__ is ast.Is
-                and test.left.__class__ is ast.Attribute and test.comparators[0].__class__ is ast.Constant
-                and test.comparators[0].value is None):
+        tested = _none_tested(node.test) if node.__class__ is ast.If else None
+        if tested is not None:
             found.update(id(inner) for statement in node.body for inner in ast.walk(statement)
                          if inner.__class__ is ast.Assign and len(inner.targets) == 1
-                         and ast.unparse(inner.targets[0]) == ast.unparse(test.left))
+                         and ast.unparse(inner.targets[0]) == tested)
     return found
 
 
@@ -144,17 +156,18 @@ class BufferRebound(Rule):
     )
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if len(node.targets) != 1 or node.targets[0].__class__ is not ast.Attribute:
-            return
-        target = node.targets[0]
-        if target.value.__class__ is not ast.Name or not self.in_step_code(node):
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if target.__class__ is not ast.Attribute or target.value.__class__ is not ast.Name \
+                or target.attr not in self.file.fact("registered_buffers", registered_buffers):
             return
         function = self.enclosing_function(node)
-        arguments = function.args.posonlyargs + function.args.args if function is not None else []
-        if not arguments or arguments[0].arg != target.value.id:  # `self.x`, not another object's attribute
-            return
-        if target.attr not in self.file.fact("registered_buffers", registered_buffers):
-            return
+        if function is None or not self.in_step_code(node) or not _is_first_parameter(function, target.value.id):
+            return  # another object's attribute, or outside the step
         # Not a buffer's first value, nor a function that registers buffers anew (it builds tables, new in any case).
         if id(node) not in _first_values(function) and not registered_buffers(function):
             self.report(node, self.MESSAGE.format(target=f"{target.value.id}.{target.attr}", name=target.attr))
+
+
+def _is_first_parameter(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    arguments = function.args.posonlyargs + function.args.args
+    return bool(arguments) and arguments[0].arg == name
