@@ -18,37 +18,20 @@ graph at a buffer's registration, and not at a copy.
 """
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from graphmode.transforms.analysis.buffers import first_value_lines, registered_buffers
 from graphmode.transforms.codemods.base import StepCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import WRITE_BUFFER
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
-from graphmode.transforms.cstutil import code_of, dotted_name
+from graphmode.transforms.cstutil import code_of
+from graphmode.transforms.positions import module_code
 
 _COMMENT = "# graphmode: written into the buffer's memory, which a captured graph keeps reading."
-
-
-def _registered_buffers(tree: cst.CSTNode) -> frozenset[str]:
-    """The names the file makes buffers, in any class: `register_buffer("name", ...)` and `self.name =
-    nn.Buffer(...)`."""
-    names: set[str] = set()
-
-    class _Registrations(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if (isinstance(call.func, cst.Attribute) and call.func.attr.value == "register_buffer" and call.args
-                    and isinstance(call.args[0].value, cst.SimpleString)):
-                names.add(call.args[0].value.evaluated_value)
-
-        def visit_Assign(self, assign: cst.Assign) -> None:
-            target, value = assign.targets[0].target, assign.value
-            if (len(assign.targets) == 1 and isinstance(target, cst.Attribute) and isinstance(value, cst.Call)
-                    and (dotted_name(value.func) or "").rpartition(".")[2] == "Buffer"):
-                names.add(target.attr.value)
-
-    tree.visit(_Registrations())
-    return frozenset(names)
 
 
 class BuffersInPlace(StepCodemod):
@@ -69,7 +52,8 @@ class BuffersInPlace(StepCodemod):
         return not source.words.isdisjoint({"register_buffer", "Buffer"})
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        self._buffers = _registered_buffers(tree)
+        self._buffers = registered_buffers(self.source.tree) if tree is self.source.module else \
+            registered_buffers(ast.parse(module_code(tree)))
         module = super().transform_module_impl(tree)
         if self.edits and not defined_at_top(module, WRITE_BUFFER):
             module = insert_after_imports(module, helper_statements(WRITE_BUFFER))
@@ -99,20 +83,14 @@ class BuffersInPlace(StepCodemod):
             return None
         owner, name = target.value.value, target.attr.value
         function = self._function(original)
-        if owner != self._first_parameter(function) or not self.in_step_code(original):
+        if function is None or owner != self._first_parameter(function) or not self.in_step_code(original):
             return None
-        if self._under_none_test(original, f"{owner}.{name}") or _registers_buffers(function):
-            return None
+        # The chain's `ast` parse of the function: the first values and the buffers it makes are read off it, as
+        # GM203 reads them (transforms.analysis.buffers).
+        parsed = self.ast_of(function)
+        if self._lines(original)[0] in first_value_lines(parsed) or registered_buffers(parsed):
+            return None  # a buffer's first value, or tables built anew: new tensors in any case
         return owner, name, assign.value
-
-    def _under_none_test(self, node: cst.CSTNode, target: str) -> bool:
-        """The statement is inside `if <target> is None:` (a buffer filled on first use)."""
-        current = self.get_metadata(ParentNodeProvider, node, None)
-        while current is not None and not isinstance(current, cst.FunctionDef):
-            if isinstance(current, cst.If) and _none_tested(current.test) == target:
-                return True
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return False
 
     def _function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         current = node
@@ -121,22 +99,6 @@ class BuffersInPlace(StepCodemod):
         return current
 
     @staticmethod
-    def _first_parameter(function: cst.FunctionDef | None) -> str | None:
+    def _first_parameter(function: cst.FunctionDef) -> str | None:
         """The name of the function's first parameter (`self`), or None."""
-        if function is None or not function.params.params:
-            return None
-        return function.params.params[0].name.value
-
-
-def _none_tested(test: cst.BaseExpression) -> str | None:
-    """The code of `x` where the test is `x is None`."""
-    if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].operator, cst.Is)
-            and code_of(test.comparisons[0].comparator).strip() == "None"):
-        return code_of(test.left).strip()
-    return None
-
-
-def _registers_buffers(function: cst.FunctionDef | None) -> bool:
-    """The function (re)registers buffers itself: it builds tables, whose tensors are new in any case."""
-    return function is not None and bool(_registered_buffers(function))
+        return function.params.params[0].name.value if function.params.params else None
