@@ -79,10 +79,12 @@ def read_row(model_type: str, out: Path, status: int | None = 0, tail: list[str]
         row["distinct_tokens"] = f"{len(set(eager[0]))}/{len(eager[0])}"
         row["baseline"] = (data.get("baseline") or {}).get("headline")
         row["unstable"] = any("decode" in figure for figure in data.get("unstable_figures") or [])
-        # A run split_decode gave no entries (its item says so) was not run: its problem is that consequence, and
-        # the first item left on Decode's path (a cache not made static, most often) is the cause to name.
+        # A run split_decode gave no entries (its item says so) was not run: its problem is that consequence. The
+        # verdict names the cause (the cache item, then the entries'); where it does not, the first item left on
+        # Decode's path (a cache not made static, most often) is the cause to name.
         no_entries = data.get("ran") is False and any(
-            item.get("code") == "split_decode" for item in data.get("manual_items_detail") or [])
+            item.get("code") == "split_decode" for item in data.get("manual_items_detail") or []) and not any(
+            "has no prefill or decode entry points" in problem for problem in row.get("problems") or [])
         first = data.get("first_decode_item")
         if no_entries and first:
             row["problems"] = [f"no entry points; first on Decode's path: {first['at']} {first['code']}: "

@@ -196,3 +196,28 @@ def test_the_static_padded_row_counts_positions_as_generate_does(tmp_path):
         for name in ("harness", "model", "cache", "masks"):
             sys.modules.pop(name, None)
     assert row.status == HELD and row.path == "static", row
+
+
+def test_an_original_that_drops_padding_in_decode_is_not_the_reference(tmp_path):
+    """Where the original's own padded loop is wrong (GIT widens its Decode mask by image tokens a text-only cache
+    does not hold; here Decode drops the padding mask), each row run alone, unpadded, is the reference: the static
+    path that gives those rows holds, and the row says why the padded loop was set aside."""
+    branch = '        if self.config.attn_implementation == "sdpa":\n'
+    source = (HF_EXAMPLE / "model.py").read_text()
+    assert source.count(branch) == 1
+    blind = source.replace(branch, "        if past_key_values_length > 0:\n            attention_mask = None\n" + branch)
+    original_folder = tmp_path / "original"
+    shutil.copytree(HF_EXAMPLE, original_folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (original_folder / "model.py").write_text(blind)
+    # The adaptation of the correct file, against the original that drops the mask.
+    adaptation = adapt_source(source, "model.py", None, Options(entry_class="ForCausalLM"))
+    backend, _ = resolve("aot_eager")
+    try:
+        battery = Battery(*_built(original_folder), *_built(_folder(tmp_path, "adapted", adaptation.adapted)),
+                          backend)
+        row = _row(battery, "padded_static_batch")
+    finally:
+        for name in ("harness", "model", "cache", "masks"):
+            sys.modules.pop(name, None)
+    assert row.status == HELD and "as each row run alone, unpadded" in row.detail, row
+    assert "whose own padded loop gives other tokens" in row.detail

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 from graphmode.agent.errors import UserError  # noqa: E402
 from graphmode.agent.targets.hf import resolve  # noqa: E402
-from graphmode.agent.targets.installed_copy import absolute_imports, copy_modeling_file  # noqa: E402
+from graphmode.agent.targets.installed_copy import absolute_imports, copy_modeling_file, recurrent_state_write  # noqa: E402,E501
 
 # The smallest type whose copy verifies on the rewrite path (bench/hf_zoo.py --rewrite has the others).
 E2E_TYPE = "llama"
@@ -87,9 +87,33 @@ def test_rewrite_makes_the_copy_the_source_and_refuses_what_no_rewrite_serves(tm
     if "mamba" in transformers.CONFIG_MAPPING:
         with pytest.raises(UserError, match=r"modeling_mamba.py:\d+ calls `update_\w+_state`: .*recurrent state"):
             resolve("mamba", True, 64, rewrite=True)
+    # RecurrentGemma keeps its states in module attributes, computed anew from themselves every step
+    if "recurrent_gemma" in transformers.CONFIG_MAPPING:
+        with pytest.raises(UserError, match=r"modeling_recurrent_gemma.py:\d+ rebinds `self.recurrent_states` in "
+                                            r"`RecurrentGemmaRglru.forward` from its own value: .*recurrent state"):
+            resolve("recurrent_gemma", True, 64, rewrite=True)
     # remote code is rewritten already
     with pytest.raises(UserError, match="--rewrite is for a model type"):
         resolve(str(Path(__file__).parent / "fixtures" / "hub_remote_code"), True, 64, rewrite=True)
+
+
+def test_a_state_a_module_computes_from_itself_is_told_from_a_cache_it_grows_or_a_value_it_casts(tmp_path):
+    def state_of(body: str) -> str | None:
+        (tmp_path / "modeling_x.py").write_text(
+            "import torch\n\n\nclass Block(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            f"        self.state = None\n\n    def forward(self, x):\n{body}        return x\n")
+        return recurrent_state_write(tmp_path / "modeling_x.py")
+
+    # a convolution state: the last columns of itself and the new input (RecurrentGemma's conv1d_state)
+    assert state_of("        window = torch.cat((self.state, x), -1)\n        self.state = window[:, :, 1:]\n") == \
+        "modeling_x.py:11 rebinds `self.state` in `Block.forward` from its own value"
+    # a scan carried on from its last value
+    assert state_of("        x, last = scan(x, self.state)\n        self.state = last\n") is not None
+    # keys grown by a bare cat (a legacy cache kept in an attribute) and a state only cast are no such state
+    assert state_of("        self.state = torch.cat([self.state, x], dim=1)\n") is None
+    assert state_of("        keys = torch.cat([self.state, x], dim=1)\n        self.state = keys\n") is None
+    assert state_of("        self.state = self.state.to(x.dtype) if self.state is not None else None\n") is None
+    assert state_of("        self.state = x.sum()\n") is None  # computed from the input alone
 
 
 @pytest.mark.skipif("deepseek_v4" not in transformers.CONFIG_MAPPING, reason="a transformers 5.x model type")

@@ -132,3 +132,37 @@ def test_the_first_item_on_decodes_path_is_named_with_its_words():
     assert first_on_decode([item(7, False, cache), item(9, True, note)]) == {
         "at": "m.py:9", "code": "split_decode", "reason": "no entries"}
     assert first_on_decode([item(3, None, off)]) is None
+
+
+COUNTED_FIXTURE = Path(__file__).parent / "fixtures" / "codemods" / "cache_object" / "counted_positions.in.py"
+COUNTED = COUNTED_FIXTURE.read_text() + '''
+
+class Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.decoder = Decoder(config)
+
+    def forward(self, input_ids=None, cache=None, attention_mask=None, use_cache=None):
+        return self.decoder(input_ids, cache=cache, attention_mask=attention_mask)
+'''
+
+
+def test_a_run_without_entries_names_why_its_cache_was_not_made_static(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "model.py").write_text(COUNTED)
+    state = RunState(session_id="no-entries", options=RunOptions(target=str(target), run_dir=str(tmp_path / "run")),
+                     sources=["model.py"], findings=scan_source(COUNTED, "model.py"),
+                     baseline=Baseline(entry_class="Model", max_seq_len=32,
+                                       headline="not probed: this test is about the verdict", steps=8))
+    designed = nodes.design(state)
+    state = RunState.model_validate({**state.model_dump(), **designed, "approved": [], "applied": []})
+    why = nodes._why_no_entries(state)
+    # The cause (positions counted from the cache's length, with its line) comes before the consequence (no
+    # entries), and the item that only points at another is left out.
+    counted_line = next(number for number, line in enumerate(COUNTED.splitlines(), 1)
+                        if line.strip().startswith("cache_length = "))
+    assert why.startswith("`Model` has no prefill or decode entry points, as the design says: `create_causal_mask`")
+    assert f"counts positions from the cache's length (`cache.get_seq_length()`, line {counted_line})" in why
+    assert why.index("counts positions") < why.index("write `prefill`/`decode` by hand")
+    assert "another part of it" not in why

@@ -9,6 +9,8 @@ source like remote code: designed for, rewritten and verified. The installed fil
 """
 from __future__ import annotations
 
+import ast
+
 import sys
 from pathlib import Path
 
@@ -67,13 +69,71 @@ RECURRENT_STATE_WRITES = ("update_conv_state", "update_recurrent_state")
 
 
 def recurrent_state_write(installed: Path) -> str | None:
-    """`file:line: cache.update_conv_state(...)` for the first write of a recurrent state in `installed`, else None."""
-    import ast
-
+    """`file:line calls `update_conv_state`` for the first write of a recurrent state in `installed` through the Cache
+    API, or `file:line rebinds `self.X` ...` for one the file keeps in a module attribute (`_module_state`); else
+    None."""
     tree = ast.parse(installed.read_text(encoding="utf-8"))
     calls = sorted((node.lineno, node.func.attr) for node in ast.walk(tree) if isinstance(node, ast.Call)
                    and isinstance(node.func, ast.Attribute) and node.func.attr in RECURRENT_STATE_WRITES)
-    return f"{installed.name}:{calls[0][0]} calls `{calls[0][1]}`" if calls else None
+    if calls:
+        return f"{installed.name}:{calls[0][0]} calls `{calls[0][1]}`"
+    state = _module_state(tree)
+    return f"{installed.name}:{state[0]} {state[1]}" if state else None
+
+
+def _module_state(tree: ast.Module) -> tuple[int, str] | None:
+    """(line, words) of the first state a module keeps in an attribute of its own and computes anew from itself
+    every call (RecurrentGemma: `self.recurrent_states = <the scan of self.recurrent_states>`, a convolution state
+    `self.conv1d_state = cat(self.conv1d_state, x)[:, :, 1:]`): an attribute `__init__` sets to None that another
+    method rebinds from a value computed from the attribute itself. One grown by a bare `torch.cat` is a key/value
+    sequence (legacy caches kept in attributes), and one only moved or cast (`self.X.to(...)`) is the same value:
+    neither is such a state."""
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
+        init = next((m for m in methods if m.name == "__init__"), None)
+        unset = {target.attr for node in ast.walk(init) if init and isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and node.value.value is None
+                 for target in node.targets if _self_attribute(target)} if init else set()
+        for method in (m for m in methods if m.name != "__init__" and unset):
+            derived: dict[str, set[str]] = {}  # a local -> the attributes its value was computed from
+            grown: set[str] = set()  # locals a bare `cat` made
+            for node in sorted((n for n in ast.walk(method) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+                sources = {n.attr for n in ast.walk(node.value) if _self_attribute(n) and n.attr in unset}
+                sources |= set().union(*(derived.get(n.id, set()) for n in ast.walk(node.value)
+                                         if isinstance(n, ast.Name)))
+                cat = _is_cat(node.value) or (isinstance(node.value, ast.Name) and node.value.id in grown)
+                for target in node.targets:
+                    for name in (t for t in ast.walk(target) if isinstance(t, ast.Name)):
+                        derived[name.id] = derived.get(name.id, set()) | sources
+                        if cat:
+                            grown.add(name.id)
+                    if _self_attribute(target) and target.attr in sources & unset and not cat \
+                            and not _converted(node.value, target.attr):
+                        return node.lineno, (f"rebinds `self.{target.attr}` in `{cls.name}.{method.name}` from its "
+                                             "own value")
+    return None
+
+
+def _self_attribute(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _converted(value: ast.AST, attribute: str) -> bool:
+    """`self.X.to(...)`, `self.X.float()`, either arm of a conditional being that, `self.X` or None: the attribute
+    moved or cast, not a state computed anew."""
+    if isinstance(value, ast.IfExp):
+        return _converted(value.body, attribute) and _converted(value.orelse, attribute)
+    if isinstance(value, ast.Constant) and value.value is None:
+        return True
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("to", "type", "float", "half", "bfloat16", "contiguous"):
+        value = value.func.value
+    return _self_attribute(value) and value.attr == attribute
+
+
+def _is_cat(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in (
+        "cat", "concat", "concatenate")
 
 
 def copy_modeling_file(installed: Path, module: str, package_folder: Path) -> Path:

@@ -307,7 +307,7 @@ def _why_no_entries(state: RunState) -> str | None:
     if "split_decode" in state.applied:
         return None
     said = [(r["codemod"], f"{r['reason']} ({item.path}:{item.line})") for item in state.manual for r in item.reasons
-            if r.get("codemod") in _ENTRY_CODEMODS]
+            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE)]
     if not any(codemod == "split_decode" for codemod, _ in said):
         return None
     said.sort(key=lambda pair: _ENTRY_CODEMODS.index(pair[0]))  # stable: why no cache first, then why no entries
@@ -315,8 +315,11 @@ def _why_no_entries(state: RunState) -> str | None:
         "; ".join(text for _, text in said)
 
 
-# The codemods whose manual items say why the entries could not be added.
-_ENTRY_CODEMODS = ("added_cache", "split_decode")
+# The codemods whose manual items say why the entries could not be added: why the cache was not made static
+# first (the entries need it), then why no entries. An item that only points at another is left out.
+_ENTRY_CODEMODS = ("cache_object", "static_kv_cache", "carried_cache", "sliced_kv_cache", "absorbed_mla",
+                   "added_cache", "split_decode")
+_CONSEQUENCE = "the cache was not replaced: another part of it"
 
 
 def _compile_cache(state: RunState) -> Path | None:

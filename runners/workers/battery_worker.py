@@ -314,7 +314,34 @@ class Battery:
         finally:
             # as the other rows found it
             size_static_path(model, self.adapted_harness, self.prompt.shape[0], self.max_seq_len)
-        return _judged(name, "static", expected, got, self.atol)
+        judged = _judged(name, "static", expected, got, self.atol)
+        if judged.status != FAILED:
+            return judged
+        return self._judged_by_rows_alone(name, ids, mask, expected, got) or judged
+
+    def _judged_by_rows_alone(self, name: str, ids: torch.Tensor, mask: torch.Tensor, padded: dict,
+                              got: dict) -> Row | None:
+        """Where the static path differs from the original's padded loop, the original's own loop on each row alone,
+        unpadded, is the reference, if the original's padded loop differs from it too: that original does not serve
+        left padding in its Decode steps (GIT widens the mask by image tokens a text-only cache does not hold), so
+        its padded figures prove nothing about the adaptation. The row holds where the static path gives each row's
+        own tokens; None where the original's padded loop agrees with its rows alone (the failure stands)."""
+        unpadded = [ids[r:r + 1, int((mask[r] == 0).sum()):] for r in range(ids.shape[0])]
+        try:
+            alone = [_padded_loop(self.original, row, torch.ones_like(row), OWN_STEPS) for row in unpadded]
+        except Exception:
+            return None  # the original cannot run a row alone: the padded loop stays the reference
+        rows = {"tokens": [[row["tokens"][step][0] for row in alone] for step in range(OWN_STEPS)],
+                "logits": [torch.cat([row["logits"][step] for row in alone]) for step in range(OWN_STEPS + 1)]}
+        if _judged(name, "static", padded, rows, self.atol).status != FAILED:
+            return None
+        judged = _judged(name, "static", rows, got, self.atol)
+        if judged.status == FAILED:
+            return Row(name, "static", FAILED,
+                       f"{judged.detail}, against each row run alone, unpadded, by the original")
+        return Row(name, "static", HELD, f"{judged.detail} as each row run alone, unpadded, by the original, whose own "
+                                         f"padded loop gives other tokens ({_short(padded['tokens'])}): it does "
+                                         "not serve left padding in Decode")
 
     def _interleaved_static(self, prompts: list[torch.Tensor], switch) -> list[dict]:
         model, device, decode = self.adapted, self.prompt.device, self.compiled_decode

@@ -36,14 +36,13 @@ import libcst as cst
 
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
-from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS
+from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, SLOTS
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports, \
     self_attributes
 from graphmode.transforms.cstutil import POSITION_TENSOR, calls_in, code_of, dotted_name, find_method, integer_value, \
     is_full_slice, nodes_of_type, torch_call_name, walk
 from graphmode.transforms.dispatch import Transformer
 
-SLOTS = "graphmode_slots"  # the positions the entries carry (helper-code/helpers.py), read by any module
 POSITION_ROWS = "graphmode_position_rows"
 _SDPA = "scaled_dot_product_attention"
 _CACHE_ATTRIBUTES = ("kv_cache", "graphmode_kv_cache")  # the first one the class does not use yet

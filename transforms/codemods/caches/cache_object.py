@@ -63,6 +63,7 @@ cannot hide the unwritten slots of a static cache.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -70,7 +71,8 @@ import libcst as cst
 from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.call_graph import CallGraph, class_tables
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
-from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS
+from graphmode.transforms.codemods.lib.helper_names import CACHE_CLASS, MASK_BUILDER, MASK_CLASS, PADDED_ROWS, \
+    SLOTS
 from graphmode.transforms.codemods.lib.kv_caches import HEAD_DIM_ATTRIBUTES, KV_HEAD_ATTRIBUTES, cat_of_past, \
     size_in_init
 from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mask_helper_call
@@ -84,11 +86,39 @@ from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_W
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 WRITTEN_SLOTS = "graphmode_written"
-SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names only per-row `position_ids`
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
 # How the mask rows for the computed tokens are picked, shaped (batch, 1, new tokens, max length).
+
+
+def _slots_of(position: str | None) -> str:
+    """Where the mask rows' slots come from: the method's `cache_position`, else (its `position_ids` are each row's
+    own, or it has no positions) the slots of the entries' call."""
+    return _SLOT_SOURCES.get(position or "position_ids")
+
+
+def _cast_mask_call(stmt: cst.CSTNode, helpers: frozenset[str]) -> tuple[str, cst.Call, str] | None:
+    """`X = helper(...)` -> ("X", the call, ""); `X = helper(...).to(torch.bool)` (5.x MPT) -> ("X", the call,
+    ".to(torch.bool)"): the cast applies to the rows that replace the call as it applied to the helper's mask."""
+    found = mask_helper_call(stmt, helpers)
+    if found is not None:
+        return (*found, "")
+    assigned = single_assignment(stmt)
+    value = assigned[1] if assigned else None
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" \
+            and isinstance(value.func.value, cst.Call):
+        inner = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(assigned[0]))], value.func.value)])
+        found = mask_helper_call(inner, helpers)
+        if found is not None:
+            return found[0], value.func.value, code_of(value)[len(code_of(value.func.value)):]
+    return None
+
+
+def _length_read(method: cst.FunctionDef, caches: set[str]) -> cst.Call | None:
+    """The first call reading a length off one of the cache parameters (`cache.get_seq_length()`), else None."""
+    lengths = {f"{cache}.{name}" for cache in caches for name in CACHE_OBJECT_LENGTHS}
+    return next((call for call in calls_in(method.body) if dotted_name(call.func) in lengths), None)
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -207,7 +237,11 @@ class _WrittenSlots(Transformer):
 
 
 def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
-    """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"."""
+    """`if cache is not None: [checks] X += cache.get_usable_length(...)` -> "X"; also its one-line form,
+    `X = n if cache is None else n + cache.get_seq_length()` (5.x MPT), -> "X"."""
+    conditional = _conditional_length(stmt, cache)
+    if conditional is not None:
+        return conditional
     block = _guarded_block(stmt, cache)
     if not block or not all(only_raises(s) for s in block[:-1]):
         return None
@@ -224,18 +258,40 @@ def _length_statement(stmt: cst.BaseStatement, cache: str) -> str | None:
     return None
 
 
-def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> int:
+def _conditional_length(stmt: cst.BaseStatement, cache: str) -> str | None:
+    """`X = n if cache is None else n + cache.get_seq_length()` (or the arms the other way round under
+    `is not None`, the sum in either order) -> "X": the past-and-new length, counted from the cache where there is
+    one."""
+    assigned = single_assignment(stmt)
+    if assigned is None or not isinstance(assigned[1], cst.IfExp):
+        return None
+    value = assigned[1]
+    tested = none_test(value.test)
+    if tested is None or tested[0] != cache:
+        return None
+    plain, counted = (value.body, value.orelse) if tested[1] else (value.orelse, value.body)
+    if not (isinstance(counted, cst.BinaryOperation) and isinstance(counted.operator, cst.Add)):
+        return None
+    lengths = {f"{cache}.{name}" for name in CACHE_OBJECT_LENGTHS}
+    for read, other in ((counted.left, counted.right), (counted.right, counted.left)):
+        if isinstance(read, cst.Call) and dotted_name(read.func) in lengths \
+                and code_of(other).replace(" ", "") == code_of(plain).replace(" ", ""):
+            return assigned[0]
+    return None
+
+
+def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> list[cst.CSTNode]:
     """Reads of the cache (`cache[i]`, `cache.m(...)`) outside the statements the rewrite replaces."""
     skipped = set(recognised)
-    count = 0
+    found = []
     for node in walk(method.body, lambda n: [] if n in skipped else None):
         if node in skipped:
             continue
         read = node.value if isinstance(node, cst.Subscript) else \
             node.func.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None
         if isinstance(read, cst.Name) and read.value == cache:
-            count += 1
-    return count
+            found.append(node)
+    return found
 
 
 @dataclass
@@ -310,8 +366,10 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
     shape = positional[1] if len(positional) > 1 else None
     window = keywords.get("sliding_window")
     helper = helper or code_of(call.func).rsplit(".", 1)[-1]
-    if position is None or not has_init:
-        return None, "the method takes no `position_ids`/`cache_position`, or its class has no `__init__`"
+    if not has_init:
+        return None, "its class has no `__init__` to build the mask in"
+    if position is None and helper not in KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS:
+        return None, "the method takes no `position_ids`/`cache_position`"
     if helper in CACHE_POSITION_MASK_HELPERS:
         # (attention_mask, inputs_embeds, cache_position, ...): the shape is the embeddings'.
         builder = find_method(cls, helper)
@@ -329,8 +387,10 @@ def _mask_input_shape(cls: cst.ClassDef, call: cst.Call, position: str | None,
         slots = keywords.get("cache_position", keywords.get("position_ids"))
         # A 5.x call may pass no positions at all (BioGPT's): the helper then counts the past in the cache it is
         # given, so its rows are the new tokens' own positions, which the entries' slots are too.
-        measured = slots is None and position == "position_ids" and ({"cache", "past_key_values"} & set(keywords))
-        if position is None or positional or embeds is None or not (
+        # So may a method that takes no positions at all (5.x MPT, TrOCR): the entries' slots are its rows too.
+        measured = slots is None and position in (None, "position_ids") and bool(
+            {"cache", "past_key_values"} & set(keywords))
+        if positional or embeds is None or not (
                 measured or (slots is not None and code_of(slots) == position)):
             return None, ("the call does not pass `input_embeds=` (or `inputs_embeds=`) and this method's "
                           "`cache_position=` (or `position_ids=`) by keyword")
@@ -436,15 +496,24 @@ def _parenthesized(test: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _unrecognised(method: cst.FunctionDef, cache: str, slots: str | None, writes: dict,
-                  recognised: list[cst.BaseStatement]) -> str | None:
-    """Why the method's cache cannot be made static, in the words of the item left for a person; None when it can."""
+                  recognised: list[cst.BaseStatement], line_of: Callable[[cst.CSTNode], int]) -> str | None:
+    """Why the method's cache cannot be made static, in the words of the item left for a person; None when it can.
+    The first read not recognised is named with its line: it is what a person has to change."""
     if slots is None:
         return "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
-    if len(writes) != 1 or _stray_uses(method, cache, recognised):
-        return (f"`{cache}` is written or read in a form not recognised (expected one "
+    stray = _stray_uses(method, cache, recognised)
+    if len(writes) != 1 or stray:
+        what = f"`{_short(code_of(stray[0]))}` at line {line_of(stray[0])}" if stray else \
+            f"{len(writes)} writes of `{cache}`"
+        return (f"`{cache}` is written or read in a form not recognised: {what} (expected one "
                 f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
                 f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
     return None
+
+
+def _short(code: str, limit: int = 60) -> str:
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[:limit - 3] + "..."
 
 
 @dataclass
@@ -587,7 +656,8 @@ class CacheObject(GraphCodemod):
         body = list(method.body.body)
         site = _write_site(method, params, body, cache)
         lengths = {i: n for i, s in enumerate(body) if (n := _length_statement(s, cache))}
-        problem = _unrecognised(method, cache, slots, site.writes, [*site.written, *(body[i] for i in lengths)]) \
+        problem = _unrecognised(method, cache, slots, site.writes, [*site.written, *(body[i] for i in lengths)],
+                                lambda node: self._lines(node)[0]) \
             or self._alias_problem(body, site, cache, params)
         sizing = None if problem else self._sizing(classes, cls, site.written[0], cache)
         if not problem and sizing is None:
@@ -819,17 +889,28 @@ class CacheObject(GraphCodemod):
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
         picked = _picked_mask_helpers(method)
         calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
-                 if (found := mask_helper_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
+                 if (found := _cast_mask_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
         if not calls:
             self._plan_mask_mapping(cls, method, plan)
             return
         params = {p.name.value for p in method.params.params}
         position = next((p for p in _SLOT_SOURCES if p in params), None)
+        counted = _length_read(method, {"cache", "past_key_values"} & params) if position is None else None
+        if counted is not None:
+            # Positions counted on from the cache's length: the entries carry no cache, so on the static path the
+            # count would start at 0 at every step. The mask and the cache change with the positions, or not at all.
+            self.record_manual(calls[0][0], f"`{code_of(calls[0][2].func)}` builds the mask, but this method takes no "
+                                            f"`position_ids` and counts positions from the cache's length "
+                                            f"(`{_short(code_of(counted))}`, line {self._lines(counted)[0]}), which "
+                                            "the static path does not carry; give the method a `position_ids` "
+                                            "parameter, use it where that length makes positions, then rerun")
+            plan.incomplete = True
+            return
         init = find_method(cls, "__init__")
         buffer = "causal_mask" if "causal_mask" not in self_attributes(cls) else "graphmode_causal_mask"
         windows: set[str] = set()
         rewrites: dict[cst.CSTNode, cst.CSTNode] = {}
-        for stmt, target, call in calls:
+        for stmt, target, call, cast in calls:
             helper = code_of(call.func)
             window, problem = _helper_window(call, helper, picked)
             shape, problem = (None, problem) if problem else _mask_input_shape(
@@ -841,9 +922,11 @@ class CacheObject(GraphCodemod):
                 return
             batch, length = (code_of(e.value) for e in shape.elements)
             windows.add(code_of(window) if window is not None else "")
-            plan.reads_slots |= position == "position_ids"
-            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}, {_SLOT_SOURCES[position]})"
-                    f".expand({batch}, 1, {length}, -1)\n")
+            plan.reads_slots |= position != "cache_position"
+            # A cast makes the line long: it is written wrapped, as a person would.
+            room = "\n    " if cast else ""
+            rows = (f"{target} = {PADDED_ROWS}(self, self.{buffer}, {_slots_of(position)})"
+                    f".expand({room}{batch}, 1, {length}, -1{room[:1]}){cast}\n")
             rewrites[stmt] = cst.parse_statement(rows).with_changes(leading_lines=[*stmt.leading_lines, _comment(
                 "the causal mask's rows for these positions, computed per call.")])
         if len(windows) > 1:
@@ -851,12 +934,12 @@ class CacheObject(GraphCodemod):
                                             "the mask buffers by hand")
             plan.incomplete = True
             return
-        for stmt, _, call in calls:
+        for stmt, _, call, _ in calls:
             plan.helpers.add(code_of(call.func))
             self.record_edit(stmt, f"`{code_of(call.func)}` replaced by rows of `self.{buffer}`")
         plan.masks += len(rewrites)
         body = list(method.body.body)
-        for stmt in self._default_masks(method, {target for _, target, _ in calls}):
+        for stmt in self._default_masks(method, {target for _, target, _, _ in calls}):
             plan.drop.add(stmt)
             following = next(iter(body[body.index(stmt) + 1:]), None)
             if following in rewrites:  # its comments stay, above the statement that follows it
@@ -905,10 +988,10 @@ class CacheObject(GraphCodemod):
                 buffers[key] = name if name not in taken else f"graphmode_{name}"
             batch, length = (code_of(e.value) for e in shape.elements)
             rewrites.setdefault(stmt, {})[call] = (f"{PADDED_ROWS}(self, self.{buffers[key]}, "
-                                                   f"{_SLOT_SOURCES[position]}).expand({batch}, 1, {length}, -1)")
+                                                   f"{_slots_of(position)}).expand({batch}, 1, {length}, -1)")
             plan.helpers.add(helper)
             self.record_edit(stmt, f"`{helper}` replaced by rows of `self.{buffers[key]}`")
-        plan.reads_slots |= position == "position_ids"
+        plan.reads_slots |= position != "cache_position"
         for stmt, calls in rewrites.items():
             plan.replace[stmt] = stmt.visit(_ReplaceCalls(calls)).with_changes(leading_lines=[
                 *stmt.leading_lines, _comment("the causal mask's rows for these positions, computed per call.")])

@@ -27,7 +27,7 @@ from graphmode.transforms.codemods.base import GraphCodemod
 from graphmode.transforms.codemods.lib.call_graph import THREADED
 from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import BUFFERS_CLASS, BUILT_TABLES, CACHE_BUFFERS, CACHE_CLASS, \
-    MASK_CLASS, PADDED_ROWS, RESIZE, SETUP, STATIC_PATH, TABLE_BUFFERS
+    MASK_CLASS, PADDED_ROWS, RESIZE, SETUP, SLOTS, STATIC_PATH, TABLE_BUFFERS
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import POSITION_TENSOR, find_method, is_docstring, names_in
 from graphmode.transforms.dispatch import Transformer
@@ -162,6 +162,9 @@ class SplitDecode(GraphCodemod):
         code = self.code_of_module(tree)
         self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
         self._takes_padding = f"{PADDED_ROWS}(" in code  # cache_object's mask rows apply a 2-D padding mask
+        # The cache writes and mask rows read the slots from the entries' own call (cache_object, where the model
+        # names no positions of its own): the entries need none of forward's parameters to pass them.
+        self._reads_slots = f"{SLOTS}(" in code
         self._padded_entries = False  # the entries take that mask (and call ROW_POSITIONS)
         module = super().transform_module_impl(tree)
         if not any("entry points added" in e.summary for e in self.edits):
@@ -208,7 +211,8 @@ class SplitDecode(GraphCodemod):
                                             "the entry points by hand")
                 return updated_node
             updated_node = _with_rows_buffer(updated_node, rows, params[1].name.value, positions)
-        if self._cache_in_buffers and not positions and not any(self._position_layout(p) for p in params[1:]):
+        if self._cache_in_buffers and not self._reads_slots and not positions \
+                and not any(self._position_layout(p) for p in params[1:]):
             self.record_manual(forward, "the KV cache is written in place at the positions, and `forward` takes no "
                                         "positions (the model counts them from the cache it is handed); entries "
                                         "without them would write every Decode step into slot 0, so none are added")
@@ -335,7 +339,7 @@ class SplitDecode(GraphCodemod):
         # for the cache slots and mask rows), unless the harness was seen passing them to some.
         passed = {n: _POSITION_ARGUMENTS[roles[n]] for n in names if roles.get(n) in _POSITION_ARGUMENTS} \
             or {n: value for n, value in _POSITION_KEYWORDS.items() if n in names}
-        if tokens is None or not passed or not self._cache_in_buffers:
+        if tokens is None or not (passed or self._reads_slots) or not self._cache_in_buffers:
             return None
         passed.update({n: _rows_argument(roles[n], tokens) for n in names
                        if roles.get(n, "").startswith(_MASK_ROWS_ROLE)})

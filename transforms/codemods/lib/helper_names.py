@@ -5,6 +5,7 @@ from __future__ import annotations
 MASK_BUILDER = "graphmode_causal_rows"  # a mask's rows computed from the positions
 MASK_CLASS = "GraphmodeCausalMask"  # the additive rows of the causal mask, computed by MASK_BUILDER
 PADDED_ROWS = "graphmode_padded_rows"  # mask rows of the slots with the entries' 2-D padding mask applied
+SLOTS = "graphmode_slots"  # the slots of the entries' call, where the model names no positions shared by its rows
 BUFFERS_CLASS = "StaticKVBuffers"  # keys and values carried in buffers (carried_cache, added_cache)
 CACHE_CLASS = "StaticKVCache"  # a module's own static key/value cache (static_kv_cache, cache_object, absorbed_mla)
 CACHE_BUFFERS = "graphmode_cache_buffers"  # caches the model's own __init__ built, made buffers (sliced_kv_cache)
