@@ -166,3 +166,28 @@ def test_a_run_without_entries_names_why_its_cache_was_not_made_static(tmp_path)
     assert f"counts positions from the cache's length (`cache.get_seq_length()`, line {counted_line})" in why
     assert why.index("counts positions") < why.index("write `prefill`/`decode` by hand")
     assert "another part of it" not in why
+    # The design leads with the same list, in order, before a person approves anything.
+    summary = Path(designed["design_path"]).read_text().split("## Summary")[1].split("\n## ")[0]
+    assert "**No prefill or decode entry points can be added**" in summary
+    assert summary.index("1. `create_causal_mask` builds the mask") < summary.index("2. ")
+
+
+def test_where_no_codemod_recognised_the_cache_the_traced_cache_lines_name_it():
+    from graphmode.agent.workflow.state import ManualItem
+
+    def item(line, **reason):
+        return ManualItem(kind=reason.get("kind", "finding"), path="m.py", line=line, reasons=[reason])
+
+    written = "`setitem` writes at Python-int bounds that change every Decode step"
+    state = RunState(session_id="phi-2-like", options=RunOptions(target="t", run_dir="r"),
+                     baseline=Baseline(entry_class="Model", headline="not probed: this test is about the verdict"),
+                     applied=[], manual=[
+                         item(304, kind="finding", code="GM302", message="a slice bounded by `seqlen_offset`",
+                              source="static"),
+                         item(542, kind="finding", code="GM302", message=written, source="trace"),
+                         item(543, kind="finding", code="GM302", message=written, source="trace"),
+                         item(90, kind="codemod", codemod="split_decode", reason="none are added")])
+    assert nodes._why_no_entries(state) == ("`Model` has no prefill or decode entry points, as the design says: "
+                                            f"{written} (m.py:542, m.py:543); none are added (m.py:90)")
+    # A run whose entries were added says nothing.
+    assert nodes._why_no_entries(state.model_copy(update={"applied": ["split_decode"]})) is None

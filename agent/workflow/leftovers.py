@@ -56,3 +56,42 @@ def mark_decode_runs(manual: list[dict], decode_lines: dict[str, list[int]], tar
         runs = None if line is None else line in set(decode_lines.get(path, ()))
         marked.append({**item, "decode_runs": runs})
     return marked
+
+
+# The codemods whose items say why the entry points cannot be added: why the carried cache was not made static first
+# (the entries need it), then why no entries. An item that only points at another is left out.
+_ENTRY_CODEMODS = ("cache_object", "static_kv_cache", "carried_cache", "absorbed_mla", "added_cache", "split_decode")
+_CONSEQUENCE = "the cache was not replaced: another part of it"
+# Findings of the carried cache that the traced run saw: grown with cat (GM301) or carried as an object (GM303) on
+# lines Decode ran; written at Python-int bounds (GM302 `setitem`, which the trace itself found: a slice read at such
+# bounds may be a position table's).
+_CACHE_FINDINGS = {"GM301": ("seen", "trace"), "GM303": ("seen", "trace"), "GM302": ("trace",)}
+_CACHE_WRITE = "`setitem` writes"
+
+
+def entry_blockers(manual: list[dict]) -> list[str]:
+    """What stops the entry points, in the items' words with their places, cause first; [] where split_decode left no
+    item (the entries can be added, or the class has its own). The cause: why the carried cache was not made static
+    (the cache codemods' items, advisories left out, or, where none recognised the cache, the lines the traced run
+    saw grow, write or read it); then split_decode's own words. A reason several lines share is said once, with its
+    lines."""
+    said: dict[tuple[int, str], list[str]] = {}  # (order, reason) -> its places
+
+    def say(order: int, reason: str, item: dict) -> None:
+        said.setdefault((order, reason), []).append(f"{item['path']}:{item['line']}")
+
+    for item in manual:
+        for r in item.get("reasons") or [item]:
+            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE) \
+                    and not r.get("advisory"):
+                say(_ENTRY_CODEMODS.index(r["codemod"]), r["reason"], item)
+    entries = _ENTRY_CODEMODS.index("split_decode")
+    if not any(order == entries for order, _ in said):
+        return []
+    if all(order == entries for order, _ in said):  # no cache codemod recognised the cache: the trace's lines name it
+        for item in manual:
+            for r in item.get("reasons") or [item]:
+                seen = {r.get("trace"), r.get("source")} & set(_CACHE_FINDINGS.get(r.get("code"), ()))
+                if seen and (r.get("code") != "GM302" or r.get("message", "").startswith(_CACHE_WRITE)):
+                    say(-1, r["message"], item)
+    return [f"{reason} ({', '.join(places)})" for (_, reason), places in sorted(said.items(), key=lambda p: p[0][0])]

@@ -16,7 +16,7 @@ from graphmode.agent.workflow.adaptation import adapt_sources, evidence_caches, 
 from graphmode.agent.workflow.choices import choice_problem, needs_of, proposed_choice
 from graphmode.agent.workflow.diffs import change_diffs
 from graphmode.agent.workflow.knowledge import skill
-from graphmode.agent.workflow.leftovers import merge_by_line
+from graphmode.agent.workflow.leftovers import entry_blockers, merge_by_line
 from graphmode.agent.workflow.report.write import write_report
 from graphmode.agent.workflow.revisions import PARAMETERS, parameters_of, traced_dims
 from graphmode.agent.workflow.runtime_findings import with_runtime_findings
@@ -114,7 +114,7 @@ def design(state: RunState) -> dict:
         shown={change.id: parameters_of(change) for change in plan},
         dims={change.id: traced_dims(change, *caches) for change in plan},
         proposed=proposed_choice(plan, state.declined) if state.round > 1 else None,
-        last_round=state.rounds[-1] if state.rounds else None,
+        last_round=state.rounds[-1] if state.rounds else None, blockers=entry_blockers(manual),
     )
     write_atomic(path, text)
     # Every design is kept: a revision or a repair round writes a new one beside the earlier ones.
@@ -301,25 +301,14 @@ def full_config(target: Path) -> dict | None:
 
 
 def _why_no_entries(state: RunState) -> str | None:
-    """Why the entry class got no prefill/decode entries, in the design's words (its manual items of the codemods
-    that add a cache or the entries), when the entries were not added; None when they were, or when the class had
-    its own (then split_decode left no item)."""
+    """Why the entry class got no prefill/decode entries, in the design's words (`entry_blockers`), when the entries
+    were not added; None when they were, or when the class had its own."""
     if "split_decode" in state.applied:
         return None
-    said = [(r["codemod"], f"{r['reason']} ({item.path}:{item.line})") for item in state.manual for r in item.reasons
-            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE)]
-    if not any(codemod == "split_decode" for codemod, _ in said):
+    blockers = entry_blockers([item.model_dump() for item in state.manual])
+    if not blockers:
         return None
-    said.sort(key=lambda pair: _ENTRY_CODEMODS.index(pair[0]))  # stable: why no cache first, then why no entries
-    return f"`{state.entry_class}` has no prefill or decode entry points, as the design says: " + \
-        "; ".join(text for _, text in said)
-
-
-# The codemods whose manual items say why the entries could not be added: why the cache was not made static
-# first (the entries need it), then why no entries. An item that only points at another is left out.
-_ENTRY_CODEMODS = ("cache_object", "static_kv_cache", "carried_cache", "sliced_kv_cache", "absorbed_mla",
-                   "added_cache", "split_decode")
-_CONSEQUENCE = "the cache was not replaced: another part of it"
+    return f"`{state.entry_class}` has no prefill or decode entry points, as the design says: " + "; ".join(blockers)
 
 
 def _compile_cache(state: RunState) -> Path | None:

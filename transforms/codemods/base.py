@@ -93,6 +93,8 @@ class PartialMatch:
     line: int
     reason: str
     skill: str
+    # A path left as it was on purpose (a FlashAttention class beside the rewritten ones): said, but it stops nothing.
+    advisory: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -277,8 +279,9 @@ class GraphCodemod(Codemod, Transformer):
         end = self._lines(node)[1]
         self.edits.append(Edit(self.NAME, self.qualname(node), end, end, summary))
 
-    def record_manual(self, node: cst.CSTNode, reason: str) -> None:
-        self.manual.append(PartialMatch(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL))
+    def record_manual(self, node: cst.CSTNode, reason: str, advisory: bool = False) -> None:
+        self.manual.append(PartialMatch(self.NAME, self.qualname(node), self._lines(node)[0], reason, self.SKILL,
+                                        advisory))
 
     def qualname(self, node: cst.CSTNode) -> str:
         names: list[str] = []

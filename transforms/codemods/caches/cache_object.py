@@ -58,6 +58,13 @@ write: the static one goes after the top-level statement that holds it, out of t
 no cache), and only for self-attention; cross-attention (where the name is its cache under a test) keeps the
 caller's cache, which a decoder-only model never hands it.
 
+A 5.x model that names no positions anywhere (MPT: `create_causal_mask(config=..., inputs_embeds=..., cache=cache)`,
+the mask cast with `.to(torch.bool)`, and `query_length = n if cache is None else n + cache.get_seq_length()` in
+attention to cut its ALiBi bias) writes and masks at the entries' slots too. Where such a method counts positions from
+the cache's length itself (TrOCR: `cache_length = cache.get_seq_length()` handed to its positional embedding), the
+static path, which carries no cache, would count from 0 at every step: the mask is left, naming that line, and with
+it the cache.
+
 FlashAttention classes are left as they are and reported: their kernels take a 2-D padding mask, so they
 cannot hide the unwritten slots of a static cache.
 """
@@ -649,7 +656,7 @@ class CacheObject(GraphCodemod):
         if "flash" in cls.name.value.lower():
             self.record_manual(method, f"`{where}` is a FlashAttention path: its kernels take a 2-D padding mask "
                                        "and cannot hide unwritten slots of a static cache; it keeps the cache object "
-                                       "(use the eager or sdpa attention with the adapted model)")
+                                       "(use the eager or sdpa attention with the adapted model)", advisory=True)
             return
         slots = self._slot_source(classes, cls, method, params)
         plan.reads_slots |= slots == _SLOT_SOURCES["position_ids"]
