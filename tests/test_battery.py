@@ -205,7 +205,8 @@ def test_an_original_that_drops_padding_in_decode_is_not_the_reference(tmp_path)
     branch = '        if self.config.attn_implementation == "sdpa":\n'
     source = (HF_EXAMPLE / "model.py").read_text()
     assert source.count(branch) == 1
-    blind = source.replace(branch, "        if past_key_values_length > 0:\n            attention_mask = None\n" + branch)
+    dropped = "        if past_key_values_length > 0:\n            attention_mask = None\n"
+    blind = source.replace(branch, dropped + branch)
     original_folder = tmp_path / "original"
     shutil.copytree(HF_EXAMPLE, original_folder, ignore=shutil.ignore_patterns("__pycache__"))
     (original_folder / "model.py").write_text(blind)
