@@ -4,13 +4,15 @@ from __future__ import annotations
 import ast
 import difflib
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
 
 from libcst.codemod import CodemodContext, SkipFile
 
 from graphmode.transforms.codemods import CHAIN, CODEMODS, Edit, PartialMatch, Options
+from graphmode.transforms.codemods.caches.cache_object import NO_MASK_HELPER
 from graphmode.transforms.findings import Finding
 from graphmode.transforms.line_matching import carried_numbers
 from graphmode.transforms.output.helper_module import move_helpers_out
@@ -53,6 +55,58 @@ class FileAdaptation:
             self.original.splitlines(keepends=True), new.splitlines(keepends=True),
             fromfile=f"a/{self.path}", tofile=f"b/{self.path}",
         ))
+
+
+def adapt_files(texts: Iterable[tuple[str, str]], selected: Iterable[str] | None,
+                options_of: Callable[[str], Options]) -> dict[str, FileAdaptation]:
+    """`adapt_source` over a target's files ((path, text) pairs; `options_of(path)`: each file's options). A Hub folder
+    may keep its model class, and the mask it builds, in one file and the attention in another (Hunyuan-A13B:
+    hunyuan.py imports its layers from modeling_hunyuan.py). The cache and its mask change together or not at all,
+    so such a pair is adapted again, each file told of the other (`Options.static_caches_in`, `Options.masks_in`),
+    and kept only where both sides changed."""
+    texts = dict(texts)
+    chosen = None if selected is None else set(selected)
+    adapted = {path: adapt_source(text, path, chosen, options_of(path)) for path, text in texts.items()}
+    stems = {PurePosixPath(path).stem: path for path in texts}
+    static = {stem for stem, path in stems.items() if "cache_object" in adapted[path].applied}
+    unmasked = {stem for stem, path in stems.items() if _no_mask_of_its_own(adapted[path])}
+    for path, text in texts.items():
+        if "cache_object" in adapted[path].applied:
+            continue
+        layers_from = _imported_modules(text) & (static | unmasked) - {PurePosixPath(path).stem}
+        if not layers_from:
+            continue
+        model = adapt_source(text, path, chosen, replace(options_of(path), static_caches_in=tuple(sorted(layers_from))))
+        if "cache_object" not in model.applied:
+            continue
+        attention = {stem: adapt_source(texts[stems[stem]], stems[stem], chosen, replace(
+            options_of(stems[stem]), masks_in=(PurePosixPath(path).stem,))) for stem in layers_from & unmasked}
+        if all("cache_object" in a.applied for a in attention.values()):
+            adapted[path] = model
+            adapted.update({stems[stem]: a for stem, a in attention.items()})
+    return adapted
+
+
+def _no_mask_of_its_own(adaptation: FileAdaptation) -> bool:
+    """cache_object left the file's cache as it was for want of a mask helper in that file alone."""
+    return any(m.codemod == "cache_object" and m.reason.endswith(NO_MASK_HELPER) for m in adaptation.manual)
+
+
+def _imported_modules(source: str) -> set[str]:
+    """The last component of every module a `from X import ...` of the source names (`from .modeling_x import A`:
+    "modeling_x"), and the names of `from . import modeling_x`."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.module:
+                found.add(node.module.rsplit(".", 1)[-1])
+            else:
+                found |= {alias.name for alias in node.names}
+    return found
 
 
 def adapt_source(source: str, path: str, selected: Iterable[str] | None, options: Options) -> FileAdaptation:

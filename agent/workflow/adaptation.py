@@ -9,7 +9,7 @@ from graphmode.agent.workflow.state import Change, RunState
 from graphmode.runners.evidence.model import Evidence
 from graphmode.transforms.codemods import CODEMODS, Options
 from graphmode.transforms.findings import Finding
-from graphmode.transforms.pipeline import FileAdaptation, adapt_source, fixed_by
+from graphmode.transforms.pipeline import FileAdaptation, adapt_files, fixed_by
 
 
 def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileAdaptation]:
@@ -37,8 +37,8 @@ def adapt_sources(state: RunState, selected: set[str] | None) -> dict[str, FileA
     if key not in _ADAPTED:
         if len(_ADAPTED) >= _KEPT:
             _ADAPTED.pop(next(iter(_ADAPTED)))
-        _ADAPTED[key] = {rel: adapt_source(text, rel, set(chosen), options if entry_file in (None, rel)
-                                           else replace(options, entry_class=None)) for rel, text in texts}
+        _ADAPTED[key] = adapt_files(texts, chosen, lambda rel: options if entry_file in (None, rel)
+                                    else replace(options, entry_class=None))
     return _ADAPTED[key]
 
 

@@ -66,6 +66,13 @@ class Options:
     # `F.rms_norm`, `scaled_dot_product_attention`, one merged linear), "cpu" (the same, less those that measure
     # slower there than Inductor's own fusion) or "npu" (torch_npu's fused kernels, for npugraph_ex and GE).
     fused_ops: str = "cuda"
+    # Modules of the target (file stems) this file imports whose attention now holds a static cache (cache_object
+    # rewrote it there): a model class in a file of its own that builds the mask for layers imported from such a
+    # module (Hunyuan-A13B's hunyuan.py, beside modeling_hunyuan.py) rewrites that mask though it writes no cache.
+    static_caches_in: tuple[str, ...] = ()
+    # Modules of the target (file stems) that import this file's layers and build their mask (the other side of the
+    # pair above): this file's attention may make its cache static with no mask helper of its own.
+    masks_in: tuple[str, ...] = ()
 
     def role_of(self, parameter: str) -> str | None:
         return dict(self.entry_roles).get(parameter)

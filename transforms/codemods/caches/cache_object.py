@@ -93,6 +93,9 @@ from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_W
 
 # The helpers inserted by name; their code is in helper-code/helpers.py.
 WRITTEN_SLOTS = "graphmode_written"
+# Why a cache was left where its file builds no mask (transforms.pipeline.adapt_files looks for it: the mask may be
+# built in a file that imports the attention's layers).
+NO_MASK_HELPER = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
 _ALL_MASK_HELPERS = MASK_HELPERS | CACHE_POSITION_MASK_HELPERS | KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS
 # Where a method finds the cache slots of the tokens it computes: the positions shared by every row.
 _SLOT_SOURCES = {"cache_position": "cache_position", "position_ids": f"{SLOTS}(self)"}
@@ -606,20 +609,24 @@ class CacheObject(GraphCodemod):
                         self._plan_cache(classes, cls, method, plan)
                     if not words.isdisjoint(_ALL_MASK_HELPERS):
                         self._plan_model(cls, method, plan)
-        if not plan.writes:
+        # The writes may be in a module this file imports its layers from, made static there (Options.
+        # static_caches_in): the mask built here then follows them, or the static cache would attend unwritten slots.
+        elsewhere = not plan.writes and bool(self.options.static_caches_in) and plan.masks > 0
+        if not plan.writes and not elsewhere:
             self.edits.clear()  # mask helpers alone stay: the dynamic cache still matches their masks
             return tree
         # All or nothing: a static cache needs every attention path rewritten and a mask over the whole buffer.
         problem = None
         if plan.incomplete:
             problem = "another part of it could not be rewritten (see the item for it)"
-        elif plan.masks == 0:
-            problem = "no mask helper (`_prepare_4d_causal_attention_mask`) was found to hide unwritten slots"
+        elif plan.masks == 0 and not self.options.masks_in:
+            problem = NO_MASK_HELPER
         elif len(plan.windows) > 1:
             problem = "the masks use different sliding windows"
         if problem:
             self.edits.clear()
-            self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
+            if plan.writes:
+                self.record_manual(plan.writes[0], f"the cache was not replaced: {problem}")
             return tree
         # Only the statements holding a planned node are walked, and in them only the nodes on the way to one.
         touched = {self.source.top_level_statement(n) for n in [*plan.replace, *plan.drop, *plan.after]}
@@ -636,7 +643,7 @@ class CacheObject(GraphCodemod):
                 module = insert_after_imports(module, helper_statements(helper))
         if plan.written and not defined_at_top(module, WRITTEN_SLOTS):
             module = insert_after_imports(module, helper_statements(WRITTEN_SLOTS))
-        if not defined_at_top(module, CACHE_CLASS):
+        if plan.writes and not defined_at_top(module, CACHE_CLASS):
             module = insert_after_imports(module, helper_statements(CACHE_CLASS))
         return module
 

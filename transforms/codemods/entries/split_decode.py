@@ -160,7 +160,9 @@ class SplitDecode(GraphCodemod):
         # Once the KV cache lives in module buffers, returning it from `decode` only costs: a compiled graph
         # rebuilds every returned view of a buffer it mutated, on every call.
         code = self.code_of_module(tree)
-        self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code
+        # Mask rows of the slots come only with a static cache: in this file, or in the module whose layers this
+        # file's model stacks (cache_object, Options.static_caches_in).
+        self._cache_in_buffers = "StaticKVCache(" in code or ".index_copy_(" in code or f"{PADDED_ROWS}(" in code
         self._takes_padding = f"{PADDED_ROWS}(" in code  # cache_object's mask rows apply a 2-D padding mask
         # The cache writes and mask rows read the slots from the entries' own call (cache_object, where the model
         # names no positions of its own): the entries need none of forward's parameters to pass them.
