@@ -40,8 +40,11 @@ What is replaced is found from the code's structure, not from names:
 - the dispatch: the loop, the statements before it that work on the ids or allocate what it fills, and the ones
   after it up to the product with the routing weights (an assignment or a `return`); it must hand on one result and
   nothing else. The tokens are the one name it indexes that it does not set.
-A loop that has such a pick but not the rest is left as it is, with the reason. Loops under `if self.training`
-are training code and left alone.
+A loop that has such a pick but not the rest is left as it is, with the reason. So is a loop over experts whose
+weights are one tensor sliced per expert (DBRX's `self.mlp.w1.view(...)[expert_idx]`, JetMoE's `self.weight[i]` on a
+`split` of the tokens at sizes read on the host), with an item saying what to write; a class transformers dispatches
+itself (`@use_experts_implementation`) is not reported. Loops under `if self.training` are training code and left
+alone.
 """
 from __future__ import annotations
 
@@ -243,6 +246,25 @@ def _viewed_name(node: cst.BaseExpression) -> str | None:
             return None
 
 
+def _library_dispatched(cls: cst.ClassDef) -> bool:
+    """`@use_experts_implementation` (transformers 5.x): the library swaps the class's `forward` for the experts
+    implementation the config names, which compiles; the loop written in the class runs only when asked for."""
+    return any((dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "")
+               .rsplit(".", 1)[-1] == "use_experts_implementation" for d in cls.decorators)
+
+
+def _sliced_root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor a per-expert slice is taken of: `self.mlp.w1` of `self.mlp.w1.view(shape)`, itself otherwise."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _VIEWS:
+        node = node.func.value
+    return node
+
+
+def _short(code: str, limit: int = 60) -> str:
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[:limit - 3] + "..."
+
+
 def _listed(names: set[str]) -> str:
     return ", ".join(f"`{n}`" for n in sorted(names)) or "none"
 
@@ -314,7 +336,7 @@ class StaticMoE(StepCodemod):
 
     @classmethod
     def idiom_in(cls, words, options) -> bool:
-        picks = not words.isdisjoint(_HOST_READS | {"where", "enumerate"}) or bool(options.host_sync_lines)
+        picks = not words.isdisjoint(_HOST_READS | {"where", "enumerate", "split"}) or bool(options.host_sync_lines)
         return ":For" in words and picks
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -331,7 +353,10 @@ class StaticMoE(StepCodemod):
         body = list(original_node.body.body)
         parents = lambda node: self.get_metadata(cst.metadata.ParentNodeProvider, node, None)  # noqa: E731
         for loop in nodes_of_type(original_node.body, cst.For):
-            if not _experts_called(loop) or _not_for_decode(loop, parents):
+            if _not_for_decode(loop, parents):
+                continue
+            if not _experts_called(loop):
+                self._packed_experts(loop, body)
                 continue
             at = next((i for i, stmt in enumerate(body) if stmt is loop), None)
             # The picks may sit before the loop (counts read on the host, then slices of them inside it).
@@ -355,6 +380,43 @@ class StaticMoE(StepCodemod):
                 continue  # the host reads lie outside the dispatch; its own shapes are static
             return self._rewrite(original_node, updated_node, found)
         return updated_node
+
+    def _packed_experts(self, loop: cst.For, body: list[cst.BaseStatement]) -> None:
+        """A loop over experts whose weights are one tensor of the module, sliced per expert (`self.w1.view(...)[i]`,
+        `self.weight[i]`), with tokens picked in sizes only the device knows: by a host read in or before the loop,
+        or by a split at sizes the caller passes (`inputs.split(expert_size)`, read on the host where they were
+        counted). This codemod replaces loops over a list of expert modules only; the item says what to write."""
+        if any(_library_dispatched(node) for node in self._enclosing_classes(loop)):
+            return  # transformers replaces this forward by its own experts implementation (grouped_mm, batched_mm)
+        targets = _target_names(loop.target)
+        sliced = next((node for node in walk(loop.body) if isinstance(node, cst.Subscript)
+                       and (dotted_name(_sliced_root(node.value)) or "").startswith("self.")
+                       and names_in(node.slice[0]) & (targets | _written(loop.body))), None) \
+            if isinstance(loop.body, cst.IndentedBlock) else None
+        if sliced is None:
+            return
+        at = next((i for i, stmt in enumerate(body) if stmt is loop), len(body))
+        before = body[:at]
+        split = next((call for stmt in before for call in calls_in(stmt) if _last_name(call) == "split"
+                      and call.args and isinstance(call.args[0].value, cst.Name)), None)
+        if not (self._picks(loop) or any(map(self._picks, before)) or split is not None):
+            return
+        how = (f"split at sizes read on the host (`{_short(code_of(split))}`)" if split is not None
+               and not (self._picks(loop) or any(map(self._picks, before)))
+               else "picked in shapes only the device knows (`nonzero`, `torch.where` of a mask, `.tolist()`)")
+        self.record_manual(loop, f"this loop runs experts whose weights are one tensor sliced per expert "
+                                 f"(`{_short(code_of(sliced))}`), each on its tokens {how}; static_moe replaces "
+                                 "loops over a list of expert modules only. Write its compiled form by hand: gather "
+                                 "each token's top-k experts' slices by their ids and run them batched (as "
+                                 "transformers' `batched_mm` experts do), or run every expert over every token and "
+                                 "keep each token's top-k outputs (skill static-moe)")
+
+    def _enclosing_classes(self, node: cst.CSTNode) -> list[cst.ClassDef]:
+        found = []
+        while (node := self.get_metadata(cst.metadata.ParentNodeProvider, node, None)) is not None:
+            if isinstance(node, cst.ClassDef):
+                found.append(node)
+        return found
 
     def _picks(self, node: cst.CSTNode) -> bool:
         """The loop (or its dispatch) picks tokens in a size read off the device: by its calls, or as the trace saw."""
