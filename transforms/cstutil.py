@@ -430,3 +430,9 @@ def qualified_functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionD
             elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
                 yield from walk_body(stmt.body.body, f"{prefix}{stmt.name.value}.")
     yield from walk_body(module.body, "")
+
+
+def short_code(code: str, limit: int = 60) -> str:
+    """Source code on one line, cut to `limit` characters with "...": a construct named in an item's words."""
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[:limit - 3] + "..."

@@ -86,7 +86,7 @@ from graphmode.transforms.codemods.lib.mask_recognition import MASK_HELPERS, mas
 from graphmode.transforms.codemods.lib.module import append_to_init, defined_at_top, insert_after_imports, \
     remove_imports_if_unused, self_attributes, transform_statements
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, find_method, names_in, nodes_of_type, \
-    none_test, only_raises, single_assignment, walk
+    none_test, only_raises, short_code, single_assignment, walk
 from graphmode.transforms.dispatch import Transformer
 from graphmode.transforms.vocabulary import CACHE_OBJECT_LENGTHS, CACHE_OBJECT_WRITE, CACHE_POSITION_MASK_HELPERS, \
     KEYWORD_MASK_HELPERS, SAME_FILE_MASK_HELPERS, SLIDING_KEYWORD_MASK_HELPERS
@@ -513,17 +513,12 @@ def _unrecognised(method: cst.FunctionDef, cache: str, slots: str | None, writes
         return "takes neither `position_ids` nor `cache_position`, so the slots to write are not known"
     stray = _stray_uses(method, cache, recognised)
     if len(writes) != 1 or stray:
-        what = f"`{_short(code_of(stray[0]))}` at line {line_of(stray[0])}" if stray else \
+        what = f"`{short_code(code_of(stray[0]))}` at line {line_of(stray[0])}" if stray else \
             f"{len(writes)} writes of `{cache}`"
         return (f"`{cache}` is written or read in a form not recognised: {what} (expected one "
                 f"`k, v = {cache}.update(k, v, ...)` or `torch.cat([{cache}[0], k], dim=2)` pair, and "
                 f"`n += {cache}.get_usable_length(...)` or `{cache}[0].shape[-2]`)")
     return None
-
-
-def _short(code: str, limit: int = 60) -> str:
-    code = " ".join(code.split())
-    return code if len(code) <= limit else code[:limit - 3] + "..."
 
 
 @dataclass
@@ -913,10 +908,10 @@ class CacheObject(GraphCodemod):
         if counted is not None:
             # Positions counted on from the cache's length: the entries carry no cache, so on the static path the
             # count would start at 0 at every step. The mask and the cache change with the positions, or not at all.
+            where = f"`{short_code(code_of(counted))}`, line {self._lines(counted)[0]}"
             self.record_manual(calls[0][0], f"`{code_of(calls[0][2].func)}` builds the mask, but this method takes no "
-                                            f"`position_ids` and counts positions from the cache's length "
-                                            f"(`{_short(code_of(counted))}`, line {self._lines(counted)[0]}), which "
-                                            "the static path does not carry; give the method a `position_ids` "
+                                            f"`position_ids` and counts positions from the cache's length ({where}), "
+                                            "which the static path does not carry; give the method a `position_ids` "
                                             "parameter, use it where that length makes positions, then rerun")
             plan.incomplete = True
             return

@@ -59,7 +59,7 @@ from graphmode.transforms.codemods.lib.helper_code import helper_statements
 from graphmode.transforms.codemods.lib.helper_names import GUARD
 from graphmode.transforms.codemods.lib.module import defined_at_top, insert_after_imports
 from graphmode.transforms.cstutil import calls_in, code_of, dotted_name, is_docstring, names_in, nodes_of_type, \
-    single_assignment, walk
+    short_code, single_assignment, walk
 
 HELPER = "graphmode_moe"  # the static dispatch: routed experts only, or every expert (the two below)
 STACKER = "graphmode_stack_experts"  # the experts' weights stacked, in eager calls, for the routed form
@@ -260,11 +260,6 @@ def _sliced_root(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def _short(code: str, limit: int = 60) -> str:
-    code = " ".join(code.split())
-    return code if len(code) <= limit else code[:limit - 3] + "..."
-
-
 def _listed(names: set[str]) -> str:
     return ", ".join(f"`{n}`" for n in sorted(names)) or "none"
 
@@ -401,11 +396,11 @@ class StaticMoE(StepCodemod):
                       and call.args and isinstance(call.args[0].value, cst.Name)), None)
         if not (self._picks(loop) or any(map(self._picks, before)) or split is not None):
             return
-        how = (f"split at sizes read on the host (`{_short(code_of(split))}`)" if split is not None
+        how = (f"split at sizes read on the host (`{short_code(code_of(split))}`)" if split is not None
                and not (self._picks(loop) or any(map(self._picks, before)))
                else "picked in shapes only the device knows (`nonzero`, `torch.where` of a mask, `.tolist()`)")
         self.record_manual(loop, f"this loop runs experts whose weights are one tensor sliced per expert "
-                                 f"(`{_short(code_of(sliced))}`), each on its tokens {how}; static_moe replaces "
+                                 f"(`{short_code(code_of(sliced))}`), each on its tokens {how}; static_moe replaces "
                                  "loops over a list of expert modules only. Write its compiled form by hand: gather "
                                  "each token's top-k experts' slices by their ids and run them batched (as "
                                  "transformers' `batched_mm` experts do), or run every expert over every token and "
