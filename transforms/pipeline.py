@@ -71,20 +71,24 @@ def adapt_files(texts: Iterable[tuple[str, str]], selected: Iterable[str] | None
     static = {stem for stem, path in stems.items() if "cache_object" in adapted[path].applied}
     unmasked = {stem for stem, path in stems.items() if _no_mask_of_its_own(adapted[path])}
     for path, text in texts.items():
-        if "cache_object" in adapted[path].applied:
-            continue
         layers_from = _imported_modules(text) & (static | unmasked) - {PurePosixPath(path).stem}
-        if not layers_from:
-            continue
-        model = adapt_source(text, path, chosen, replace(options_of(path), static_caches_in=tuple(sorted(layers_from))))
-        if "cache_object" not in model.applied:
-            continue
-        attention = {stem: adapt_source(texts[stems[stem]], stems[stem], chosen, replace(
-            options_of(stems[stem]), masks_in=(PurePosixPath(path).stem,))) for stem in layers_from & unmasked}
-        if all("cache_object" in a.applied for a in attention.values()):
-            adapted[path] = model
-            adapted.update({stems[stem]: a for stem, a in attention.items()})
+        if layers_from and "cache_object" not in adapted[path].applied:
+            adapted.update(_adapted_pair(path, {stems[stem] for stem in layers_from & unmasked}, layers_from, texts,
+                                         chosen, options_of))
     return adapted
+
+
+def _adapted_pair(model: str, unmasked: set[str], layers_from: set[str], texts: dict[str, str],
+                  chosen: set[str] | None, options_of: Callable[[str], Options]) -> dict[str, FileAdaptation]:
+    """The model's file adapted with its layers' modules (`layers_from`, by stem) known static, and the layers' files
+    that build no mask (`unmasked`, by path) with the model's file known to mask them; {} unless every one of them
+    made its cache or mask static."""
+    adapted = {model: adapt_source(texts[model], model, chosen,
+                                   replace(options_of(model), static_caches_in=tuple(sorted(layers_from))))}
+    for path in sorted(unmasked):
+        adapted[path] = adapt_source(texts[path], path, chosen,
+                                     replace(options_of(path), masks_in=(PurePosixPath(model).stem,)))
+    return adapted if all("cache_object" in a.applied for a in adapted.values()) else {}
 
 
 def _no_mask_of_its_own(adaptation: FileAdaptation) -> bool:

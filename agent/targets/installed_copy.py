@@ -90,27 +90,38 @@ def _module_state(tree: ast.Module) -> tuple[int, str] | None:
     neither is such a state."""
     for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
         methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
-        init = next((m for m in methods if m.name == "__init__"), None)
-        unset = {target.attr for node in ast.walk(init) if init and isinstance(node, ast.Assign)
-                 and isinstance(node.value, ast.Constant) and node.value.value is None
-                 for target in node.targets if _self_attribute(target)} if init else set()
+        unset = _set_to_none(next((m for m in methods if m.name == "__init__"), None))
         for method in (m for m in methods if m.name != "__init__" and unset):
-            derived: dict[str, set[str]] = {}  # a local -> the attributes its value was computed from
-            grown: set[str] = set()  # locals a bare `cat` made
-            for node in sorted((n for n in ast.walk(method) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
-                sources = {n.attr for n in ast.walk(node.value) if _self_attribute(n) and n.attr in unset}
-                sources |= set().union(*(derived.get(n.id, set()) for n in ast.walk(node.value)
-                                         if isinstance(n, ast.Name)))
-                cat = _is_cat(node.value) or (isinstance(node.value, ast.Name) and node.value.id in grown)
-                for target in node.targets:
-                    for name in (t for t in ast.walk(target) if isinstance(t, ast.Name)):
-                        derived[name.id] = derived.get(name.id, set()) | sources
-                        if cat:
-                            grown.add(name.id)
-                    if _self_attribute(target) and target.attr in sources & unset and not cat \
-                            and not _converted(node.value, target.attr):
-                        return node.lineno, (f"rebinds `self.{target.attr}` in `{cls.name}.{method.name}` from its "
-                                             "own value")
+            rebound = _rebound_from_itself(method, unset)
+            if rebound is not None:
+                return rebound[0], f"rebinds `self.{rebound[1]}` in `{cls.name}.{method.name}` from its own value"
+    return None
+
+
+def _set_to_none(init: ast.FunctionDef | None) -> set[str]:
+    """The attributes `__init__` sets to None (`self.state = None`)."""
+    if init is None:
+        return set()
+    return {target.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and node.value.value is None
+            for target in node.targets if _self_attribute(target)}
+
+
+def _rebound_from_itself(method: ast.FunctionDef, unset: set[str]) -> tuple[int, str] | None:
+    """(line, attribute) of the first of `unset` the method rebinds from a value computed from it, in statement
+    order through its locals; a bare `cat` of it (keys grown) or a cast of it is not such a value."""
+    derived: dict[str, set[str]] = {}  # a local -> the attributes its value was computed from
+    grown: set[str] = set()  # locals a bare `cat` made
+    for node in sorted((n for n in ast.walk(method) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+        sources = {n.attr for n in ast.walk(node.value) if _self_attribute(n) and n.attr in unset}
+        sources |= set().union(*(derived.get(n.id, set()) for n in ast.walk(node.value) if isinstance(n, ast.Name)))
+        cat = _is_cat(node.value) or (isinstance(node.value, ast.Name) and node.value.id in grown)
+        for name in (t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)):
+            derived[name] = derived.get(name, set()) | sources
+            grown |= {name} if cat else set()
+        rebound = next((t.attr for t in node.targets if _self_attribute(t) and t.attr in sources), None)
+        if rebound is not None and not cat and not _converted(node.value, rebound):
+            return node.lineno, rebound
     return None
 
 

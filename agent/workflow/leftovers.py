@@ -75,23 +75,36 @@ def entry_blockers(manual: list[dict]) -> list[str]:
     (the cache codemods' items, advisories left out, or, where none recognised the cache, the lines the traced run
     saw grow, write or read it); then split_decode's own words. A reason several lines share is said once, with its
     lines."""
-    said: dict[tuple[int, str], list[str]] = {}  # (order, reason) -> its places
-
-    def say(order: int, reason: str, item: dict) -> None:
-        said.setdefault((order, reason), []).append(f"{item['path']}:{item['line']}")
-
-    for item in manual:
-        for r in item.get("reasons") or [item]:
-            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE) \
-                    and not r.get("advisory"):
-                say(_ENTRY_CODEMODS.index(r["codemod"]), r["reason"], item)
+    said = _codemod_blockers(manual)
     entries = _ENTRY_CODEMODS.index("split_decode")
     if not any(order == entries for order, _ in said):
         return []
     if all(order == entries for order, _ in said):  # no cache codemod recognised the cache: the trace's lines name it
-        for item in manual:
-            for r in item.get("reasons") or [item]:
-                seen = {r.get("trace"), r.get("source")} & set(_CACHE_FINDINGS.get(r.get("code"), ()))
-                if seen and (r.get("code") != "GM302" or r.get("message", "").startswith(_CACHE_WRITE)):
-                    say(-1, r["message"], item)
+        said.update(_traced_cache_lines(manual))
     return [f"{reason} ({', '.join(places)})" for (_, reason), places in sorted(said.items(), key=lambda p: p[0][0])]
+
+
+def _codemod_blockers(manual: list[dict]) -> dict[tuple[int, str], list[str]]:
+    """(order in _ENTRY_CODEMODS, reason) -> its places, for the entry codemods' reasons that stop something."""
+    said: dict[tuple[int, str], list[str]] = {}
+    for item in manual:
+        for r in item.get("reasons") or [item]:
+            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE) \
+                    and not r.get("advisory"):
+                said.setdefault((_ENTRY_CODEMODS.index(r["codemod"]), r["reason"]), []).append(_place(item))
+    return said
+
+
+def _traced_cache_lines(manual: list[dict]) -> dict[tuple[int, str], list[str]]:
+    """(-1, message) -> its places, for the findings of the carried cache the traced run saw (_CACHE_FINDINGS)."""
+    said: dict[tuple[int, str], list[str]] = {}
+    for item in manual:
+        for r in item.get("reasons") or [item]:
+            seen = {r.get("trace"), r.get("source")} & set(_CACHE_FINDINGS.get(r.get("code"), ()))
+            if seen and (r.get("code") != "GM302" or r.get("message", "").startswith(_CACHE_WRITE)):
+                said.setdefault((-1, r["message"]), []).append(_place(item))
+    return said
+
+
+def _place(item: dict) -> str:
+    return f"{item['path']}:{item['line']}"

@@ -280,14 +280,17 @@ def _conditional_length(stmt: cst.BaseStatement, cache: str) -> str | None:
     if tested is None or tested[0] != cache:
         return None
     plain, counted = (value.body, value.orelse) if tested[1] else (value.orelse, value.body)
+    return assigned[0] if _plus_length(counted, plain, cache) else None
+
+
+def _plus_length(counted: cst.BaseExpression, plain: cst.BaseExpression, cache: str) -> bool:
+    """`counted` is `plain + cache.get_seq_length()` (or the sum the other way round)."""
     if not (isinstance(counted, cst.BinaryOperation) and isinstance(counted.operator, cst.Add)):
-        return None
+        return False
     lengths = {f"{cache}.{name}" for name in CACHE_OBJECT_LENGTHS}
-    for read, other in ((counted.left, counted.right), (counted.right, counted.left)):
-        if isinstance(read, cst.Call) and dotted_name(read.func) in lengths \
-                and code_of(other).replace(" ", "") == code_of(plain).replace(" ", ""):
-            return assigned[0]
-    return None
+    return any(isinstance(read, cst.Call) and dotted_name(read.func) in lengths
+               and code_of(other).replace(" ", "") == code_of(plain).replace(" ", "")
+               for read, other in ((counted.left, counted.right), (counted.right, counted.left)))
 
 
 def _stray_uses(method: cst.FunctionDef, cache: str, recognised: list[cst.BaseStatement]) -> list[cst.CSTNode]:

@@ -253,6 +253,23 @@ def _library_dispatched(cls: cst.ClassDef) -> bool:
                .rsplit(".", 1)[-1] == "use_experts_implementation" for d in cls.decorators)
 
 
+def _sliced_per_expert(loop: cst.For) -> cst.Subscript | None:
+    """The first slice in the loop's body of a tensor of the module by the loop's variable (or a name set from it):
+    `self.weight[i]`, `self.mlp.w1.view(shape)[expert_idx]`."""
+    if not isinstance(loop.body, cst.IndentedBlock):
+        return None
+    indexes = _target_names(loop.target) | _written(loop.body)
+    return next((node for node in walk(loop.body) if isinstance(node, cst.Subscript)
+                 and (dotted_name(_sliced_root(node.value)) or "").startswith("self.")
+                 and names_in(node.slice[0]) & indexes), None)
+
+
+def _split_at_sizes(statements: list[cst.BaseStatement]) -> cst.Call | None:
+    """`x.split(sizes, ...)` with the sizes a name (a list counted elsewhere, not a fixed chunk size)."""
+    return next((call for stmt in statements for call in calls_in(stmt) if _last_name(call) == "split"
+                 and call.args and isinstance(call.args[0].value, cst.Name)), None)
+
+
 def _sliced_root(node: cst.BaseExpression) -> cst.BaseExpression:
     """The tensor a per-expert slice is taken of: `self.mlp.w1` of `self.mlp.w1.view(shape)`, itself otherwise."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _VIEWS:
@@ -383,22 +400,16 @@ class StaticMoE(StepCodemod):
         counted). This codemod replaces loops over a list of expert modules only; the item says what to write."""
         if any(_library_dispatched(node) for node in self._enclosing_classes(loop)):
             return  # transformers replaces this forward by its own experts implementation (grouped_mm, batched_mm)
-        targets = _target_names(loop.target)
-        sliced = next((node for node in walk(loop.body) if isinstance(node, cst.Subscript)
-                       and (dotted_name(_sliced_root(node.value)) or "").startswith("self.")
-                       and names_in(node.slice[0]) & (targets | _written(loop.body))), None) \
-            if isinstance(loop.body, cst.IndentedBlock) else None
+        sliced = _sliced_per_expert(loop)
         if sliced is None:
             return
-        at = next((i for i, stmt in enumerate(body) if stmt is loop), len(body))
-        before = body[:at]
-        split = next((call for stmt in before for call in calls_in(stmt) if _last_name(call) == "split"
-                      and call.args and isinstance(call.args[0].value, cst.Name)), None)
-        if not (self._picks(loop) or any(map(self._picks, before)) or split is not None):
+        before = body[:next((i for i, stmt in enumerate(body) if stmt is loop), len(body))]
+        if self._picks(loop) or any(map(self._picks, before)):
+            how = "picked in shapes only the device knows (`nonzero`, `torch.where` of a mask, `.tolist()`)"
+        elif (split := _split_at_sizes(before)) is not None:
+            how = f"split at sizes read on the host (`{short_code(code_of(split))}`)"
+        else:
             return
-        how = (f"split at sizes read on the host (`{short_code(code_of(split))}`)" if split is not None
-               and not (self._picks(loop) or any(map(self._picks, before)))
-               else "picked in shapes only the device knows (`nonzero`, `torch.where` of a mask, `.tolist()`)")
         self.record_manual(loop, f"this loop runs experts whose weights are one tensor sliced per expert "
                                  f"(`{short_code(code_of(sliced))}`), each on its tokens {how}; static_moe replaces "
                                  "loops over a list of expert modules only. Write its compiled form by hand: gather "
