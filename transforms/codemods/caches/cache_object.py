@@ -125,6 +125,13 @@ def _cast_mask_call(stmt: cst.CSTNode, helpers: frozenset[str]) -> tuple[str, cs
     return None
 
 
+def _own_method_named_like_a_library_helper(call: cst.Call) -> bool:
+    """`self.create_causal_mask(...)`: the model's own method (x-transformers' attend.py), not transformers'
+    `create_causal_mask`, which is a function of `masking_utils`; its mask is the model's own."""
+    return (code_of(call.func).startswith("self.")
+            and code_of(call.func).rsplit(".", 1)[-1] in KEYWORD_MASK_HELPERS | SLIDING_KEYWORD_MASK_HELPERS)
+
+
 def _length_read(method: cst.FunctionDef, caches: set[str]) -> cst.Call | None:
     """The first call reading a length off one of the cache parameters (`cache.get_seq_length()`), else None."""
     lengths = {f"{cache}.{name}" for cache in caches for name in CACHE_OBJECT_LENGTHS}
@@ -901,7 +908,8 @@ class CacheObject(GraphCodemod):
     def _plan_model(self, cls: cst.ClassDef, method: cst.FunctionDef, plan: _Plan) -> None:
         picked = _picked_mask_helpers(method)
         calls = [(stmt, *found) for stmt in nodes_of_type(method, cst.SimpleStatementLine)
-                 if (found := _cast_mask_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))]
+                 if (found := _cast_mask_call(stmt, _ALL_MASK_HELPERS | frozenset(picked)))
+                 and not _own_method_named_like_a_library_helper(found[1])]
         if not calls:
             self._plan_mask_mapping(cls, method, plan)
             return
