@@ -183,18 +183,7 @@ def test_the_static_padded_row_counts_positions_as_generate_does(tmp_path):
     source = (HF_EXAMPLE / "model.py").read_text()
     assert source.count(counted) == 1
     from_zero = source.replace(counted, "0, seq_length, dtype=torch.long")
-    original_folder = tmp_path / "original"
-    shutil.copytree(HF_EXAMPLE, original_folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (original_folder / "model.py").write_text(from_zero)
-    adaptation = adapt_source(from_zero, "model.py", None, Options(entry_class="ForCausalLM"))
-    backend, _ = resolve("aot_eager")
-    try:
-        battery = Battery(*_built(original_folder), *_built(_folder(tmp_path, "adapted", adaptation.adapted)),
-                          backend)
-        row = _row(battery, "padded_static_batch")
-    finally:
-        for name in ("harness", "model", "cache", "masks"):
-            sys.modules.pop(name, None)
+    row = _padded_static_row(tmp_path, original=from_zero, adapted_from=from_zero)
     assert row.status == HELD and row.path == "static", row
 
 
@@ -207,18 +196,24 @@ def test_an_original_that_drops_padding_in_decode_is_not_the_reference(tmp_path)
     assert source.count(branch) == 1
     dropped = "        if past_key_values_length > 0:\n            attention_mask = None\n"
     blind = source.replace(branch, dropped + branch)
+    # The adaptation of the correct file, against the original that drops the mask.
+    row = _padded_static_row(tmp_path, original=blind, adapted_from=source)
+    assert row.status == HELD and "as each row run alone, unpadded" in row.detail, row
+    assert "whose own padded loop gives other tokens" in row.detail
+
+
+def _padded_static_row(tmp_path: Path, original: str, adapted_from: str):
+    """The left-padded static row of the example's harness with `original` as its model.py, against graphmode's
+    adaptation of `adapted_from`."""
     original_folder = tmp_path / "original"
     shutil.copytree(HF_EXAMPLE, original_folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (original_folder / "model.py").write_text(blind)
-    # The adaptation of the correct file, against the original that drops the mask.
-    adaptation = adapt_source(source, "model.py", None, Options(entry_class="ForCausalLM"))
+    (original_folder / "model.py").write_text(original)
+    adaptation = adapt_source(adapted_from, "model.py", None, Options(entry_class="ForCausalLM"))
     backend, _ = resolve("aot_eager")
     try:
         battery = Battery(*_built(original_folder), *_built(_folder(tmp_path, "adapted", adaptation.adapted)),
                           backend)
-        row = _row(battery, "padded_static_batch")
+        return _row(battery, "padded_static_batch")
     finally:
         for name in ("harness", "model", "cache", "masks"):
             sys.modules.pop(name, None)
-    assert row.status == HELD and "as each row run alone, unpadded" in row.detail, row
-    assert "whose own padded loop gives other tokens" in row.detail
