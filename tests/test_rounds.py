@@ -218,6 +218,8 @@ def test_only_the_file_the_harness_takes_its_model_class_from_gets_the_entry_poi
     modeling_hunyuan.py: the entry class is the codemods' only in the file the probe saw the class come from."""
     from graphmode.agent.workflow import adaptation
     from graphmode.agent.workflow.state import Baseline, RunOptions, RunState
+    from graphmode.transforms import pipeline
+    from graphmode.transforms.pipeline import FileAdaptation
 
     target = tmp_path / "target"
     target.mkdir()
@@ -227,8 +229,8 @@ def test_only_the_file_the_harness_takes_its_model_class_from_gets_the_entry_poi
 
     def chain(text, rel, chosen, options):
         seen[rel] = options.entry_class
-        return rel
-    monkeypatch.setattr(adaptation, "adapt_source", chain)
+        return FileAdaptation(rel, text, text)
+    monkeypatch.setattr(pipeline, "adapt_source", chain)
 
     def entry_classes(entry_file: str | None, **revisions) -> dict[str, str | None]:
         seen.clear()

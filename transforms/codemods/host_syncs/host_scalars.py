@@ -56,7 +56,9 @@ class HostScalars(StepCodemod):
 
     @classmethod
     def may_apply(cls, source, options) -> bool:
-        return "item" in source.words  # a file with no `.item()` is left alone, its conversions too
+        # A file with no `.item()` is left alone, its `int()`/`float()` conversions too (those words are in every
+        # file); a `.tolist()` is always a read to report.
+        return not source.words.isdisjoint({"item", "tolist"})
 
     @classmethod
     def idiom_in(cls, words, options) -> bool:
