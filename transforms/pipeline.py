@@ -70,6 +70,8 @@ def adapt_files(texts: Iterable[tuple[str, str]], selected: Iterable[str] | None
     stems = {PurePosixPath(path).stem: path for path in texts}
     static = {stem for stem, path in stems.items() if "cache_object" in adapted[path].applied}
     unmasked = {stem for stem, path in stems.items() if _no_mask_of_its_own(adapted[path])}
+    if not static | unmasked:
+        return adapted  # no cache made static, none left for want of a mask: no file to read the imports of
     for path, text in texts.items():
         layers_from = _imported_modules(text) & (static | unmasked) - {PurePosixPath(path).stem}
         if layers_from and "cache_object" not in adapted[path].applied:

@@ -87,23 +87,25 @@ def entry_blockers(manual: list[dict]) -> list[str]:
 def _codemod_blockers(manual: list[dict]) -> dict[tuple[int, str], list[str]]:
     """(order in _ENTRY_CODEMODS, reason) -> its places, for the entry codemods' reasons that stop something."""
     said: dict[tuple[int, str], list[str]] = {}
-    for item in manual:
-        for r in item.get("reasons") or [item]:
-            if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE) \
-                    and not r.get("advisory"):
-                said.setdefault((_ENTRY_CODEMODS.index(r["codemod"]), r["reason"]), []).append(_place(item))
+    for item, r in _reasons(manual):
+        if r.get("codemod") in _ENTRY_CODEMODS and not r["reason"].startswith(_CONSEQUENCE) and not r.get("advisory"):
+            said.setdefault((_ENTRY_CODEMODS.index(r["codemod"]), r["reason"]), []).append(_place(item))
     return said
 
 
 def _traced_cache_lines(manual: list[dict]) -> dict[tuple[int, str], list[str]]:
     """(-1, message) -> its places, for the findings of the carried cache the traced run saw (_CACHE_FINDINGS)."""
     said: dict[tuple[int, str], list[str]] = {}
-    for item in manual:
-        for r in item.get("reasons") or [item]:
-            seen = {r.get("trace"), r.get("source")} & set(_CACHE_FINDINGS.get(r.get("code"), ()))
-            if seen and (r.get("code") != "GM302" or r.get("message", "").startswith(_CACHE_WRITE)):
-                said.setdefault((-1, r["message"]), []).append(_place(item))
+    for item, r in _reasons(manual):
+        seen = {r.get("trace"), r.get("source")} & set(_CACHE_FINDINGS.get(r.get("code"), ()))
+        if seen and (r.get("code") != "GM302" or r.get("message", "").startswith(_CACHE_WRITE)):
+            said.setdefault((-1, r["message"]), []).append(_place(item))
     return said
+
+
+def _reasons(manual: list[dict]):
+    """(item, reason) for every reason of every item (an item not merged by line is its own one reason)."""
+    return ((item, r) for item in manual for r in item.get("reasons") or [item])
 
 
 def _place(item: dict) -> str:

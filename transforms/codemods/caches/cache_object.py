@@ -118,10 +118,9 @@ def _cast_mask_call(stmt: cst.CSTNode, helpers: frozenset[str]) -> tuple[str, cs
     value = assigned[1] if assigned else None
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" \
             and isinstance(value.func.value, cst.Call):
-        inner = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(assigned[0]))], value.func.value)])
-        found = mask_helper_call(inner, helpers)
-        if found is not None:
-            return found[0], value.func.value, code_of(value)[len(code_of(value.func.value)):]
+        inner = value.func.value
+        if (dotted_name(inner.func) or "").rsplit(".", 1)[-1] in helpers:
+            return assigned[0], inner, code_of(value)[len(code_of(inner)):]
     return None
 
 
